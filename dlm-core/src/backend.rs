@@ -1,0 +1,307 @@
+//! The contract between the generic front and a backend.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{BackendError, InvalidArgument};
+
+/// The longest lock name accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 512;
+
+/// A validated lock name: 1 to [`MAX_NAME_LEN`] bytes of UTF-8 without control characters.
+///
+/// Cheap to clone. Backends receive names only in this form, so they never see an empty,
+/// over-long or control-character name.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockName(Arc<str>);
+
+impl LockName {
+    /// Validates `name`.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`] (argument `"name"`) when it is empty, longer than
+    /// [`MAX_NAME_LEN`] bytes, or contains a control character (NUL, newline, ...).
+    pub fn new(name: &str) -> Result<Self, InvalidArgument> {
+        if name.is_empty() {
+            return Err(InvalidArgument::new("name", "must not be empty"));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(InvalidArgument::new(
+                "name",
+                format!("is {} bytes, at most {MAX_NAME_LEN} allowed", name.len()),
+            ));
+        }
+        if let Some(c) = name.chars().find(|c| c.is_control()) {
+            return Err(InvalidArgument::new(
+                "name",
+                format!("contains the control character {c:?}"),
+            ));
+        }
+        Ok(LockName(name.into()))
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for LockName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for LockName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Identifies who holds a lock: 128 random bits drawn from the OS CSPRNG once per
+/// [`LockClient`](crate::LockClient), the holding thread, and (in non-re-entrant mode) a
+/// per-acquisition sequence number.
+///
+/// It is a secret: whoever knows it can release or extend the lock. `Debug` redacts it;
+/// only backends see it, through [`OwnerToken::encode`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken {
+    client: [u8; 16],
+    thread: u64,
+    seq: u64,
+}
+
+impl OwnerToken {
+    pub(crate) fn new(client: [u8; 16], thread: u64, seq: u64) -> Self {
+        OwnerToken {
+            client,
+            thread,
+            seq,
+        }
+    }
+
+    /// A token for tests of backends: random client bits, the given thread number.
+    pub fn random_for_tests(thread: u64) -> Self {
+        OwnerToken::new(crate::client::random_client_id(), thread, 0)
+    }
+
+    /// The token as the string a backend stores: 32 hex digits, `:`, the thread number,
+    /// `:`, the sequence number. Never log it.
+    pub fn encode(&self) -> String {
+        use fmt::Write;
+        let mut s = String::with_capacity(64);
+        for b in self.client {
+            let _ = write!(s, "{b:02x}");
+        }
+        let _ = write!(s, ":{}:{}", self.thread, self.seq);
+        s
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OwnerToken(<redacted>)")
+    }
+}
+
+/// A fencing token: a number that grows with every acquisition of one lock name.
+///
+/// Hand it to the resource the lock protects; the resource rejects any token lower than
+/// the highest it has seen, which keeps out a holder whose lease ran out while it was
+/// paused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw counter value.
+    pub const fn new(value: u64) -> Self {
+        FencingToken(value)
+    }
+
+    /// The raw counter value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What one successful acquisition (or extension) grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    valid_until: Instant,
+    fence: Option<FencingToken>,
+}
+
+impl Lease {
+    /// A lease that is valid until `valid_until`: a monotonic instant that the backend has
+    /// already reduced by the time the request took and by any clock drift allowance.
+    pub fn new(valid_until: Instant) -> Self {
+        Lease {
+            valid_until,
+            fence: None,
+        }
+    }
+
+    /// The same lease carrying a fencing token.
+    pub fn with_fence(mut self, fence: FencingToken) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// Until when the holder may assume the lock is its own.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// The fencing token of this acquisition, if the backend issues them.
+    pub fn fence(&self) -> Option<FencingToken> {
+        self.fence
+    }
+}
+
+/// The outcome of one acquisition attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acquire {
+    /// The lock is ours.
+    Acquired(Lease),
+    /// Someone else holds it.
+    Held {
+        /// The holder's remaining lease, when known: the lock cannot become free by
+        /// expiry before then, so a waiter need not look again sooner (unless woken).
+        retry_after: Option<Duration>,
+    },
+}
+
+/// What a [`Watch`] does when it is dropped; implemented by backends that keep a
+/// registry of waiters.
+pub trait Unsubscribe: Send + 'static {
+    /// Removes the waiter. `pending_wake` is `true` when a wake-up had been delivered to
+    /// it but not consumed: the registry should hand it to another waiter.
+    fn unsubscribe(self: Box<Self>, pending_wake: bool);
+}
+
+/// A subscription to release hints for one lock name, returned by
+/// [`LockBackend::watch`]. Unsubscribes when dropped.
+pub struct Watch {
+    receiver: crossbeam_channel::Receiver<()>,
+    guard: Option<Box<dyn Unsubscribe>>,
+}
+
+impl Watch {
+    /// A watch over `receiver`, with nothing to undo on drop.
+    pub fn new(receiver: crossbeam_channel::Receiver<()>) -> Self {
+        Watch {
+            receiver,
+            guard: None,
+        }
+    }
+
+    /// A watch over `receiver` that calls `guard` when dropped.
+    pub fn with_unsubscribe(
+        receiver: crossbeam_channel::Receiver<()>,
+        guard: Box<dyn Unsubscribe>,
+    ) -> Self {
+        Watch {
+            receiver,
+            guard: Some(guard),
+        }
+    }
+
+    /// The channel a hint arrives on. A hint means "probably released: try again"; a
+    /// disconnected channel means the subscription died (fall back to polling).
+    pub fn receiver(&self) -> &crossbeam_channel::Receiver<()> {
+        &self.receiver
+    }
+
+    /// Drops any delivered hint: the waiter used it (it won the lock), so it must not be
+    /// passed on to another waiter when the watch is dropped.
+    pub fn consume(&self) {
+        while self.receiver.try_recv().is_ok() {}
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(guard) = self.guard.take() {
+            let pending = !self.receiver.is_empty();
+            guard.unsubscribe(pending);
+        }
+    }
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch")
+            .field("pending", &self.receiver.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A lock store: one bounded attempt per call, never sleeping, never retrying.
+///
+/// The generic front ([`LockClient`](crate::LockClient)) implements waiting, deadlines,
+/// interrupts, re-entrancy and guards once, on top of these calls. Implement this trait to
+/// plug in a new store:
+///
+/// 1. Keep per name: the owner token of the holder and its expiry, and a fencing counter
+///    that only grows and never expires (if you issue fencing tokens).
+/// 2. [`try_acquire`](LockBackend::try_acquire) takes the name if it is free (or already
+///    held by the same token, which refreshes the lease), with an expiry: no acquire path
+///    may leave a name held without one.
+/// 3. [`extend`](LockBackend::extend) and [`release`](LockBackend::release) act only when
+///    the token still holds the name, and never re-create a missing entry.
+/// 4. Return within your I/O deadline; map failures to [`BackendError`] kinds so the front
+///    knows what to retry.
+/// 5. Run the conformance suite of `dlm-testkit` against it.
+///
+/// Contention is not an error: it is [`Acquire::Held`].
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// One bounded attempt to take `name` for `owner` for `ttl`.
+    ///
+    /// Idempotent for the same owner: if `owner` already holds `name`, the lease is
+    /// refreshed to `ttl` and `Acquired` is returned again (a retry after a lost reply must
+    /// never block its own sender). The returned lease's `valid_until` is already reduced by
+    /// the time the call took and by the backend's drift allowance.
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError>;
+
+    /// Resets the expiry of `name` to `ttl` if `owner` still holds it. `Ok(None)`: it is
+    /// no longer ours. Never re-creates a missing entry. The returned lease keeps the
+    /// fencing token of the acquisition.
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError>;
+
+    /// Releases `name` if `owner` holds it. `Ok(false)`: it was not ours (any more).
+    fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError>;
+
+    /// Releases `name` whoever holds it (administration). `Ok(false)`: it was free.
+    fn force_release(&self, name: &LockName) -> Result<bool, BackendError>;
+
+    /// The remaining lease of whoever holds `name`, or `None` if it is free.
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError>;
+
+    /// Optional and cheap (no I/O on the caller's thread beyond registering): a
+    /// subscription that receives a hint when `name` was probably released. The front
+    /// subscribes before its first attempt and still bounds every wait by the holder's
+    /// remaining lease, so a lost hint costs a bounded delay, never a hang. The default
+    /// returns `None` (the front polls).
+    fn watch(&self, name: &LockName) -> Option<Watch> {
+        let _ = name;
+        None
+    }
+}

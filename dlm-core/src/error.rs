@@ -1,0 +1,243 @@
+//! The one error type of the front, and the error type backends report.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// The result type of every fallible lock operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong with a lock operation.
+///
+/// Contention is not an error: a lock that is held by someone else makes the `try_*`
+/// operations return `Ok(None)`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The wait was interrupted through an [`Interrupt`](crate::Interrupt).
+    Interrupted,
+    /// The calling thread does not hold the lock it tried to unlock (Java's
+    /// `IllegalMonitorStateException`).
+    NotHeld,
+    /// The lock was held, but its lease is gone: it expired, was force-released, or the
+    /// backend lost it. Whatever the holder was protecting may have been entered by someone
+    /// else since.
+    LockLost,
+    /// An argument was rejected before any I/O.
+    InvalidArgument(InvalidArgument),
+    /// The backend failed.
+    Backend(BackendError),
+}
+
+impl Error {
+    /// The backend error, if this is one.
+    pub fn backend(&self) -> Option<&BackendError> {
+        match self {
+            Error::Backend(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// `true` for [`Error::InvalidArgument`].
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(self, Error::InvalidArgument(_))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Interrupted => f.write_str("lock wait interrupted"),
+            Error::NotHeld => f.write_str("the calling thread does not hold the lock"),
+            Error::LockLost => f.write_str("the lock's lease was lost"),
+            Error::InvalidArgument(e) => e.fmt(f),
+            Error::Backend(e) => e.fmt(f),
+        }
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::InvalidArgument(e) => Some(e),
+            Error::Backend(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<BackendError> for Error {
+    fn from(e: BackendError) -> Self {
+        Error::Backend(e)
+    }
+}
+
+impl From<InvalidArgument> for Error {
+    fn from(e: InvalidArgument) -> Self {
+        Error::InvalidArgument(e)
+    }
+}
+
+/// An argument that was rejected before any I/O: which one, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidArgument {
+    argument: &'static str,
+    reason: String,
+}
+
+impl InvalidArgument {
+    /// A rejection of `argument` (a parameter name such as `"lease"`) for `reason`.
+    pub fn new(argument: &'static str, reason: impl Into<String>) -> Self {
+        InvalidArgument {
+            argument,
+            reason: reason.into(),
+        }
+    }
+
+    /// The name of the rejected argument, e.g. `"lease"` or `"name"`.
+    pub fn argument(&self) -> &'static str {
+        self.argument
+    }
+
+    /// Why it was rejected.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for InvalidArgument {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid argument `{}`: {}", self.argument, self.reason)
+    }
+}
+
+impl StdError for InvalidArgument {}
+
+/// What kind of backend failure happened. Decides whether the front retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// The server could not be reached (refused, reset, closed). Transient.
+    Unavailable,
+    /// The server did not answer within the I/O deadline. Transient.
+    Timeout,
+    /// Too few nodes of a quorum answered (Redlock). Transient.
+    NoQuorum,
+    /// The server is busy (a long script) or still loading its data. Transient.
+    Busy,
+    /// Authentication failed (wrong or missing password). Never retried.
+    Auth,
+    /// The user lacks a permission (ACL). Never retried.
+    Permission,
+    /// The node is a read-only replica.
+    ReadOnly,
+    /// The server is out of memory.
+    OutOfMemory,
+    /// A key at the lock's name is of another type, or has no expiry: something other
+    /// than this library wrote it. Never waited on.
+    UnexpectedKey,
+    /// The server's answer did not make sense (protocol or script error).
+    Protocol,
+    /// Anything else.
+    Other,
+}
+
+impl BackendErrorKind {
+    /// `true` for failures a later attempt may not see: the front retries these within
+    /// the caller's wait budget.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            BackendErrorKind::Unavailable
+                | BackendErrorKind::Timeout
+                | BackendErrorKind::NoQuorum
+                | BackendErrorKind::Busy
+        )
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            BackendErrorKind::Unavailable => "unavailable",
+            BackendErrorKind::Timeout => "timeout",
+            BackendErrorKind::NoQuorum => "no quorum",
+            BackendErrorKind::Busy => "busy",
+            BackendErrorKind::Auth => "authentication failed",
+            BackendErrorKind::Permission => "permission denied",
+            BackendErrorKind::ReadOnly => "read-only replica",
+            BackendErrorKind::OutOfMemory => "out of memory",
+            BackendErrorKind::UnexpectedKey => "unexpected key",
+            BackendErrorKind::Protocol => "protocol error",
+            BackendErrorKind::Other => "backend error",
+        }
+    }
+}
+
+impl fmt::Display for BackendErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A backend failure: a [`kind`](BackendError::kind), a message that never contains
+/// secrets, and the underlying error as [`source`](StdError::source).
+#[derive(Debug)]
+pub struct BackendError {
+    kind: BackendErrorKind,
+    message: String,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl BackendError {
+    /// A failure of `kind` described by `message`. The message must not contain
+    /// passwords or owner tokens.
+    pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
+        BackendError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> BackendErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// See [`BackendErrorKind::is_transient`].
+    pub fn is_transient(&self) -> bool {
+        self.kind.is_transient()
+    }
+
+    /// `true` for [`BackendErrorKind::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        self.kind == BackendErrorKind::Timeout
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.kind)
+        } else {
+            write!(f, "{}: {}", self.kind, self.message)
+        }
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}

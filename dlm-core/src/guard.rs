@@ -1,0 +1,178 @@
+//! The guard that represents one hold of a lock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{FencingToken, Lease};
+use crate::error::{Error, Result};
+use crate::lock::LockShared;
+
+/// One hold of a lock. Created by the acquisition methods of [`Lock`](crate::Lock);
+/// releases the hold when dropped.
+///
+/// Dropping is best effort: a failure to release is logged (with `log`) and never panics,
+/// and the lock then expires at the end of its lease. Call [`unlock`](LockGuard::unlock)
+/// to see the outcome. A guard is `Send` and `'static`: it can be moved to another thread
+/// or stored; the hold still belongs to the thread that acquired it (re-entrancy and
+/// [`Lock::unlock`](crate::Lock::unlock) go by that thread).
+#[must_use = "if unused the lock is released immediately"]
+#[clippy::has_significant_drop]
+pub struct LockGuard {
+    lock: Arc<LockShared>,
+    generation: u64,
+    /// The lease as of acquisition; the shared state has the current one.
+    lease: Lease,
+    active: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(lock: Arc<LockShared>, generation: u64, lease: Lease) -> Self {
+        LockGuard {
+            lock,
+            generation,
+            lease,
+            active: true,
+        }
+    }
+
+    /// The name of the lock.
+    pub fn name(&self) -> &str {
+        self.lock.name.as_str()
+    }
+
+    /// Gives back this hold; the last hold releases the lock.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when the lease had already run out or been taken (whatever the
+    /// lock protected may have been entered by someone else meanwhile);
+    /// [`Error::Backend`] when the backend could not be reached (the lock then expires at
+    /// the end of its lease).
+    pub fn unlock(mut self) -> Result<()> {
+        self.active = false;
+        self.release()
+    }
+
+    /// Keeps the hold without the guard: it must be given back later with
+    /// [`Lock::unlock`](crate::Lock::unlock) from the thread that acquired it (the Java
+    /// style of `lock(); try { ... } finally { unlock(); }` across scopes).
+    pub fn into_hold(mut self) {
+        self.active = false;
+    }
+
+    /// The end of the lease as this process knows it: monotonic, already reduced by the
+    /// acquisition's round trip and the backend's drift allowance.
+    pub fn valid_until(&self) -> Instant {
+        self.with_holding(|h| h.lease.valid_until())
+            .unwrap_or(self.lease.valid_until())
+    }
+
+    /// `true` once [`valid_until`](LockGuard::valid_until) has passed.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.valid_until()
+    }
+
+    /// `true` while this acquisition is current, its lease has not run out, and no
+    /// extension found it gone. Local knowledge: no I/O.
+    pub fn is_held(&self) -> bool {
+        self.with_holding(|h| h.is_valid(Instant::now()))
+            .unwrap_or(false)
+    }
+
+    /// `Ok(())` when [`is_held`](LockGuard::is_held), else [`Error::LockLost`]: a
+    /// check to put between steps of long work.
+    pub fn ensure_held(&self) -> Result<()> {
+        if self.is_held() {
+            Ok(())
+        } else {
+            Err(Error::LockLost)
+        }
+    }
+
+    /// The fencing token of this acquisition, if the backend issues them. Re-entrant holds
+    /// share the token of the first hold.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.lease.fence()
+    }
+
+    /// Resets the lease to `ttl` from now, if the lock is still ours.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `ttl` the client does not accept (no I/O then);
+    /// [`Error::LockLost`] when the lock is no longer ours (the guard then reports
+    /// [`is_held`](LockGuard::is_held) `false`); [`Error::Backend`] on failure.
+    pub fn extend(&self, ttl: Duration) -> Result<()> {
+        let client = &self.lock.client;
+        client.check_lease(ttl)?;
+        let mut state = self.lock.state.lock();
+        let holding = match state.holding.as_mut() {
+            Some(h) if h.generation == self.generation => h,
+            _ => return Err(Error::LockLost),
+        };
+        if holding.lost {
+            return Err(Error::LockLost);
+        }
+        match client.backend.extend(&self.lock.name, &holding.token, ttl) {
+            Ok(Some(lease)) => {
+                let renewed = Lease::new(lease.valid_until());
+                holding.lease = match lease.fence().or(holding.lease.fence()) {
+                    Some(fence) => renewed.with_fence(fence),
+                    None => renewed,
+                };
+                Ok(())
+            }
+            Ok(None) => {
+                holding.lost = true;
+                Err(Error::LockLost)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn with_holding<T>(&self, f: impl FnOnce(&crate::lock::Holding) -> T) -> Option<T> {
+        let state = self.lock.state.lock();
+        state
+            .holding
+            .as_ref()
+            .filter(|h| h.generation == self.generation)
+            .map(f)
+    }
+
+    fn release(&self) -> Result<()> {
+        match self.lock.release_hold(self.generation, false) {
+            // A guard whose acquisition was superseded lost its lease.
+            Err(Error::NotHeld) => Err(Error::LockLost),
+            other => other,
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.active {
+            return;
+        }
+        self.active = false;
+        match self.release() {
+            Ok(()) => {}
+            Err(Error::LockLost) => log::warn!(
+                "lock {:?}: the lease was lost before the guard was dropped",
+                self.lock.name
+            ),
+            Err(e) => log::warn!(
+                "lock {:?}: release on drop failed, the lock expires with its lease: {e}",
+                self.lock.name
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.lock.name)
+            .field("fencing_token", &self.lease.fence())
+            .field("held", &self.is_held())
+            .finish_non_exhaustive()
+    }
+}

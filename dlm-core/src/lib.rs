@@ -1,0 +1,50 @@
+//! # dlm-core: the front of the dlm distributed lock manager
+//!
+//! A blocking, thread-friendly distributed lock, written once over any store that
+//! implements [`LockBackend`]:
+//!
+//! - [`LockClient`] hands out named [`DistributedLock`]s and owns the owner identity
+//!   (128 random bits from the OS per client, plus the thread).
+//! - [`Lock`] is the Java `AbstractLock` of the blog post this library started from
+//!   (`lock`, `lock_interruptibly`, `try_lock`, `try_lock_timeout`,
+//!   `try_lock_interruptibly`, `unlock`, `release`); acquisitions return a [`LockGuard`].
+//! - One wait loop serves every backend: attempt, subscribe to release hints
+//!   ([`LockBackend::watch`]), then sleep until a hint, the holder's lease end, a jittered
+//!   backoff, the deadline or an [`Interrupt`].
+//! - Re-entrant per (lock, thread) with hold counts, like Redisson's `RLock`.
+//! - Leases are monotonic ([`std::time::Instant`]); wall-clock time is never used.
+//!
+//! ## Layout
+//! `backend` holds the backend contract, `lock` the [`Lock`] trait and its one
+//! implementation, `guard` the [`LockGuard`], `client` the [`LockClient`], `retry` the
+//! pacing of waits, `interrupt` cancellation, `waiters` a helper for backends' release
+//! hints, `error` the error types.
+//!
+//! ## Plugging in a backend
+//! 1. Implement [`LockBackend`]: one bounded attempt per call, never sleeping.
+//! 2. Optionally implement [`LockBackend::watch`] (a [`WaitList`] does the bookkeeping).
+//! 3. Run the conformance suite of `dlm-testkit` against it with its `conformance_tests!`
+//!    macro.
+//! 4. Hand it to [`LockClient::new`].
+#![deny(missing_docs)]
+
+mod backend;
+mod client;
+mod error;
+mod guard;
+mod interrupt;
+mod lock;
+mod retry;
+mod waiters;
+
+pub use backend::{
+    Acquire, FencingToken, Lease, LockBackend, LockName, MAX_NAME_LEN, OwnerToken, Unsubscribe,
+    Watch,
+};
+pub use client::{DEFAULT_LEASE, DEFAULT_MAX_LEASE, LockClient, LockClientBuilder};
+pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
+pub use guard::LockGuard;
+pub use interrupt::{Interrupt, Interrupter, interrupt_pair};
+pub use lock::{DistributedLock, Lock};
+pub use retry::RetryPolicy;
+pub use waiters::WaitList;

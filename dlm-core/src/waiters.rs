@@ -1,0 +1,178 @@
+//! A registry of waiters for one lock name that backends use to implement
+//! [`LockBackend::watch`](crate::LockBackend::watch).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+use crossbeam_channel::{Sender, TrySendError};
+use parking_lot::Mutex;
+
+use crate::backend::{Unsubscribe, Watch};
+
+/// Waiters of one lock name, woken one at a time in FIFO order.
+///
+/// A release wakes ONE waiter ([`notify_one`](WaitList::notify_one)): the others stay
+/// asleep instead of all retrying at once. A waiter that gives up with an unused wake-up
+/// hands it to the next waiter, so a wake-up is not lost when its receiver timed out or was
+/// interrupted. Cloning shares the list.
+#[derive(Clone, Default)]
+pub struct WaitList {
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    waiters: VecDeque<(u64, Sender<()>)>,
+}
+
+impl Inner {
+    fn notify_one(&mut self) -> bool {
+        for i in 0..self.waiters.len() {
+            match self.waiters[i].1.try_send(()) {
+                Ok(()) => {
+                    // Rotate the woken waiter to the back: the next release wakes another.
+                    if let Some(w) = self.waiters.remove(i) {
+                        self.waiters.push_back(w);
+                    }
+                    return true;
+                }
+                // Already holds an unconsumed wake-up: it will retry anyway.
+                Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => {}
+            }
+        }
+        false
+    }
+}
+
+impl WaitList {
+    /// An empty list.
+    pub fn new() -> Self {
+        WaitList::default()
+    }
+
+    /// Registers a waiter; dropping the returned [`Watch`] unregisters it.
+    pub fn subscribe(&self) -> Watch {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut inner = self.inner.lock();
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.waiters.push_back((id, tx));
+        drop(inner);
+        Watch::with_unsubscribe(
+            rx,
+            Box::new(Subscription {
+                list: self.clone(),
+                id,
+            }),
+        )
+    }
+
+    /// Wakes the longest-waiting waiter that has no wake-up pending. Returns `false` if
+    /// there was none.
+    pub fn notify_one(&self) -> bool {
+        self.inner.lock().notify_one()
+    }
+
+    /// Wakes every waiter.
+    pub fn notify_all(&self) {
+        for (_, tx) in self.inner.lock().waiters.iter() {
+            let _ = tx.try_send(());
+        }
+    }
+
+    /// How many waiters are registered.
+    pub fn len(&self) -> usize {
+        self.inner.lock().waiters.len()
+    }
+
+    /// `true` when no waiter is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for WaitList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaitList")
+            .field("waiters", &self.len())
+            .finish()
+    }
+}
+
+struct Subscription {
+    list: WaitList,
+    id: u64,
+}
+
+impl Unsubscribe for Subscription {
+    fn unsubscribe(self: Box<Self>, pending_wake: bool) {
+        let mut inner = self.list.inner.lock();
+        inner.waiters.retain(|(id, _)| *id != self.id);
+        if pending_wake {
+            inner.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wakes_one_waiter_at_a_time_in_fifo_order() {
+        let list = WaitList::new();
+        let a = list.subscribe();
+        let b = list.subscribe();
+        assert!(list.notify_one());
+        assert!(a.receiver().try_recv().is_ok());
+        assert!(b.receiver().try_recv().is_err());
+        assert!(list.notify_one());
+        assert!(b.receiver().try_recv().is_ok());
+    }
+
+    #[test]
+    fn skips_waiters_that_already_have_a_wake_up() {
+        let list = WaitList::new();
+        let a = list.subscribe();
+        let b = list.subscribe();
+        list.notify_one();
+        list.notify_one();
+        assert_eq!(a.receiver().len(), 1);
+        assert_eq!(b.receiver().len(), 1);
+        assert!(!list.notify_one(), "both are already woken");
+    }
+
+    #[test]
+    fn an_unused_wake_up_is_passed_on_when_the_waiter_leaves() {
+        let list = WaitList::new();
+        let a = list.subscribe();
+        let b = list.subscribe();
+        list.notify_one();
+        drop(a);
+        assert_eq!(list.len(), 1);
+        assert!(b.receiver().try_recv().is_ok());
+    }
+
+    #[test]
+    fn a_consumed_wake_up_is_not_passed_on() {
+        let list = WaitList::new();
+        let a = list.subscribe();
+        let b = list.subscribe();
+        list.notify_one();
+        a.consume();
+        drop(a);
+        assert!(b.receiver().try_recv().is_err());
+        assert_eq!(list.len(), 1);
+    }
+
+    #[test]
+    fn notify_all_wakes_everyone() {
+        let list = WaitList::new();
+        let w: Vec<_> = (0..4).map(|_| list.subscribe()).collect();
+        list.notify_all();
+        assert!(w.iter().all(|w| w.receiver().try_recv().is_ok()));
+    }
+}

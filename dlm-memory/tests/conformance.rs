@@ -1,0 +1,16 @@
+//! The shared conformance suite on the memory backend.
+
+use std::sync::Arc;
+
+use dlm_core::LockBackend;
+use dlm_memory::MemoryBackend;
+
+struct Memory(MemoryBackend);
+
+impl dlm_testkit::Fixture for Memory {
+    fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(self.0.clone())
+    }
+}
+
+dlm_testkit::conformance_tests!(Memory(MemoryBackend::new()));

@@ -1,0 +1,643 @@
+//! The conformance suite: what every backend must do, as one `pub fn` per case.
+//!
+//! Each case takes a [`Fixture`] and panics on a violation. Timing assertions use wide
+//! margins (they run on loaded 2-core machines); where a case must know that a thread is
+//! blocked, it checks that the thread has not finished within a bounded wait instead of
+//! sleeping.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
+use dlm_core::{Error, Lock, LockClient, LockName, OwnerToken, RetryPolicy, interrupt_pair};
+
+use crate::{CountingBackend, Fixture, unique_name};
+
+/// Generous bound for "returns promptly" on a loaded CI machine.
+const PROMPT: Duration = Duration::from_secs(2);
+
+fn client(f: &dyn Fixture) -> LockClient {
+    LockClient::builder(f.backend()).build()
+}
+
+fn client_with_lease(f: &dyn Fixture, lease: Duration) -> LockClient {
+    LockClient::builder(f.backend()).lease(lease).build()
+}
+
+/// Asserts that `rx` receives nothing for `within`: the thread behind it is blocked.
+fn assert_still_blocked<T>(rx: &crossbeam_channel::Receiver<T>, within: Duration, what: &str) {
+    match rx.recv_timeout(within) {
+        Err(RecvTimeoutError::Timeout) => {}
+        Ok(_) => panic!("{what}: finished while it should still be blocked"),
+        Err(RecvTimeoutError::Disconnected) => panic!("{what}: thread died"),
+    }
+}
+
+/// 4 clients x 2 threads increment a counter with a separate read and write (lost updates
+/// appear without mutual exclusion), and a flag detects overlapping critical sections.
+pub fn mutual_exclusion_no_lost_updates(f: &dyn Fixture) {
+    const CLIENTS: usize = 4;
+    const THREADS_PER_CLIENT: usize = 2;
+    const ROUNDS: u64 = 100;
+    let name = unique_name("mutex");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(CLIENTS * THREADS_PER_CLIENT));
+    let mut handles = Vec::new();
+    for _ in 0..CLIENTS {
+        let lock = client(f).get_lock(&name).unwrap();
+        for _ in 0..THREADS_PER_CLIENT {
+            let (lock, counter, inside, start) =
+                (lock.clone(), counter.clone(), inside.clone(), start.clone());
+            handles.push(thread::spawn(move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    let guard = lock.lock().unwrap();
+                    assert!(
+                        !inside.swap(true, Ordering::SeqCst),
+                        "two holders inside the critical section"
+                    );
+                    let v = counter.load(Ordering::SeqCst);
+                    thread::yield_now();
+                    counter.store(v + 1, Ordering::SeqCst);
+                    inside.store(false, Ordering::SeqCst);
+                    guard.unlock().unwrap();
+                }
+            }));
+        }
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        (CLIENTS * THREADS_PER_CLIENT) as u64 * ROUNDS,
+        "lost updates: mutual exclusion failed"
+    );
+}
+
+/// `try_lock` on a held lock returns `Ok(None)` at once.
+pub fn try_lock_never_blocks(f: &dyn Fixture) {
+    let name = unique_name("trylock");
+    let _held = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let other = client(f).get_lock(&name).unwrap();
+    let t = Instant::now();
+    assert!(other.try_lock().unwrap().is_none());
+    assert!(other.try_lock_timeout(Duration::ZERO).unwrap().is_none());
+    assert!(
+        t.elapsed() < PROMPT,
+        "try_lock blocked for {:?}",
+        t.elapsed()
+    );
+}
+
+/// `try_lock_timeout` waits about its timeout, then gives up with `Ok(None)`.
+pub fn try_lock_timeout_honours_its_timeout(f: &dyn Fixture) {
+    let name = unique_name("timeout");
+    let _held = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let other = client(f).get_lock(&name).unwrap();
+    let timeout = Duration::from_millis(300);
+    let t = Instant::now();
+    assert!(other.try_lock_timeout(timeout).unwrap().is_none());
+    let took = t.elapsed();
+    assert!(took >= timeout, "gave up early, after {took:?}");
+    assert!(took < timeout + PROMPT, "overran its timeout: {took:?}");
+}
+
+/// A zero timeout makes exactly one request.
+pub fn zero_timeout_is_exactly_one_attempt(f: &dyn Fixture) {
+    let name = unique_name("zero");
+    let _held = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let other = LockClient::builder(counting.clone()).build();
+    let lock = other.get_lock(&name).unwrap();
+    assert!(lock.try_lock_timeout(Duration::ZERO).unwrap().is_none());
+    assert_eq!(counting.calls(), 1);
+    assert!(lock.try_lock().unwrap().is_none());
+    assert_eq!(counting.calls(), 2);
+}
+
+/// `Duration::MAX` means "forever": no overflow, and the wait ends when the lock frees.
+pub fn unbounded_timeout_waits_without_overflow(f: &dyn Fixture) {
+    let name = unique_name("forever");
+    let held = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let other = client(f).get_lock(&name).unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let waiter = thread::spawn(move || {
+        let got = other.try_lock_timeout(Duration::MAX).map(|g| g.is_some());
+        tx.send(got).unwrap();
+    });
+    assert_still_blocked(&rx, Duration::from_millis(200), "waiter with Duration::MAX");
+    held.unlock().unwrap();
+    assert!(rx.recv_timeout(PROMPT * 5).unwrap().unwrap());
+    waiter.join().unwrap();
+}
+
+/// A lock can be taken again, by anyone, after it was unlocked.
+pub fn lock_again_after_unlock(f: &dyn Fixture) {
+    let name = unique_name("again");
+    let (a, b) = (client(f), client(f));
+    for _ in 0..3 {
+        a.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
+        b.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
+    }
+    assert!(!a.get_lock(&name).unwrap().is_locked().unwrap());
+}
+
+/// A lock whose holder neither releases nor extends is free after its lease.
+pub fn expiry_frees_the_lock(f: &dyn Fixture) {
+    let name = unique_name("expiry");
+    let lease = Duration::from_millis(300);
+    let holder = client_with_lease(f, lease).get_lock(&name).unwrap();
+    let guard = holder.lock().unwrap();
+    let t = Instant::now();
+    let other = client(f).get_lock(&name).unwrap();
+    let got = other.try_lock_timeout(Duration::from_secs(10)).unwrap();
+    assert!(got.is_some(), "the lease never expired");
+    assert!(
+        t.elapsed() >= lease - Duration::from_millis(50),
+        "acquired after {:?}, before the lease of {lease:?} ran out",
+        t.elapsed()
+    );
+    assert!(guard.is_expired());
+    assert!(!guard.is_held());
+    assert!(matches!(guard.unlock(), Err(Error::LockLost)));
+    assert!(
+        other.is_locked().unwrap(),
+        "the late unlock freed the new holder's lock"
+    );
+}
+
+/// `extend` keeps the lock beyond its original lease.
+pub fn extend_prolongs_the_lease(f: &dyn Fixture) {
+    let name = unique_name("extend");
+    let holder = client_with_lease(f, Duration::from_millis(300))
+        .get_lock(&name)
+        .unwrap();
+    let guard = holder.lock().unwrap();
+    let before = guard.valid_until();
+    guard.extend(Duration::from_secs(30)).unwrap();
+    assert!(guard.valid_until() > before + Duration::from_secs(20));
+    let other = client(f).get_lock(&name).unwrap();
+    assert!(
+        other
+            .try_lock_timeout(Duration::from_millis(800))
+            .unwrap()
+            .is_none(),
+        "the extended lock expired with its original lease"
+    );
+    assert!(holder.remaining_lease().unwrap().unwrap() > Duration::from_secs(20));
+    guard.unlock().unwrap();
+}
+
+/// Extending after the lease ran out fails with `LockLost` and never re-creates the lock.
+pub fn extend_after_expiry_fails_and_does_not_recreate(f: &dyn Fixture) {
+    let name = unique_name("extend-late");
+    let lease = Duration::from_millis(200);
+    let holder = client_with_lease(f, lease).get_lock(&name).unwrap();
+    let guard = holder.lock().unwrap();
+    // Wait for the expiry by observing it, not by sleeping a guess.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while holder.is_locked().unwrap() {
+        assert!(Instant::now() < deadline, "the lease never expired");
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert!(matches!(
+        guard.extend(Duration::from_secs(10)),
+        Err(Error::LockLost)
+    ));
+    assert!(!guard.is_held());
+    assert!(matches!(guard.ensure_held(), Err(Error::LockLost)));
+    assert!(
+        !holder.is_locked().unwrap(),
+        "extend re-created an expired lock"
+    );
+    // And after someone else took it, extend does not touch their lock.
+    let other = client(f).get_lock(&name).unwrap();
+    let theirs = other.lock().unwrap();
+    assert!(matches!(
+        guard.extend(Duration::from_secs(10)),
+        Err(Error::LockLost)
+    ));
+    assert!(theirs.is_held());
+    theirs.unlock().unwrap();
+}
+
+/// Only the owner can release: another client's `unlock` is `NotHeld`, and the backend
+/// refuses a release with a foreign token.
+pub fn release_by_non_owner_is_refused(f: &dyn Fixture) {
+    let name = unique_name("foreign");
+    let owner = client(f).get_lock(&name).unwrap();
+    let guard = owner.lock().unwrap();
+    let stranger = client(f).get_lock(&name).unwrap();
+    assert!(matches!(stranger.unlock(), Err(Error::NotHeld)));
+    let backend = f.backend();
+    let lock_name = LockName::new(&name).unwrap();
+    assert!(
+        !backend
+            .release(&lock_name, &OwnerToken::random_for_tests(1))
+            .unwrap()
+    );
+    assert!(
+        backend
+            .extend(
+                &lock_name,
+                &OwnerToken::random_for_tests(1),
+                Duration::from_secs(5)
+            )
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        stranger.try_lock().unwrap().is_none(),
+        "the stranger freed it"
+    );
+    guard.unlock().unwrap();
+}
+
+/// Unlocking twice: the second is `NotHeld`.
+pub fn double_unlock_is_not_held(f: &dyn Fixture) {
+    let name = unique_name("double");
+    let lock = client(f).get_lock(&name).unwrap();
+    assert!(matches!(lock.unlock(), Err(Error::NotHeld)));
+    lock.lock().unwrap().into_hold();
+    lock.unlock().unwrap();
+    assert!(matches!(lock.unlock(), Err(Error::NotHeld)));
+    assert!(!lock.is_locked().unwrap());
+}
+
+/// The holding thread acquires again without blocking; both holds share the token.
+pub fn reentrant_same_thread(f: &dyn Fixture) {
+    let name = unique_name("reentrant");
+    let c = client(f);
+    let lock = c.get_lock(&name).unwrap();
+    let outer = lock.lock().unwrap();
+    let t = Instant::now();
+    let inner = lock
+        .try_lock()
+        .unwrap()
+        .expect("re-entrant try_lock failed");
+    let via_other_handle = c.get_lock(&name).unwrap().lock().unwrap();
+    assert!(t.elapsed() < PROMPT);
+    assert_eq!(lock.hold_count(), 3);
+    assert!(lock.is_held_by_current_thread());
+    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    drop(via_other_handle);
+    drop(inner);
+    outer.unlock().unwrap();
+    assert_eq!(lock.hold_count(), 0);
+    assert!(!lock.is_locked().unwrap());
+}
+
+/// Another thread of the same client does not share the hold: it blocks.
+pub fn reentrant_other_thread_blocks(f: &dyn Fixture) {
+    let name = unique_name("reentrant-thread");
+    let lock = client(f).get_lock(&name).unwrap();
+    let guard = lock.lock().unwrap();
+    let other = lock.clone();
+    let (tried, waited) = thread::spawn(move || {
+        assert!(!other.is_held_by_current_thread());
+        assert_eq!(other.hold_count(), 0);
+        let tried = other.try_lock().unwrap().is_some();
+        let waited = other
+            .try_lock_timeout(Duration::from_millis(200))
+            .unwrap()
+            .is_some();
+        (tried, waited)
+    })
+    .join()
+    .unwrap();
+    assert!(!tried && !waited, "another thread shared the hold");
+    guard.unlock().unwrap();
+}
+
+/// Giving back one of two holds keeps the lock; the last one frees it.
+pub fn reentrant_partial_unlock_keeps_the_lock(f: &dyn Fixture) {
+    let name = unique_name("partial");
+    let lock = client(f).get_lock(&name).unwrap();
+    let stranger = client(f).get_lock(&name).unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    inner.unlock().unwrap();
+    assert_eq!(lock.hold_count(), 1);
+    assert!(outer.is_held());
+    assert!(
+        stranger.try_lock().unwrap().is_none(),
+        "a partial unlock freed the lock"
+    );
+    outer.unlock().unwrap();
+    assert!(stranger.try_lock().unwrap().is_some());
+}
+
+/// With re-entrancy off, a second acquisition by the holding thread is contention.
+pub fn non_reentrant_mode_refuses_second_hold(f: &dyn Fixture) {
+    let name = unique_name("non-reentrant");
+    let c = LockClient::builder(f.backend()).reentrant(false).build();
+    let lock = c.get_lock(&name).unwrap();
+    let guard = lock.lock().unwrap();
+    assert!(lock.try_lock().unwrap().is_none());
+    assert!(
+        lock.try_lock_timeout(Duration::from_millis(100))
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(lock.hold_count(), 1);
+    guard.unlock().unwrap();
+    assert!(lock.try_lock().unwrap().is_some());
+}
+
+/// An interrupt ends a blocked wait with `Interrupted` within 100 ms.
+pub fn interrupt_wakes_a_waiter(f: &dyn Fixture) {
+    let name = unique_name("interrupt");
+    let _held = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let waiter = client(f).get_lock(&name).unwrap();
+    let (interrupter, interrupt) = interrupt_pair();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t = thread::spawn(move || {
+        let r = waiter.lock_interruptibly(&interrupt);
+        tx.send((r.map(drop), Instant::now())).unwrap();
+    });
+    assert_still_blocked(&rx, Duration::from_millis(200), "interruptible waiter");
+    let fired = Instant::now();
+    interrupter.interrupt();
+    let (result, woke) = rx.recv_timeout(PROMPT).expect("the interrupt was not seen");
+    assert!(matches!(result, Err(Error::Interrupted)), "{result:?}");
+    let latency = woke - fired;
+    assert!(
+        latency < Duration::from_millis(100),
+        "interrupt took {latency:?}"
+    );
+    t.join().unwrap();
+    // An interrupt that fired before the call is seen at once.
+    let lock = client(f).get_lock(&name).unwrap();
+    let (i2, interrupt2) = interrupt_pair();
+    i2.interrupt();
+    assert!(matches!(
+        lock.try_lock_interruptibly(Duration::from_secs(5), &interrupt2),
+        Err(Error::Interrupted)
+    ));
+}
+
+/// A waiter wakes within 50 ms of a release, even with a 10 s backoff, when the backend
+/// sends release hints.
+pub fn release_wakes_a_waiter(f: &dyn Fixture) {
+    let name = unique_name("wake");
+    let backend = f.backend();
+    if !f.watch() {
+        assert!(backend.watch(&LockName::new(&name).unwrap()).is_none());
+        return;
+    }
+    let held = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let slow = RetryPolicy::new()
+        .backoff(Duration::from_secs(10), Duration::from_secs(10))
+        .unwrap();
+    let waiter = LockClient::builder(f.backend())
+        .retry(slow)
+        .build()
+        .get_lock(&name)
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t = thread::spawn(move || {
+        let got = waiter.try_lock_timeout(Duration::from_secs(20)).unwrap();
+        tx.send(Instant::now()).unwrap();
+        got.expect("waiter timed out").unlock().unwrap();
+    });
+    assert_still_blocked(&rx, Duration::from_millis(200), "waiter");
+    let released = Instant::now();
+    held.unlock().unwrap();
+    let acquired = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let latency = acquired - released;
+    assert!(
+        latency < Duration::from_millis(50),
+        "waiter took {latency:?} to notice the release"
+    );
+    t.join().unwrap();
+}
+
+/// A guard dropped while its thread panics releases the lock.
+pub fn guard_dropped_during_panic_releases(f: &dyn Fixture) {
+    let name = unique_name("panic");
+    let lock = client(f).get_lock(&name).unwrap();
+    let result = thread::spawn(move || {
+        let _guard = lock.lock().unwrap();
+        panic!("deliberate panic inside the critical section");
+    })
+    .join();
+    assert!(result.is_err());
+    let other = client(f).get_lock(&name).unwrap();
+    assert!(
+        other.try_lock().unwrap().is_some(),
+        "the panic left the lock held"
+    );
+}
+
+/// A guard that is leaked (never dropped) still frees the lock when its lease ends.
+pub fn leaked_guard_expires(f: &dyn Fixture) {
+    let name = unique_name("leak");
+    let lease = Duration::from_millis(300);
+    let lock = client_with_lease(f, lease).get_lock(&name).unwrap();
+    std::mem::forget(lock.lock().unwrap());
+    let other = client(f).get_lock(&name).unwrap();
+    assert!(other.try_lock().unwrap().is_none());
+    assert!(
+        other
+            .try_lock_timeout(Duration::from_secs(10))
+            .unwrap()
+            .is_some(),
+        "a leaked guard kept the lock beyond its lease"
+    );
+}
+
+/// A guard is `Send`: it can be unlocked on another thread.
+pub fn guard_moves_to_another_thread(f: &dyn Fixture) {
+    let name = unique_name("send");
+    let lock = client(f).get_lock(&name).unwrap();
+    let guard = lock.lock().unwrap();
+    thread::spawn(move || guard.unlock().unwrap())
+        .join()
+        .unwrap();
+    assert!(!lock.is_locked().unwrap());
+    assert_eq!(lock.hold_count(), 0);
+}
+
+/// `force_unlock` frees a lock whoever holds it; the holder's unlock then reports the loss.
+pub fn force_unlock_frees_and_the_holder_learns(f: &dyn Fixture) {
+    let name = unique_name("force");
+    let guard = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let admin = client(f).get_lock(&name).unwrap();
+    assert!(admin.force_unlock().unwrap());
+    assert!(
+        !admin.force_unlock().unwrap(),
+        "a free lock reported as held"
+    );
+    let next = client(f).get_lock(&name).unwrap().try_lock().unwrap();
+    assert!(next.is_some());
+    assert!(matches!(guard.unlock(), Err(Error::LockLost)));
+    assert!(
+        next.unwrap().is_held(),
+        "the old holder's unlock freed the new holder"
+    );
+}
+
+/// `is_locked`, `remaining_lease`, `hold_count`, `is_held_by_current_thread`.
+pub fn introspection(f: &dyn Fixture) {
+    let name = unique_name("inspect");
+    let lock = client_with_lease(f, Duration::from_secs(20))
+        .get_lock(&name)
+        .unwrap();
+    let observer = client(f).get_lock(&name).unwrap();
+    assert!(!observer.is_locked().unwrap());
+    assert_eq!(observer.remaining_lease().unwrap(), None);
+    let guard = lock.lock().unwrap();
+    assert!(observer.is_locked().unwrap());
+    let remaining = observer.remaining_lease().unwrap().unwrap();
+    assert!(remaining > Duration::from_secs(10) && remaining <= Duration::from_secs(20));
+    assert!(lock.is_held_by_current_thread());
+    assert!(!observer.is_held_by_current_thread());
+    assert_eq!(observer.hold_count(), 0);
+    assert!(guard.valid_until() > Instant::now() + Duration::from_secs(10));
+    assert_eq!(guard.name(), name);
+    guard.unlock().unwrap();
+    assert!(!observer.is_locked().unwrap());
+}
+
+/// Fencing tokens strictly increase over successive acquisitions, across clients and
+/// threads, and re-entrant holds share theirs.
+pub fn fencing_tokens_strictly_increase(f: &dyn Fixture) {
+    let name = unique_name("fence");
+    if !f.fencing() {
+        let g = client(f).get_lock(&name).unwrap().lock().unwrap();
+        assert_eq!(g.fencing_token(), None);
+        return;
+    }
+    let clients = [client(f), client(f)];
+    let mut last = None;
+    for i in 0..6 {
+        let g = clients[i % 2].get_lock(&name).unwrap().lock().unwrap();
+        let token = g.fencing_token().expect("no fencing token");
+        assert!(Some(token) > last, "token {token} after {last:?}");
+        last = Some(token);
+    }
+    // Concurrent holders record their tokens in acquisition order.
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = client(f).get_lock(&name).unwrap();
+            let order = order.clone();
+            thread::spawn(move || {
+                for _ in 0..20 {
+                    let g = lock.lock().unwrap();
+                    order.lock().push(g.fencing_token().unwrap());
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let order = order.lock();
+    assert_eq!(order.len(), 80);
+    assert!(order[0] > last.unwrap());
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "tokens out of order: {order:?}"
+    );
+}
+
+/// Bad arguments are rejected with `InvalidArgument` before any request is made.
+pub fn bad_input_is_rejected_before_io(f: &dyn Fixture) {
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let c = LockClient::builder(counting.clone()).build();
+    let long = "x".repeat(dlm_core::MAX_NAME_LEN + 1);
+    for bad in ["", long.as_str(), "nul\0byte", "new\nline"] {
+        let e = c.get_lock(bad).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(a) if a.argument() == "name"),
+            "{e}"
+        );
+    }
+    let lock = c.get_lock(&unique_name("bad")).unwrap();
+    for bad in [
+        Duration::ZERO,
+        Duration::from_micros(500),
+        Duration::from_secs(25 * 3600),
+        Duration::MAX,
+    ] {
+        let e = lock.clone().with_lease(bad).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(a) if a.argument() == "lease"),
+            "{e}"
+        );
+    }
+    let guard = lock.lock().unwrap();
+    let before = counting.calls();
+    let e = guard.extend(Duration::ZERO).unwrap_err();
+    assert!(e.is_invalid_argument(), "{e}");
+    assert!(
+        guard
+            .extend(Duration::MAX)
+            .unwrap_err()
+            .is_invalid_argument()
+    );
+    assert_eq!(
+        counting.calls(),
+        before,
+        "a rejected argument reached the backend"
+    );
+    assert!(
+        LockClient::builder(f.backend())
+            .lease(Duration::ZERO)
+            .try_build()
+            .is_err()
+    );
+    // Lua-looking and key-looking names are just names.
+    let tricky = ["x:fence", "}{", "return redis.call('FLUSHALL')", "日本語"];
+    let holders: Vec<_> = tricky
+        .iter()
+        .map(|n| c.get_lock(&format!("{}{n}", unique_name("t"))).unwrap())
+        .collect();
+    for h in &holders {
+        h.try_lock().unwrap().unwrap().unlock().unwrap();
+    }
+    guard.unlock().unwrap();
+}
+
+/// The blog's IDGenerator test: threads of separate clients draw IDs from a shared,
+/// unsynchronised counter under the lock for a while; no ID may be drawn twice.
+pub fn id_generator_has_no_duplicates(f: &dyn Fixture) {
+    let name = unique_name("idgen");
+    let run_for = Duration::from_millis(700);
+    let next_id = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(parking_lot::Mutex::new(HashSet::new()));
+    let duplicates = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = client(f).get_lock(&name).unwrap();
+            let (next_id, seen, duplicates) = (next_id.clone(), seen.clone(), duplicates.clone());
+            thread::spawn(move || {
+                let end = Instant::now() + run_for;
+                while Instant::now() < end {
+                    let Some(guard) = lock.try_lock_timeout(Duration::from_secs(3)).unwrap() else {
+                        continue;
+                    };
+                    let id = next_id.load(Ordering::SeqCst);
+                    thread::yield_now();
+                    next_id.store(id + 1, Ordering::SeqCst);
+                    drop(guard);
+                    if !seen.lock().insert(id) {
+                        duplicates.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let ids = seen.lock().len();
+    assert!(ids > 10, "only {ids} ids drawn");
+    assert_eq!(duplicates.load(Ordering::SeqCst), 0, "duplicate ids drawn");
+}

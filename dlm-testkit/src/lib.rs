@@ -1,0 +1,101 @@
+//! # dlm-testkit: testing dlm and its backends
+//!
+//! - [`conformance`]: the behaviour every [`LockBackend`](dlm_core::LockBackend) must
+//!   show, one `pub fn` per case; [`conformance_tests!`] stamps one `#[test]` per case for
+//!   a backend fixture.
+//! - [`CountingBackend`]: a wrapper that counts backend calls (to prove that bad input is
+//!   rejected before any I/O, or that a waiter sends nothing while it waits).
+#![deny(missing_docs)]
+
+pub mod conformance;
+mod counting;
+
+pub use counting::CountingBackend;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dlm_core::LockBackend;
+
+/// What a conformance case needs from the backend under test.
+pub trait Fixture {
+    /// A backend over the store under test. Every call must reach the same store (the
+    /// same servers); a case builds one client per simulated process.
+    fn backend(&self) -> Arc<dyn LockBackend>;
+
+    /// Whether the backend issues fencing tokens.
+    fn fencing(&self) -> bool {
+        true
+    }
+
+    /// Whether the backend supports release hints ([`LockBackend::watch`]).
+    fn watch(&self) -> bool {
+        true
+    }
+}
+
+/// A lock name no other test uses: `prefix`, a process-wide counter and random bits.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{:08x}",
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        rand::random::<u32>()
+    )
+}
+
+/// Stamps one `#[test]` per conformance case. The argument is an expression that builds
+/// a [`Fixture`]; it is evaluated once per test, so each test gets a fresh fixture (and,
+/// for Redis, its own servers).
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use dlm_core::LockBackend;
+/// struct Memory(dlm_memory::MemoryBackend);
+/// impl dlm_testkit::Fixture for Memory {
+///     fn backend(&self) -> Arc<dyn LockBackend> { Arc::new(self.0.clone()) }
+/// }
+/// dlm_testkit::conformance_tests!(Memory(dlm_memory::MemoryBackend::new()));
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($fixture:expr) => {
+        $crate::conformance_tests!(@cases $fixture;
+            mutual_exclusion_no_lost_updates,
+            try_lock_never_blocks,
+            try_lock_timeout_honours_its_timeout,
+            zero_timeout_is_exactly_one_attempt,
+            unbounded_timeout_waits_without_overflow,
+            lock_again_after_unlock,
+            expiry_frees_the_lock,
+            extend_prolongs_the_lease,
+            extend_after_expiry_fails_and_does_not_recreate,
+            release_by_non_owner_is_refused,
+            double_unlock_is_not_held,
+            reentrant_same_thread,
+            reentrant_other_thread_blocks,
+            reentrant_partial_unlock_keeps_the_lock,
+            non_reentrant_mode_refuses_second_hold,
+            interrupt_wakes_a_waiter,
+            release_wakes_a_waiter,
+            guard_dropped_during_panic_releases,
+            leaked_guard_expires,
+            guard_moves_to_another_thread,
+            force_unlock_frees_and_the_holder_learns,
+            introspection,
+            fencing_tokens_strictly_increase,
+            bad_input_is_rejected_before_io,
+            id_generator_has_no_duplicates
+        );
+    };
+    (@cases $fixture:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let fixture = $fixture;
+                $crate::conformance::$case(&fixture);
+            }
+        )*
+    };
+}
