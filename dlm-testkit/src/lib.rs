@@ -1,14 +1,17 @@
 //! # dlm-testkit: testing dlm and its backends
 //!
-//! - [`conformance`]: the behaviour every [`LockBackend`](dlm_core::LockBackend) must
+//! - [`conformance`]: the behaviour every [`LockBackend`] must
 //!   show, one `pub fn` per case; [`conformance_tests!`] stamps one `#[test]` per case for
 //!   a backend fixture.
+//! - [`redis_server`]: real `redis-server` processes on free 127.0.0.1 ports, with
+//!   controls to pause, kill and restart them; killed and reaped on drop.
 //! - [`CountingBackend`]: a wrapper that counts backend calls (to prove that bad input is
 //!   rejected before any I/O, or that a waiter sends nothing while it waits).
 #![deny(missing_docs)]
 
 pub mod conformance;
 mod counting;
+pub mod redis_server;
 
 pub use counting::CountingBackend;
 

@@ -1,0 +1,228 @@
+//! Deterministic expiry with a manual clock, and the front's error paths driven by the
+//! memory backend's fault knobs.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dlm_core::{BackendErrorKind, Error, Lock, LockClient, RetryPolicy, interrupt_pair};
+use dlm_memory::{ManualClock, MemoryBackend};
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy::new()
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .unwrap()
+}
+
+#[test]
+fn manual_clock_expires_exactly_at_the_lease_end() {
+    let clock = ManualClock::new();
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    let holder = LockClient::builder(std::sync::Arc::new(backend.clone()))
+        .lease(Duration::from_secs(10))
+        .build();
+    let other = LockClient::new(backend);
+    let guard = holder.get_lock("job").unwrap().lock().unwrap();
+    let lock = other.get_lock("job").unwrap();
+    clock.advance(Duration::from_millis(9_999));
+    assert!(
+        lock.try_lock().unwrap().is_none(),
+        "expired before its lease"
+    );
+    assert_eq!(
+        lock.remaining_lease().unwrap(),
+        Some(Duration::from_millis(1))
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(lock.remaining_lease().unwrap(), None);
+    let next = lock.try_lock().unwrap().expect("not free after the lease");
+    assert!(matches!(
+        guard.extend(Duration::from_secs(5)),
+        Err(Error::LockLost)
+    ));
+    assert!(matches!(guard.unlock(), Err(Error::LockLost)));
+    assert!(next.is_held());
+}
+
+#[test]
+fn fencing_tokens_count_per_name_and_can_be_switched_off() {
+    let backend = MemoryBackend::new();
+    let c = LockClient::new(backend);
+    let tokens: Vec<u64> = (0..3)
+        .map(|_| {
+            let g = c.get_lock("a").unwrap().lock().unwrap();
+            g.fencing_token().unwrap().get()
+        })
+        .collect();
+    assert_eq!(tokens, [1, 2, 3]);
+    let b = c.get_lock("b").unwrap().lock().unwrap();
+    assert_eq!(b.fencing_token().unwrap().get(), 1, "counters are per name");
+    let plain = LockClient::new(MemoryBackend::builder().fencing(false).build());
+    assert_eq!(
+        plain.get_lock("a").unwrap().lock().unwrap().fencing_token(),
+        None
+    );
+}
+
+#[test]
+fn a_transient_error_is_retried_within_the_wait() {
+    let backend = MemoryBackend::new();
+    backend.faults().fail_next(3, BackendErrorKind::Unavailable);
+    let c = LockClient::builder(std::sync::Arc::new(backend.clone()))
+        .retry(fast_retry())
+        .build();
+    let g = c
+        .get_lock("x")
+        .unwrap()
+        .try_lock_timeout(Duration::from_secs(5));
+    let g = g.unwrap().expect("not acquired after the errors");
+    assert_eq!(
+        backend.faults().calls(),
+        4,
+        "three failures, then the success"
+    );
+    g.unlock().unwrap();
+}
+
+#[test]
+fn try_lock_reports_a_transient_error_instead_of_contention() {
+    let backend = MemoryBackend::new();
+    backend.faults().fail_next(1, BackendErrorKind::Timeout);
+    let c = LockClient::new(backend);
+    let e = c.get_lock("x").unwrap().try_lock().unwrap_err();
+    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Timeout);
+}
+
+#[test]
+fn a_permanent_error_is_returned_at_once() {
+    let backend = MemoryBackend::new();
+    backend.faults().fail_next(100, BackendErrorKind::Auth);
+    let c = LockClient::builder(std::sync::Arc::new(backend.clone()))
+        .retry(fast_retry())
+        .build();
+    let e = c.get_lock("x").unwrap().lock().unwrap_err();
+    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Auth);
+    // One attempt, plus the best-effort clean-up release.
+    assert_eq!(backend.faults().calls(), 2);
+}
+
+#[test]
+fn lock_on_a_dead_backend_gives_up_after_the_error_timeout() {
+    let backend = MemoryBackend::new();
+    backend
+        .faults()
+        .fail_next(u64::MAX, BackendErrorKind::Unavailable);
+    let c = LockClient::builder(std::sync::Arc::new(backend))
+        .retry(fast_retry().error_timeout(Duration::from_millis(200)))
+        .build();
+    let t = Instant::now();
+    let e = c.get_lock("x").unwrap().lock().unwrap_err();
+    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Unavailable);
+    assert!(t.elapsed() >= Duration::from_millis(200));
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_bounded_wait_on_a_failing_backend_returns_the_error_not_none() {
+    let backend = MemoryBackend::new();
+    backend.faults().fail_next(u64::MAX, BackendErrorKind::Busy);
+    let c = LockClient::builder(std::sync::Arc::new(backend))
+        .retry(fast_retry())
+        .build();
+    let r = c
+        .get_lock("x")
+        .unwrap()
+        .try_lock_timeout(Duration::from_millis(100));
+    assert_eq!(
+        r.unwrap_err().backend().unwrap().kind(),
+        BackendErrorKind::Busy
+    );
+}
+
+#[test]
+fn unlock_failure_is_reported_and_drop_does_not_panic() {
+    let backend = MemoryBackend::new();
+    let c = LockClient::new(backend.clone());
+    let lock = c.get_lock("x").unwrap();
+    let g = lock.lock().unwrap();
+    backend.faults().fail_next(1, BackendErrorKind::Unavailable);
+    let e = g.unlock().unwrap_err();
+    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Unavailable);
+    // The release failed, so the lock stays until its lease ends.
+    assert!(lock.is_locked().unwrap());
+    assert!(backend.expire_now("x"));
+    let g = lock.lock().unwrap();
+    backend.faults().fail_next(1, BackendErrorKind::Unavailable);
+    drop(g); // logged, not panicking
+}
+
+#[test]
+fn an_acquisition_that_lands_after_an_interrupt_is_undone() {
+    let backend = MemoryBackend::new();
+    backend.faults().delay_calls(Duration::from_millis(300));
+    let c = LockClient::new(backend.clone());
+    let lock = c.get_lock("x").unwrap();
+    let (interrupter, interrupt) = interrupt_pair();
+    let t = thread::spawn(move || lock.lock_interruptibly(&interrupt).map(drop));
+    // The attempt is in flight (it takes 300 ms); interrupt it.
+    while backend.faults().calls() == 0 {
+        thread::yield_now();
+    }
+    interrupter.interrupt();
+    assert!(matches!(t.join().unwrap(), Err(Error::Interrupted)));
+    backend.faults().delay_calls(Duration::ZERO);
+    assert!(
+        !c.get_lock("x").unwrap().is_locked().unwrap(),
+        "the late acquisition was kept"
+    );
+}
+
+#[test]
+fn waiters_unsubscribe_when_they_stop_waiting() {
+    let backend = MemoryBackend::new();
+    let holder = LockClient::new(backend.clone());
+    let g = holder.get_lock("x").unwrap().lock().unwrap();
+    let other = LockClient::new(backend.clone());
+    assert!(
+        other
+            .get_lock("x")
+            .unwrap()
+            .try_lock_timeout(Duration::from_millis(50))
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        backend.watchers("x"),
+        0,
+        "a timed-out waiter stayed subscribed"
+    );
+    drop(g);
+}
+
+#[test]
+fn one_release_wakes_one_of_many_waiters() {
+    let backend = MemoryBackend::new();
+    let holder = LockClient::new(backend.clone());
+    let g = holder.get_lock("x").unwrap().lock().unwrap();
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let lock = LockClient::new(backend.clone()).get_lock("x").unwrap();
+            thread::spawn(move || {
+                let g = lock.lock().unwrap();
+                g.unlock().unwrap();
+            })
+        })
+        .collect();
+    while backend.watchers("x") < 16 {
+        thread::yield_now();
+    }
+    let before = backend.faults().calls();
+    g.unlock().unwrap();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    // Each waiter wakes once, when its turn comes: one attempt and one release each, plus
+    // the holder's release; no thundering herd of retries.
+    let calls = backend.faults().calls() - before;
+    assert!(calls <= 1 + 16 * 2 + 4, "{calls} calls for 16 hand-overs");
+    assert_eq!(backend.watchers("x"), 0);
+}

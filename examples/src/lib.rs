@@ -1,0 +1,89 @@
+//! Shared plumbing of the example programs: command-line parsing and backend choice.
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlm_core::LockBackend;
+
+/// Command-line arguments, parsed by hand (`--flag value` pairs and bare `--switch`es).
+#[derive(Debug)]
+pub struct Args {
+    program: &'static str,
+    usage: &'static str,
+    rest: Vec<String>,
+}
+
+impl Args {
+    /// The process's arguments; `usage` is printed for `--help` and on errors.
+    pub fn from_env(program: &'static str, usage: &'static str) -> Self {
+        let rest: Vec<String> = std::env::args().skip(1).collect();
+        if rest.iter().any(|a| a == "--help" || a == "-h") {
+            println!("usage: {program} {usage}");
+            std::process::exit(0);
+        }
+        Args {
+            program,
+            usage,
+            rest,
+        }
+    }
+
+    /// Prints `message` and the usage, and exits with status 2.
+    pub fn fail(&self, message: &str) -> ! {
+        eprintln!(
+            "{}: {message}\nusage: {} {}",
+            self.program, self.program, self.usage
+        );
+        std::process::exit(2)
+    }
+
+    /// Removes and returns the value of `--name VALUE`.
+    pub fn value(&mut self, name: &str) -> Option<String> {
+        let i = self.rest.iter().position(|a| a == name)?;
+        if i + 1 >= self.rest.len() {
+            self.fail(&format!("{name} needs a value"));
+        }
+        self.rest.remove(i);
+        Some(self.rest.remove(i))
+    }
+
+    /// Removes `--name VALUE` and parses it, or returns `default`.
+    pub fn parsed<T: std::str::FromStr>(&mut self, name: &str, default: T) -> T {
+        match self.value(name) {
+            None => default,
+            Some(v) => v
+                .parse()
+                .unwrap_or_else(|_| self.fail(&format!("bad value for {name}: {v:?}"))),
+        }
+    }
+
+    /// Removes `--name` and returns whether it was there.
+    pub fn switch(&mut self, name: &str) -> bool {
+        let before = self.rest.len();
+        self.rest.retain(|a| a != name);
+        self.rest.len() != before
+    }
+
+    /// Fails on anything not consumed.
+    pub fn finish(&self) {
+        if let Some(a) = self.rest.first() {
+            self.fail(&format!("unexpected argument {a:?}"));
+        }
+    }
+
+    /// The backend chosen by the arguments: the embedded memory backend by default.
+    pub fn backend(&mut self) -> Arc<dyn LockBackend> {
+        Arc::new(dlm_memory::MemoryBackend::new())
+    }
+}
+
+/// Parses a number of seconds such as `5` or `0.5`.
+pub fn seconds(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// The README's code examples, compiled and run as doc-tests.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
