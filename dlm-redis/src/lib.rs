@@ -1,0 +1,34 @@
+//! # dlm-redis: Redis backends for dlm
+//!
+//! - [`RedisBackend`]: a lock on one Redis server.
+//! - [`Redlock`]: one lock over N independent masters (the Redlock algorithm).
+//!
+//! Both implement [`dlm_core::LockBackend`]; hand them to a
+//! [`LockClient`](dlm_core::LockClient).
+//!
+//! ## Keys and scripts
+//! A lock called `n` is the string key `dlm:{n}` (value: the owner token, with a TTL), its
+//! fencing counter `dlm:{n}:fence` (no TTL) and its release channel `dlm:{n}:released`:
+//! one hash tag, one cluster slot. Every operation is one Lua script (acquire, extend,
+//! release, force release, inspect: `src/lua/`), run with EVALSHA and reloaded on
+//! NOSCRIPT; lock names travel only in KEYS. An uncontended lock + unlock is two requests
+//! per node on pooled connections.
+//!
+//! ## Connections
+//! One r2d2 pool per server, with a connection manager that sets connect, read and write
+//! timeouts, so a paused or dead server fails requests within those timeouts instead of
+//! hanging. Pools connect lazily: a server that is down at construction fails the calls
+//! that need it. A connection that saw an I/O error or timeout is discarded.
+//!
+//! ## Minimal ACL
+//! `+eval +evalsha +script|load +ping +info ~dlm:* &dlm:*` (with the default prefix).
+#![deny(missing_docs)]
+
+mod conn;
+mod node;
+mod options;
+mod redlock;
+mod single;
+
+pub use redlock::{Redlock, RedlockBuilder, quorum};
+pub use single::{RedisBackend, RedisBackendBuilder};

@@ -1,0 +1,28 @@
+-- Acquire: take the lock if free, refresh it if already ours (idempotent retry).
+-- KEYS[1] lock key, KEYS[2] fence counter key
+-- ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] '1' to issue a fencing token
+-- Returns {1, fence} acquired (fence 0 when fencing is off),
+--         {0, pttl} held by someone else,
+--         {-1, 0}   a key of another type is at the lock name,
+--         {-2, 0}   the key has no expiry (not written by dlm).
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' and v.err then
+  return {-1, 0}
+end
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+if v == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  local fence = 0
+  if ARGV[3] == '1' then
+    fence = redis.call('INCR', KEYS[2])
+  end
+  return {1, fence}
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then
+  return {-2, 0}
+end
+return {0, ttl}

@@ -1,0 +1,9 @@
+-- Extend: compare-and-PEXPIRE. Never re-creates a missing key.
+-- KEYS[1] lock key; ARGV[1] owner token, ARGV[2] ttl in ms
+-- Returns 1 when extended, 0 when the lock is not ours.
+local v = redis.pcall('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0

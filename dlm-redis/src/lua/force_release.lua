@@ -1,0 +1,13 @@
+-- Force release: delete the lock whoever holds it (only a string key, never foreign data).
+-- KEYS[1] lock key, KEYS[2] release channel
+-- Returns 1 when a lock was deleted, 0 when it was free, -1 for a key of another type.
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' and v.err then
+  return -1
+end
+if v == false then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.pcall('PUBLISH', KEYS[2], '1')
+return 1

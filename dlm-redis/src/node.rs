@@ -1,0 +1,261 @@
+//! One Redis server: a pool of connections and the lock scripts.
+
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
+use redis::Script;
+
+use crate::conn::{Conn, Endpoint, Manager, Timeouts, map_error};
+
+struct Scripts {
+    acquire: Script,
+    extend: Script,
+    release: Script,
+    force_release: Script,
+    inspect: Script,
+}
+
+/// Loaded once per process; each `Script` knows its SHA1 (EVALSHA, reloaded on NOSCRIPT).
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: Script::new(include_str!("lua/acquire.lua")),
+    extend: Script::new(include_str!("lua/extend.lua")),
+    release: Script::new(include_str!("lua/release.lua")),
+    force_release: Script::new(include_str!("lua/force_release.lua")),
+    inspect: Script::new(include_str!("lua/inspect.lua")),
+});
+
+/// The key layout: one hash tag per lock, so the lock key, its fencing counter and its
+/// release channel share a cluster slot. Names go into KEYS only.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: String) -> Self {
+        Keys { prefix }
+    }
+
+    /// `prefix:{name}`
+    pub(crate) fn lock(&self, name: &LockName) -> String {
+        format!("{}:{{{}}}", self.prefix, name.as_str())
+    }
+
+    /// `prefix:{name}:fence`
+    pub(crate) fn fence(&self, name: &LockName) -> String {
+        format!("{}:{{{}}}:fence", self.prefix, name.as_str())
+    }
+
+    /// `prefix:{name}:released`
+    pub(crate) fn channel(&self, name: &LockName) -> String {
+        format!("{}:{{{}}}:released", self.prefix, name.as_str())
+    }
+}
+
+/// What one server answered to an acquisition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeAcquire {
+    /// Ours now; the fencing counter's value (0 when fencing is off).
+    Acquired { fence: u64 },
+    /// Someone else's, for this much longer.
+    Held { remaining: Duration },
+}
+
+/// One server.
+pub(crate) struct Node {
+    pub(crate) endpoint: Endpoint,
+    pool: r2d2::Pool<Manager>,
+    keys: Keys,
+}
+
+#[derive(Debug)]
+struct QuietErrors;
+
+impl r2d2::HandleError<BackendError> for QuietErrors {
+    fn handle_error(&self, error: BackendError) {
+        log::debug!("redis connection failed: {error}");
+    }
+}
+
+/// Whole milliseconds, rounded up, for PX/PEXPIRE.
+pub(crate) fn millis(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+impl Node {
+    /// A node whose pool connects lazily: a server that is down at start does not fail
+    /// construction, it fails the calls that need it.
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        keys: Keys,
+        timeouts: Timeouts,
+        pool_size: u32,
+        thread_pool: std::sync::Arc<scheduled_thread_pool::ScheduledThreadPool>,
+    ) -> Node {
+        let manager = Manager {
+            endpoint: endpoint.clone(),
+            timeouts,
+        };
+        let pool = r2d2::Pool::builder()
+            .max_size(pool_size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(timeouts.connect)
+            .error_handler(Box::new(QuietErrors))
+            .thread_pool(thread_pool)
+            .build_unchecked(manager);
+        Node {
+            endpoint,
+            pool,
+            keys,
+        }
+    }
+
+    /// Runs `f` on a pooled connection. A connection that saw an I/O error or timeout is
+    /// discarded: a late reply could otherwise answer the next command.
+    fn run<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, BackendError> {
+        let mut conn = self.pool.get().map_err(|e| {
+            BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!("{}: no connection: {e}", self.endpoint),
+            )
+        })?;
+        let conn: &mut Conn = &mut conn;
+        f(&mut conn.con).map_err(|e| {
+            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+                conn.broken = true;
+            }
+            map_error(&e, &self.endpoint.to_string())
+        })
+    }
+
+    fn unexpected_key(&self, name: &LockName, what: &str) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::UnexpectedKey,
+            format!(
+                "{}: the key {} {what}; it was not written by dlm",
+                self.endpoint,
+                self.keys.lock(name)
+            ),
+        )
+    }
+
+    pub(crate) fn acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<NodeAcquire, BackendError> {
+        let (code, value): (i64, i64) = self.run(|con| {
+            SCRIPTS
+                .acquire
+                .key(self.keys.lock(name))
+                .key(self.keys.fence(name))
+                .arg(owner.encode())
+                .arg(millis(ttl))
+                .arg(if fencing { "1" } else { "0" })
+                .invoke(con)
+        })?;
+        match code {
+            1 => Ok(NodeAcquire::Acquired {
+                fence: value.max(0) as u64,
+            }),
+            0 => Ok(NodeAcquire::Held {
+                remaining: Duration::from_millis(value.max(0) as u64),
+            }),
+            -1 => Err(self.unexpected_key(name, "is not a string")),
+            -2 => Err(self.unexpected_key(name, "has no expiry")),
+            other => Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{}: acquire script returned {other}", self.endpoint),
+            )),
+        }
+    }
+
+    pub(crate) fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let n: i64 = self.run(|con| {
+            SCRIPTS
+                .extend
+                .key(self.keys.lock(name))
+                .arg(owner.encode())
+                .arg(millis(ttl))
+                .invoke(con)
+        })?;
+        Ok(n == 1)
+    }
+
+    pub(crate) fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        let n: i64 = self.run(|con| {
+            SCRIPTS
+                .release
+                .key(self.keys.lock(name))
+                .key(self.keys.channel(name))
+                .arg(owner.encode())
+                .invoke(con)
+        })?;
+        Ok(n == 1)
+    }
+
+    pub(crate) fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
+        let n: i64 = self.run(|con| {
+            SCRIPTS
+                .force_release
+                .key(self.keys.lock(name))
+                .key(self.keys.channel(name))
+                .invoke(con)
+        })?;
+        match n {
+            -1 => Err(self.unexpected_key(name, "is not a string")),
+            n => Ok(n == 1),
+        }
+    }
+
+    pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
+        let n: i64 = self.run(|con| SCRIPTS.inspect.key(self.keys.lock(name)).invoke(con))?;
+        match n {
+            -3 => Ok(None),
+            -1 => Err(self.unexpected_key(name, "is not a string")),
+            -2 => Err(self.unexpected_key(name, "has no expiry")),
+            ms => Ok(Some(Duration::from_millis(ms.max(0) as u64))),
+        }
+    }
+
+    /// The server's `run_id` (INFO server), to spot one server listed twice.
+    pub(crate) fn run_id(&self) -> Result<String, BackendError> {
+        let info: String = self.run(|con| redis::cmd("INFO").arg("server").query(con))?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|s| s.trim().to_owned())
+            .ok_or_else(|| {
+                BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!("{}: INFO server has no run_id", self.endpoint),
+                )
+            })
+    }
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("server", &self.endpoint)
+            .field("pool", &self.pool.state())
+            .finish()
+    }
+}

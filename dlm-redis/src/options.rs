@@ -1,0 +1,164 @@
+//! Settings shared by both Redis backends, and their builders.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlm_core::{BackendError, InvalidArgument};
+use scheduled_thread_pool::ScheduledThreadPool;
+
+use crate::conn::{Endpoint, Timeouts};
+use crate::node::{Keys, Node};
+
+/// Settings of a Redis backend; set through [`RedisBackendBuilder`](crate::RedisBackendBuilder)
+/// or [`RedlockBuilder`](crate::RedlockBuilder).
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) prefix: String,
+    pub(crate) pool_size: u32,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) io_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) fencing: bool,
+}
+
+impl Options {
+    pub(crate) fn single() -> Self {
+        Options {
+            prefix: "dlm".into(),
+            pool_size: 8,
+            connect_timeout: Duration::from_secs(1),
+            io_timeout: Duration::from_secs(1),
+            drift_factor: 0.01,
+            retry_jitter: Duration::from_millis(20),
+            fencing: true,
+        }
+    }
+
+    pub(crate) fn redlock() -> Self {
+        Options {
+            connect_timeout: Duration::from_millis(100),
+            io_timeout: Duration::from_millis(100),
+            fencing: false,
+            ..Options::single()
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), InvalidArgument> {
+        let p = &self.prefix;
+        if p.is_empty() || p.len() > 64 {
+            return Err(InvalidArgument::new("prefix", "must be 1 to 64 bytes"));
+        }
+        if p.chars().any(|c| c.is_control() || c == '{' || c == '}') {
+            return Err(InvalidArgument::new(
+                "prefix",
+                "must not contain braces or control characters",
+            ));
+        }
+        if self.pool_size == 0 {
+            return Err(InvalidArgument::new("pool_size", "must be at least 1"));
+        }
+        if self.connect_timeout.is_zero() || self.io_timeout.is_zero() {
+            return Err(InvalidArgument::new("timeout", "must be positive"));
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(InvalidArgument::new("drift_factor", "must be in [0, 0.5)"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            connect: self.connect_timeout,
+            io: self.io_timeout,
+        }
+    }
+
+    /// The clock-drift allowance for a lease of `ttl`: `ttl * drift_factor + 2 ms`.
+    pub(crate) fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
+    }
+
+    pub(crate) fn nodes(&self, urls: &[String]) -> Result<Vec<Node>, InvalidArgument> {
+        self.validate()?;
+        let endpoints = urls
+            .iter()
+            .map(|u| Endpoint::parse(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        let threads = Arc::new(
+            ScheduledThreadPool::builder()
+                .num_threads(1)
+                .thread_name_pattern("dlm-redis-pool")
+                .build(),
+        );
+        Ok(endpoints
+            .into_iter()
+            .map(|e| {
+                Node::new(
+                    e,
+                    Keys::new(self.prefix.clone()),
+                    self.timeouts(),
+                    self.pool_size,
+                    threads.clone(),
+                )
+            })
+            .collect())
+    }
+}
+
+/// Turns a construction failure into the crate's error type.
+pub(crate) fn invalid(e: InvalidArgument) -> dlm_core::Error {
+    dlm_core::Error::InvalidArgument(e)
+}
+
+/// Turns a backend failure into the crate's error type.
+pub(crate) fn backend(e: BackendError) -> dlm_core::Error {
+    dlm_core::Error::Backend(e)
+}
+
+/// The setters both builders share.
+macro_rules! option_setters {
+    () => {
+        /// The key prefix: a lock called `n` lives at `prefix:{n}`, its fencing counter at
+        /// `prefix:{n}:fence`, its release channel is `prefix:{n}:released`. 1 to 64 bytes,
+        /// no braces. Defaults to `dlm`.
+        pub fn prefix(mut self, prefix: &str) -> Self {
+            self.options.prefix = prefix.to_owned();
+            self
+        }
+
+        /// The most connections kept per server. Defaults to 8.
+        pub fn pool_size(mut self, size: u32) -> Self {
+            self.options.pool_size = size;
+            self
+        }
+
+        /// How long connecting (and waiting for a pooled connection) may take.
+        pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.options.connect_timeout = timeout;
+            self
+        }
+
+        /// The read and write timeout of every request.
+        pub fn io_timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.options.io_timeout = timeout;
+            self
+        }
+
+        /// The clock-drift allowance as a fraction of the lease: validity =
+        /// lease - elapsed - (lease x factor + 2 ms). Must be in `[0, 0.5)`. Defaults to 0.01.
+        pub fn drift_factor(mut self, factor: f64) -> Self {
+            self.options.drift_factor = factor;
+            self
+        }
+
+        /// The largest random delay suggested to a waiter after an attempt that found the
+        /// lock free but could not take it (a split vote), so that contenders spread out.
+        /// Defaults to 20 ms.
+        pub fn retry_jitter(mut self, jitter: std::time::Duration) -> Self {
+            self.options.retry_jitter = jitter;
+            self
+        }
+    };
+}
+pub(crate) use option_setters;

@@ -1,0 +1,515 @@
+//! Redlock: one lock over N independent Redis masters.
+
+use std::fmt;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use dlm_core::{Acquire, BackendError, BackendErrorKind, Lease, LockBackend, LockName, OwnerToken};
+use parking_lot::Mutex;
+
+use crate::node::{Node, NodeAcquire};
+use crate::options::{Options, backend, invalid, option_setters};
+
+/// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// A lock over N independent Redis masters (the Redlock algorithm).
+///
+/// Every request goes to all nodes in parallel (long-lived worker threads per node), with
+/// the same owner token on each. An acquisition succeeds when a quorum (`N/2 + 1`) took
+/// the key and the validity `lease - elapsed - (lease x drift + 2 ms)` is still positive;
+/// otherwise the key is released on all nodes, timed-out ones included, and the waiter
+/// retries after a random delay. A node that does not answer within the per-node deadline
+/// (connect timeout + I/O timeout, 200 ms by default) counts as failed, so a minority of
+/// dead, paused or busy nodes costs at most that deadline.
+///
+/// Its assumptions (bounded clock drift between the nodes, no node that restarts without
+/// its data inside a lease) are in the README's "Semantics and caveats".
+///
+/// ```no_run
+/// use dlm_core::{Lock, LockClient};
+/// use dlm_redis::Redlock;
+///
+/// let backend = Redlock::new(&[
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "redis://10.0.0.3:6379/",
+/// ])?;
+/// let client = LockClient::new(backend);
+/// let guard = client.get_lock("nightly-report")?.lock()?;
+/// # Ok::<(), dlm_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Inner {
+    nodes: Vec<Arc<Node>>,
+    /// One job queue per node, served by that node's workers.
+    queues: Vec<Sender<Job>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    options: Options,
+    quorum: usize,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queues stops the workers; each finishes its current request first
+        // (bounded by the I/O timeout).
+        self.queues.clear();
+        let me = std::thread::current().id();
+        for w in self.workers.get_mut().drain(..) {
+            if w.thread().id() != me {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+/// What the nodes answered to one fanned-out request; `None`: no answer in time.
+struct Replies<T> {
+    replies: Vec<Option<Result<T, BackendError>>>,
+}
+
+impl<T> Replies<T> {
+    fn ok(&self) -> impl Iterator<Item = &T> {
+        self.replies
+            .iter()
+            .filter_map(|r| r.as_ref()?.as_ref().ok())
+    }
+
+    fn failures(&self) -> usize {
+        self.replies
+            .iter()
+            .filter(|r| !matches!(r, Some(Ok(_))))
+            .count()
+    }
+
+    /// The most telling failure: an unexpected key, then the first error, else a timeout.
+    fn error(&self, what: &str, quorum: usize) -> BackendError {
+        let errors: Vec<&BackendError> = self
+            .replies
+            .iter()
+            .filter_map(|r| r.as_ref()?.as_ref().err())
+            .collect();
+        if let Some(e) = errors.iter().find(|e| {
+            matches!(
+                e.kind(),
+                BackendErrorKind::UnexpectedKey | BackendErrorKind::Auth
+            )
+        }) {
+            return BackendError::new(e.kind(), e.message().to_owned());
+        }
+        let timeouts = self.replies.iter().filter(|r| r.is_none()).count();
+        let first = errors
+            .first()
+            .map_or_else(|| "timed out".to_owned(), |e| e.to_string());
+        BackendError::new(
+            BackendErrorKind::NoQuorum,
+            format!(
+                "{what}: {} of {} nodes failed ({timeouts} timed out), {quorum} needed; first error: {first}",
+                self.failures(),
+                self.replies.len(),
+            ),
+        )
+    }
+}
+
+impl Redlock {
+    /// A builder for a Redlock over the masters at `urls` (see
+    /// [`RedisBackend::builder`](crate::RedisBackend::builder) for the URL form).
+    pub fn builder<S: AsRef<str>>(urls: &[S]) -> RedlockBuilder {
+        RedlockBuilder {
+            urls: urls.iter().map(|u| u.as_ref().to_owned()).collect(),
+            options: Options::redlock(),
+            verify_distinct: true,
+        }
+    }
+
+    /// A Redlock over `urls` with the default settings.
+    ///
+    /// # Errors
+    /// See [`RedlockBuilder::build`].
+    pub fn new<S: AsRef<str>>(urls: &[S]) -> dlm_core::Result<Self> {
+        Redlock::builder(urls).build()
+    }
+
+    /// How many nodes there are.
+    pub fn nodes(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// How many nodes must agree: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// Runs `op` on every node in parallel; waits for all answers until `deadline`.
+    fn fan_out<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        op: impl Fn(&Node) -> Result<T, BackendError> + Send + Sync + 'static,
+    ) -> Replies<T> {
+        let n = self.inner.nodes.len();
+        let op = Arc::new(op);
+        let (tx, rx) = crossbeam_channel::bounded(n);
+        for (i, (node, queue)) in self.inner.nodes.iter().zip(&self.inner.queues).enumerate() {
+            let (node, op, tx) = (node.clone(), op.clone(), tx.clone());
+            let job: Job = Box::new(move || {
+                let reply = if Instant::now() >= deadline {
+                    // Queued behind a slow request for too long: do not start late.
+                    Err(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        "not started in time",
+                    ))
+                } else {
+                    op(&node)
+                };
+                let _ = tx.send((i, reply));
+            });
+            let _ = queue.send(job);
+        }
+        drop(tx);
+        collect(&rx, n, deadline)
+    }
+
+    fn deadline(&self, start: Instant) -> Instant {
+        start + self.inner.options.connect_timeout + self.inner.options.io_timeout
+    }
+
+    /// Releases `owner`'s key on every node, waiting at most one per-node deadline.
+    fn release_all(&self, name: &LockName, owner: &OwnerToken) -> Replies<bool> {
+        let (name, owner) = (name.clone(), *owner);
+        let start = Instant::now();
+        self.fan_out(self.deadline(start), move |node| {
+            node.release(&name, &owner)
+        })
+    }
+
+    fn split_vote_delay(&self) -> Duration {
+        let jitter = self.inner.options.retry_jitter;
+        if jitter.is_zero() {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(rand::random_range(0..=jitter.as_nanos() as u64))
+    }
+}
+
+fn collect<T>(
+    rx: &Receiver<(usize, Result<T, BackendError>)>,
+    n: usize,
+    deadline: Instant,
+) -> Replies<T> {
+    let mut replies: Vec<Option<Result<T, BackendError>>> = (0..n).map(|_| None).collect();
+    for _ in 0..n {
+        match rx.recv_deadline(deadline) {
+            Ok((i, reply)) => replies[i] = Some(reply),
+            Err(_) => break,
+        }
+    }
+    Replies { replies }
+}
+
+impl LockBackend for Redlock {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        let q = self.inner.quorum;
+        let start = Instant::now();
+        let replies = {
+            let (name, owner) = (name.clone(), *owner);
+            self.fan_out(self.deadline(start), move |node| {
+                node.acquire(&name, &owner, ttl, false)
+            })
+        };
+        let acquired = replies
+            .ok()
+            .filter(|r| matches!(r, NodeAcquire::Acquired { .. }))
+            .count();
+        let valid_until = ttl
+            .checked_sub(self.inner.options.drift(ttl))
+            .map(|v| start + v);
+        let now = Instant::now();
+        if acquired >= q
+            && let Some(valid_until) = valid_until.filter(|v| *v > now)
+        {
+            return Ok(Acquire::Acquired(Lease::new(valid_until)));
+        }
+        // Failed: undo everywhere, including the nodes that did not answer (the request may
+        // have landed after all).
+        if acquired > 0 || replies.failures() > 0 {
+            self.release_all(name, owner);
+        }
+        if acquired >= q {
+            return Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!(
+                    "acquiring took {:?}, more than the lease's validity",
+                    start.elapsed()
+                ),
+            ));
+        }
+        if replies.failures() > self.inner.nodes.len() - q {
+            return Err(replies.error("acquire", q));
+        }
+        // Contention. The lock can be ours once enough holders' keys are gone.
+        let mut held: Vec<Duration> = replies
+            .ok()
+            .filter_map(|r| match r {
+                NodeAcquire::Held { remaining } => Some(*remaining),
+                NodeAcquire::Acquired { .. } => None,
+            })
+            .collect();
+        held.sort_unstable();
+        let free = self.inner.nodes.len() - replies.failures() - held.len();
+        let need = q.saturating_sub(free);
+        let retry_after = match need {
+            0 => self.split_vote_delay(),
+            k => held[(k - 1).min(held.len().saturating_sub(1))] + self.split_vote_delay(),
+        };
+        Ok(Acquire::Held {
+            retry_after: Some(retry_after),
+        })
+    }
+
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let q = self.inner.quorum;
+        let start = Instant::now();
+        let replies = {
+            let (name, owner) = (name.clone(), *owner);
+            self.fan_out(self.deadline(start), move |node| {
+                node.extend(&name, &owner, ttl)
+            })
+        };
+        let extended = replies.ok().filter(|ok| **ok).count();
+        let refused = replies.ok().filter(|ok| !**ok).count();
+        let valid_until = ttl
+            .checked_sub(self.inner.options.drift(ttl))
+            .map(|v| start + v)
+            .filter(|v| *v > Instant::now());
+        match valid_until {
+            Some(v) if extended >= q => Ok(Some(Lease::new(v))),
+            _ if refused > self.inner.nodes.len() - q => Ok(None),
+            _ if extended >= q => Ok(None), // too slow: the extension's validity is gone
+            _ => Err(replies.error("extend", q)),
+        }
+    }
+
+    fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
+        let q = self.inner.quorum;
+        let replies = self.release_all(name, owner);
+        let released = replies.ok().filter(|ok| **ok).count();
+        let refused = replies.ok().filter(|ok| !**ok).count();
+        if released >= q {
+            Ok(true)
+        } else if refused > self.inner.nodes.len() - q {
+            Ok(false)
+        } else if replies.failures() == 0 {
+            // Answers split without a quorum either way: the lease was no longer a
+            // quorum's, so it was not ours any more.
+            Ok(false)
+        } else {
+            Err(replies.error("release", q))
+        }
+    }
+
+    fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
+        let q = self.inner.quorum;
+        let start = Instant::now();
+        let replies = {
+            let name = name.clone();
+            self.fan_out(self.deadline(start), move |node| node.force_release(&name))
+        };
+        let deleted = replies.ok().filter(|d| **d).count();
+        if replies.failures() > self.inner.nodes.len() - q {
+            return Err(replies.error("force release", q));
+        }
+        Ok(deleted >= q)
+    }
+
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
+        let q = self.inner.quorum;
+        let start = Instant::now();
+        let replies = {
+            let name = name.clone();
+            self.fan_out(self.deadline(start), move |node| node.inspect(&name))
+        };
+        if replies.failures() > self.inner.nodes.len() - q {
+            return Err(replies.error("inspect", q));
+        }
+        // Held while at least a quorum of nodes still has a key: until the q-th longest
+        // remaining lease runs out.
+        let mut remaining: Vec<Duration> = replies.ok().filter_map(|r| *r).collect();
+        remaining.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(remaining.get(q - 1).copied())
+    }
+}
+
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let servers: Vec<String> = self
+            .inner
+            .nodes
+            .iter()
+            .map(|n| n.endpoint.to_string())
+            .collect();
+        f.debug_struct("Redlock")
+            .field("nodes", &servers)
+            .field("quorum", &self.inner.quorum)
+            .field("prefix", &self.inner.options.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`Redlock`]. Created by [`Redlock::builder`].
+#[must_use]
+pub struct RedlockBuilder {
+    urls: Vec<String>,
+    options: Options,
+    verify_distinct: bool,
+}
+
+impl fmt::Debug for RedlockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // URLs may hold passwords: only their number is shown.
+        f.debug_struct("RedlockBuilder")
+            .field("nodes", &self.urls.len())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedlockBuilder {
+    option_setters!();
+
+    /// Whether `build` asks every reachable node for its `run_id` to reject one server
+    /// listed twice under different addresses (one server must never count twice toward
+    /// a quorum). Nodes that are down are not checked. Defaults to `true`.
+    pub fn verify_distinct(mut self, on: bool) -> Self {
+        self.verify_distinct = on;
+        self
+    }
+
+    /// Builds the Redlock and starts its worker threads (`pool_size` per node).
+    ///
+    /// # Errors
+    /// [`dlm_core::Error::InvalidArgument`] for no nodes, a malformed URL or setting, or
+    /// one server listed twice (the same resolved address, or the same `run_id`).
+    pub fn build(self) -> dlm_core::Result<Redlock> {
+        if self.urls.is_empty() {
+            return Err(invalid(dlm_core::InvalidArgument::new(
+                "urls",
+                "Redlock needs at least one node",
+            )));
+        }
+        let nodes = self.options.nodes(&self.urls).map_err(invalid)?;
+        check_distinct_addresses(&nodes).map_err(invalid)?;
+        if self.verify_distinct {
+            check_distinct_servers(&nodes)?;
+        }
+        if nodes.len() % 2 == 0 {
+            log::warn!(
+                "Redlock over an even number of nodes ({}) tolerates no more failures than {}",
+                nodes.len(),
+                nodes.len() - 1
+            );
+        }
+        let workers_per_node = self.options.pool_size as usize;
+        let mut queues = Vec::new();
+        let mut workers = Vec::new();
+        for (i, _) in nodes.iter().enumerate() {
+            let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+            queues.push(tx);
+            for w in 0..workers_per_node {
+                let rx = rx.clone();
+                let handle = std::thread::Builder::new()
+                    .name(format!("dlm-redlock-{i}-{w}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            job();
+                        }
+                    })
+                    .map_err(|e| {
+                        backend(BackendError::new(
+                            BackendErrorKind::Other,
+                            format!("cannot start a worker thread: {e}"),
+                        ))
+                    })?;
+                workers.push(handle);
+            }
+        }
+        let quorum = quorum(nodes.len());
+        Ok(Redlock {
+            inner: Arc::new(Inner {
+                nodes: nodes.into_iter().map(Arc::new).collect(),
+                queues,
+                workers: Mutex::new(workers),
+                options: self.options,
+                quorum,
+            }),
+        })
+    }
+}
+
+fn check_distinct_addresses(nodes: &[Node]) -> Result<(), dlm_core::InvalidArgument> {
+    let addrs: Vec<Vec<String>> = nodes.iter().map(|n| n.endpoint.socket_addrs()).collect();
+    for i in 0..nodes.len() {
+        for j in i + 1..nodes.len() {
+            if let Some(a) = addrs[i].iter().find(|a| addrs[j].contains(a)) {
+                return Err(dlm_core::InvalidArgument::new(
+                    "urls",
+                    format!("nodes {i} and {j} are the same server ({a})"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_distinct_servers(nodes: &[Node]) -> dlm_core::Result<()> {
+    let ids: Vec<Option<String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = nodes.iter().map(|n| s.spawn(move || n.run_id())).collect();
+        handles
+            .into_iter()
+            .zip(nodes)
+            .map(|(h, n)| match h.join() {
+                Ok(Ok(id)) => Some(id),
+                Ok(Err(e)) if e.kind() == BackendErrorKind::Auth => {
+                    log::warn!("{}: cannot verify the node: {e}", n.endpoint);
+                    None
+                }
+                Ok(Err(e)) => {
+                    log::info!("{}: not reachable now, not verified: {e}", n.endpoint);
+                    None
+                }
+                Err(_) => None,
+            })
+            .collect()
+    });
+    for i in 0..ids.len() {
+        for j in i + 1..ids.len() {
+            if ids[i].is_some() && ids[i] == ids[j] {
+                return Err(invalid(dlm_core::InvalidArgument::new(
+                    "urls",
+                    format!("nodes {i} and {j} are the same server (same run_id)"),
+                )));
+            }
+        }
+    }
+    Ok(())
+}

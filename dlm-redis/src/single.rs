@@ -1,0 +1,184 @@
+//! The single-instance backend.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlm_core::{
+    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName, OwnerToken,
+};
+
+use crate::node::{Node, NodeAcquire};
+use crate::options::{Options, invalid, option_setters};
+
+/// A lock on one Redis server.
+///
+/// Safe while that one server keeps its data: a failover to a replica or a restart without
+/// persistence can lose a lock that is held (see the README's "Semantics and caveats").
+/// Fencing tokens come from a counter key next to each lock (`INCR` in the acquire script).
+///
+/// ```no_run
+/// use dlm_core::{Lock, LockClient};
+/// use dlm_redis::RedisBackend;
+///
+/// let backend = RedisBackend::builder("redis://127.0.0.1:6379/").build()?;
+/// let client = LockClient::new(backend);
+/// let guard = client.get_lock("invoice-42")?.lock()?;
+/// println!("fencing token {:?}", guard.fencing_token());
+/// # Ok::<(), dlm_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: Node,
+    options: Options,
+}
+
+impl RedisBackend {
+    /// A builder for a backend on the server at `url`: `redis://[user:pass@]host:port[/db]`
+    /// or `redis+unix:///path/to/socket`.
+    pub fn builder(url: &str) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: url.to_owned(),
+            options: Options::single(),
+        }
+    }
+
+    /// The backend for `url` with the default settings. No I/O happens here: a server that
+    /// is down fails the calls that need it, not the construction.
+    ///
+    /// # Errors
+    /// [`dlm_core::Error::InvalidArgument`] for a malformed URL.
+    pub fn new(url: &str) -> dlm_core::Result<Self> {
+        RedisBackend::builder(url).build()
+    }
+
+    fn lease(&self, start: Instant, ttl: Duration, fence: u64) -> Option<Lease> {
+        let valid_until = start + ttl.checked_sub(self.inner.options.drift(ttl))?;
+        if valid_until <= Instant::now() {
+            return None;
+        }
+        let lease = Lease::new(valid_until);
+        Some(if self.inner.options.fencing && fence > 0 {
+            lease.with_fence(FencingToken::new(fence))
+        } else {
+            lease
+        })
+    }
+}
+
+impl LockBackend for RedisBackend {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        let node = &self.inner.node;
+        let start = Instant::now();
+        match node.acquire(name, owner, ttl, self.inner.options.fencing)? {
+            NodeAcquire::Acquired { fence } => match self.lease(start, ttl, fence) {
+                Some(lease) => Ok(Acquire::Acquired(lease)),
+                None => {
+                    let _ = node.release(name, owner);
+                    Err(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!(
+                            "{}: acquiring took {:?}, more than the lease's validity",
+                            node.endpoint,
+                            start.elapsed()
+                        ),
+                    ))
+                }
+            },
+            NodeAcquire::Held { remaining } => Ok(Acquire::Held {
+                retry_after: Some(remaining),
+            }),
+        }
+    }
+
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let start = Instant::now();
+        if !self.inner.node.extend(name, owner, ttl)? {
+            return Ok(None);
+        }
+        // The front keeps the acquisition's fencing token.
+        Ok(self.lease(start, ttl, 0))
+    }
+
+    fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
+        self.inner.node.release(name, owner)
+    }
+
+    fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
+        self.inner.node.force_release(name)
+    }
+
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
+        self.inner.node.inspect(name)
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("server", &self.inner.node.endpoint)
+            .field("prefix", &self.inner.options.prefix)
+            .field("fencing", &self.inner.options.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`RedisBackend`]. Created by [`RedisBackend::builder`].
+#[must_use]
+pub struct RedisBackendBuilder {
+    url: String,
+    options: Options,
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL may hold a password: not shown.
+        f.debug_struct("RedisBackendBuilder")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackendBuilder {
+    option_setters!();
+
+    /// Whether acquisitions carry fencing tokens (an `INCR` of a counter key that never
+    /// expires). Defaults to `true`.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.options.fencing = on;
+        self
+    }
+
+    /// Builds the backend. No I/O: the pool connects on first use.
+    ///
+    /// # Errors
+    /// [`dlm_core::Error::InvalidArgument`] for a malformed URL or setting.
+    pub fn build(self) -> dlm_core::Result<RedisBackend> {
+        let node = self
+            .options
+            .nodes(std::slice::from_ref(&self.url))
+            .map_err(invalid)?
+            .pop()
+            .expect("one URL gives one node");
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                node,
+                options: self.options,
+            }),
+        })
+    }
+}

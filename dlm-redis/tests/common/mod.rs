@@ -1,0 +1,86 @@
+//! Fixtures shared by the Redis integration tests: real servers from dlm-testkit.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlm_core::LockBackend;
+use dlm_redis::{RedisBackend, Redlock};
+use dlm_testkit::redis_server::{RedisNodes, RedisServer, require_redis_server};
+
+/// Generous I/O timeouts for tests that are not about timeouts: a loaded 2-core CI
+/// machine must not turn a healthy server into a spurious failure.
+pub const CALM: Duration = Duration::from_millis(500);
+
+fn require() {
+    require_redis_server().expect(
+        "redis-server not found: install it (apt-get install redis-server) or set DLM_REDIS_SERVER",
+    );
+}
+
+/// One server, one `RedisBackend` per `backend()` call (a fresh pool: another process).
+pub struct Single {
+    pub server: RedisServer,
+}
+
+impl Single {
+    pub fn new() -> Self {
+        require();
+        Single {
+            server: RedisServer::spawn(),
+        }
+    }
+}
+
+impl dlm_testkit::Fixture for Single {
+    fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            RedisBackend::builder(&self.server.url())
+                .io_timeout(CALM)
+                .connect_timeout(CALM)
+                .build()
+                .unwrap(),
+        )
+    }
+
+    fn watch(&self) -> bool {
+        false
+    }
+}
+
+/// N servers, one `Redlock` per `backend()` call.
+pub struct Cluster {
+    pub nodes: RedisNodes,
+}
+
+impl Cluster {
+    pub fn new(n: usize) -> Self {
+        require();
+        Cluster {
+            nodes: RedisNodes::spawn(n),
+        }
+    }
+
+    pub fn redlock(&self) -> Redlock {
+        Redlock::builder(&self.nodes.urls())
+            .io_timeout(CALM)
+            .connect_timeout(CALM)
+            .pool_size(4)
+            .build()
+            .unwrap()
+    }
+}
+
+impl dlm_testkit::Fixture for Cluster {
+    fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(self.redlock())
+    }
+
+    fn fencing(&self) -> bool {
+        false
+    }
+
+    fn watch(&self) -> bool {
+        false
+    }
+}
