@@ -1,4 +1,6 @@
-//! Shared plumbing of the example programs: command-line parsing and backend choice.
+//! Shared plumbing of the example programs: command-line parsing and backend choice
+//! (`--redis URL[,URL...]`: one URL for a single Redis server, three or more for Redlock;
+//! without it, the embedded memory backend).
 #![deny(missing_docs)]
 
 use std::sync::Arc;
@@ -72,9 +74,20 @@ impl Args {
         }
     }
 
-    /// The backend chosen by the arguments: the embedded memory backend by default.
+    /// The backend chosen by the arguments: `--redis URL` for one Redis server,
+    /// `--redis URL,URL,URL[,...]` (three or more) for Redlock, else the embedded memory
+    /// backend.
     pub fn backend(&mut self) -> Arc<dyn LockBackend> {
-        Arc::new(dlm_memory::MemoryBackend::new())
+        let Some(urls) = self.value("--redis") else {
+            return Arc::new(dlm_memory::MemoryBackend::new());
+        };
+        let urls: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
+        let built: dlm_core::Result<Arc<dyn LockBackend>> = match urls.len() {
+            1 => dlm_redis::RedisBackend::new(urls[0]).map(|b| Arc::new(b) as _),
+            n if n >= 3 => dlm_redis::Redlock::new(&urls).map(|b| Arc::new(b) as _),
+            _ => self.fail("--redis takes one URL (single instance) or three or more (Redlock)"),
+        };
+        built.unwrap_or_else(|e| self.fail(&format!("--redis: {e}")))
     }
 }
 

@@ -20,7 +20,7 @@ use dlm_examples::{Args, seconds};
 fn main() -> ExitCode {
     let mut args = Args::from_env(
         "id_generator",
-        "[--threads T (2)] [--seconds S (5)] [--no-lock] [--name NAME]",
+        "[--threads T (2)] [--seconds S (5)] [--no-lock] [--redis URL[,URL...]] [--name NAME]",
     );
     let threads: usize = args.parsed("--threads", 2);
     let run_for = seconds(args.parsed("--seconds", 5.0));

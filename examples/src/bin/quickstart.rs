@@ -10,7 +10,7 @@ use dlm_core::{Lock, LockClient};
 use dlm_examples::Args;
 
 fn main() -> Result<(), dlm_core::Error> {
-    let mut args = Args::from_env("quickstart", "[--name NAME]");
+    let mut args = Args::from_env("quickstart", "[--redis URL[,URL...]] [--name NAME]");
     let backend = args.backend();
     let name = args.value("--name").unwrap_or_else(|| "quickstart".into());
     args.finish();
