@@ -85,10 +85,16 @@ impl Options {
             .iter()
             .map(|u| Endpoint::parse(u))
             .collect::<Result<Vec<_>, _>>()?;
+        // One maintenance thread shared by all the pools of this backend.
         let threads = Arc::new(
             ScheduledThreadPool::builder()
                 .num_threads(1)
                 .thread_name_pattern("dlm-redis-pool")
+                // The pools' only job is the idle-connection reaper: when they are gone,
+                // stop at once instead of waiting for its next run.
+                .on_drop_behavior(
+                    scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                )
                 .build(),
         );
         Ok(endpoints

@@ -1,0 +1,24 @@
+//! Every lock key carries a TTL; only fencing counters live without one.
+mod common;
+
+use dlm_core::{Lock, LockClient};
+
+#[test]
+fn every_lock_key_has_a_ttl() {
+    let single = common::Single::new();
+    let client = LockClient::builder(dlm_testkit::Fixture::backend(&single)).build();
+    let guards: Vec<_> = (0..20)
+        .map(|i| client.get_lock(&format!("k{i}")).unwrap().lock().unwrap())
+        .collect();
+    let mut admin = single.server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("dlm:*").query(&mut admin).unwrap();
+    let lock_keys: Vec<&String> = keys.iter().filter(|k| k.ends_with('}')).collect();
+    assert_eq!(lock_keys.len(), 20);
+    for key in lock_keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut admin).unwrap();
+        assert!(ttl > 0, "{key} has PTTL {ttl}");
+    }
+    drop(guards);
+    let left: Vec<String> = redis::cmd("KEYS").arg("dlm:*").query(&mut admin).unwrap();
+    assert!(left.iter().all(|k| k.ends_with(":fence")), "{left:?}");
+}

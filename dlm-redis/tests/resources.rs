@@ -1,0 +1,50 @@
+//! Nothing is left behind: threads return to their baseline when backends are dropped.
+//! (The only test in its binary, so no other test's threads disturb the count.)
+mod common;
+
+use std::time::{Duration, Instant};
+
+use dlm_core::{Lock, LockClient};
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Waits (bounded) for the thread count to fall to `baseline`: exiting threads leave
+/// /proc/self/task shortly after they are joined.
+fn assert_threads_back_to(baseline: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while threads() > baseline {
+        assert!(
+            Instant::now() < deadline,
+            "{} threads, baseline {baseline}",
+            threads()
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn redlock_and_single_backends_leave_no_threads_behind() {
+    let cluster = common::Cluster::new(3);
+    let single = common::Single::new();
+    let baseline = threads();
+    {
+        let redlock = cluster.redlock();
+        assert!(threads() > baseline, "the Redlock workers did not start");
+        let client = LockClient::new(redlock);
+        let lock = client.get_lock("threads").unwrap();
+        for _ in 0..10 {
+            lock.lock().unwrap().unlock().unwrap();
+        }
+        let single_client = LockClient::builder(dlm_testkit::Fixture::backend(&single)).build();
+        single_client
+            .get_lock("threads")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .unlock()
+            .unwrap();
+    }
+    assert_threads_back_to(baseline);
+}
