@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 mod conn;
+mod hints;
 mod node;
 mod options;
 mod redlock;

@@ -67,7 +67,7 @@ pub(crate) enum NodeAcquire {
 pub(crate) struct Node {
     pub(crate) endpoint: Endpoint,
     pool: r2d2::Pool<Manager>,
-    keys: Keys,
+    pub(crate) keys: Keys,
 }
 
 #[derive(Debug)]
@@ -196,10 +196,12 @@ impl Node {
         Ok(n == 1)
     }
 
+    /// Releases if ours, publishing `release_id` on the lock's channel.
     pub(crate) fn release(
         &self,
         name: &LockName,
         owner: &OwnerToken,
+        release_id: u64,
     ) -> Result<bool, BackendError> {
         let n: i64 = self.run(|con| {
             SCRIPTS
@@ -207,17 +209,23 @@ impl Node {
                 .key(self.keys.lock(name))
                 .key(self.keys.channel(name))
                 .arg(owner.encode())
+                .arg(release_id)
                 .invoke(con)
         })?;
         Ok(n == 1)
     }
 
-    pub(crate) fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
+    pub(crate) fn force_release(
+        &self,
+        name: &LockName,
+        release_id: u64,
+    ) -> Result<bool, BackendError> {
         let n: i64 = self.run(|con| {
             SCRIPTS
                 .force_release
                 .key(self.keys.lock(name))
                 .key(self.keys.channel(name))
+                .arg(release_id)
                 .invoke(con)
         })?;
         match n {

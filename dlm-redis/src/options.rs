@@ -20,6 +20,7 @@ pub(crate) struct Options {
     pub(crate) drift_factor: f64,
     pub(crate) retry_jitter: Duration,
     pub(crate) fencing: bool,
+    pub(crate) hints: bool,
 }
 
 impl Options {
@@ -32,6 +33,7 @@ impl Options {
             drift_factor: 0.01,
             retry_jitter: Duration::from_millis(20),
             fencing: true,
+            hints: true,
         }
     }
 
@@ -77,6 +79,17 @@ impl Options {
     /// The clock-drift allowance for a lease of `ttl`: `ttl * drift_factor + 2 ms`.
     pub(crate) fn drift(&self, ttl: Duration) -> Duration {
         ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
+    }
+
+    /// The release-hint listeners for `nodes` (started on the first wait), if enabled.
+    pub(crate) fn hints(&self, nodes: &[Node]) -> Option<crate::hints::Hints> {
+        self.hints.then(|| {
+            crate::hints::Hints::new(
+                &self.prefix,
+                nodes.iter().map(|n| n.endpoint.clone()).collect(),
+                self.timeouts(),
+            )
+        })
     }
 
     pub(crate) fn nodes(&self, urls: &[String]) -> Result<Vec<Node>, InvalidArgument> {
@@ -155,6 +168,15 @@ macro_rules! option_setters {
         /// lease - elapsed - (lease x factor + 2 ms). Must be in `[0, 0.5)`. Defaults to 0.01.
         pub fn drift_factor(mut self, factor: f64) -> Self {
             self.options.drift_factor = factor;
+            self
+        }
+
+        /// Whether waiters are woken by release messages (one pub/sub connection and
+        /// listener thread per server, started by the first wait) instead of polling.
+        /// Without them, a waiter looks again when the holder's lease ends or after its
+        /// backoff. Defaults to `true`.
+        pub fn release_hints(mut self, on: bool) -> Self {
+            self.options.hints = on;
             self
         }
 

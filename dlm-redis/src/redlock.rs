@@ -6,9 +6,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use dlm_core::{Acquire, BackendError, BackendErrorKind, Lease, LockBackend, LockName, OwnerToken};
+use dlm_core::{
+    Acquire, BackendError, BackendErrorKind, Lease, LockBackend, LockName, OwnerToken, Watch,
+};
 use parking_lot::Mutex;
 
+use crate::hints::Hints;
 use crate::node::{Node, NodeAcquire};
 use crate::options::{Options, backend, invalid, option_setters};
 
@@ -57,6 +60,7 @@ struct Inner {
     workers: Mutex<Vec<JoinHandle<()>>>,
     options: Options,
     quorum: usize,
+    hints: Option<Hints>,
 }
 
 impl Drop for Inner {
@@ -151,6 +155,12 @@ impl Redlock {
         self.inner.quorum
     }
 
+    /// How many nodes' release-hint listeners are subscribed now (they start with the
+    /// first wait).
+    pub fn release_hint_listeners(&self) -> usize {
+        self.inner.hints.as_ref().map_or(0, |h| h.listeners_up())
+    }
+
     /// Runs `op` on every node in parallel; waits for all answers until `deadline`.
     fn fan_out<T: Send + 'static>(
         &self,
@@ -188,8 +198,11 @@ impl Redlock {
     fn release_all(&self, name: &LockName, owner: &OwnerToken) -> Replies<bool> {
         let (name, owner) = (name.clone(), *owner);
         let start = Instant::now();
+        // One release id for all nodes: a listener that hears it from several wakes one
+        // waiter.
+        let release_id: u64 = rand::random();
         self.fan_out(self.deadline(start), move |node| {
-            node.release(&name, &owner)
+            node.release(&name, &owner, release_id)
         })
     }
 
@@ -333,7 +346,10 @@ impl LockBackend for Redlock {
         let start = Instant::now();
         let replies = {
             let name = name.clone();
-            self.fan_out(self.deadline(start), move |node| node.force_release(&name))
+            let release_id: u64 = rand::random();
+            self.fan_out(self.deadline(start), move |node| {
+                node.force_release(&name, release_id)
+            })
         };
         let deleted = replies.ok().filter(|d| **d).count();
         if replies.failures() > self.inner.nodes.len() - q {
@@ -357,6 +373,12 @@ impl LockBackend for Redlock {
         let mut remaining: Vec<Duration> = replies.ok().filter_map(|r| *r).collect();
         remaining.sort_unstable_by(|a, b| b.cmp(a));
         Ok(remaining.get(q - 1).copied())
+    }
+
+    /// A release message from any node wakes the waiter.
+    fn watch(&self, name: &LockName) -> Option<Watch> {
+        let hints = self.inner.hints.as_ref()?;
+        hints.watch(self.inner.nodes.first()?.keys.channel(name))
     }
 }
 
@@ -454,8 +476,10 @@ impl RedlockBuilder {
             }
         }
         let quorum = quorum(nodes.len());
+        let hints = self.options.hints(&nodes);
         Ok(Redlock {
             inner: Arc::new(Inner {
+                hints,
                 nodes: nodes.into_iter().map(Arc::new).collect(),
                 queues,
                 workers: Mutex::new(workers),

@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlm_core::{
-    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName, OwnerToken,
+    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
+    OwnerToken, Watch,
 };
 
+use crate::hints::Hints;
 use crate::node::{Node, NodeAcquire};
 use crate::options::{Options, invalid, option_setters};
 
@@ -35,6 +37,7 @@ pub struct RedisBackend {
 struct Inner {
     node: Node,
     options: Options,
+    hints: Option<Hints>,
 }
 
 impl RedisBackend {
@@ -54,6 +57,15 @@ impl RedisBackend {
     /// [`dlm_core::Error::InvalidArgument`] for a malformed URL.
     pub fn new(url: &str) -> dlm_core::Result<Self> {
         RedisBackend::builder(url).build()
+    }
+
+    /// Whether the release-hint listener is subscribed now (it starts with the first
+    /// wait; `false` while its connection is down or when hints are off).
+    pub fn release_hints_active(&self) -> bool {
+        self.inner
+            .hints
+            .as_ref()
+            .is_some_and(|h| h.listeners_up() > 0)
     }
 
     fn lease(&self, start: Instant, ttl: Duration, fence: u64) -> Option<Lease> {
@@ -83,7 +95,7 @@ impl LockBackend for RedisBackend {
             NodeAcquire::Acquired { fence } => match self.lease(start, ttl, fence) {
                 Some(lease) => Ok(Acquire::Acquired(lease)),
                 None => {
-                    let _ = node.release(name, owner);
+                    let _ = node.release(name, owner, rand::random());
                     Err(BackendError::new(
                         BackendErrorKind::Timeout,
                         format!(
@@ -115,11 +127,16 @@ impl LockBackend for RedisBackend {
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        self.inner.node.release(name, owner)
+        self.inner.node.release(name, owner, rand::random())
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
-        self.inner.node.force_release(name)
+        self.inner.node.force_release(name, rand::random())
+    }
+
+    fn watch(&self, name: &LockName) -> Option<Watch> {
+        let hints = self.inner.hints.as_ref()?;
+        hints.watch(self.inner.node.keys.channel(name))
     }
 
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
@@ -174,10 +191,12 @@ impl RedisBackendBuilder {
             .map_err(invalid)?
             .pop()
             .expect("one URL gives one node");
+        let hints = self.options.hints(std::slice::from_ref(&node));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 node,
                 options: self.options,
+                hints,
             }),
         })
     }

@@ -37,6 +37,16 @@ fn redlock_and_single_backends_leave_no_threads_behind() {
         for _ in 0..10 {
             lock.lock().unwrap().unlock().unwrap();
         }
+        // A contended wait starts the release-hint listeners too.
+        let other = LockClient::new(cluster.redlock());
+        let held = lock.lock().unwrap();
+        let waited = other
+            .get_lock("threads")
+            .unwrap()
+            .try_lock_timeout(std::time::Duration::from_millis(100))
+            .unwrap();
+        assert!(waited.is_none());
+        drop(held);
         let single_client = LockClient::builder(dlm_testkit::Fixture::backend(&single)).build();
         single_client
             .get_lock("threads")

@@ -1,11 +1,12 @@
 -- Release: compare-and-delete, then announce it on the lock's channel.
--- KEYS[1] lock key, KEYS[2] release channel; ARGV[1] owner token
+-- KEYS[1] lock key, KEYS[2] release channel; ARGV[1] owner token, ARGV[2] release id
+-- (the same on every Redlock node, so a listener hearing it twice wakes one waiter)
 -- Returns 1 when released, 0 when the lock was not ours.
 -- PUBLISH runs under pcall: a user without channel permission still releases.
 local v = redis.pcall('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.pcall('PUBLISH', KEYS[2], '1')
+  redis.pcall('PUBLISH', KEYS[2], ARGV[2])
   return 1
 end
 return 0

@@ -42,10 +42,6 @@ impl dlm_testkit::Fixture for Single {
                 .unwrap(),
         )
     }
-
-    fn watch(&self) -> bool {
-        false
-    }
 }
 
 /// N servers, one `Redlock` per `backend()` call.
@@ -77,10 +73,6 @@ impl dlm_testkit::Fixture for Cluster {
     }
 
     fn fencing(&self) -> bool {
-        false
-    }
-
-    fn watch(&self) -> bool {
         false
     }
 }

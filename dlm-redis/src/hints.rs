@@ -1,0 +1,227 @@
+//! Release hints: one pub/sub listener thread per server routes release messages to the
+//! threads waiting for those locks.
+//!
+//! Each listener holds one dedicated (not pooled) connection with a read timeout and
+//! PSUBSCRIBEs to `prefix:*:released` once, so a waiter registers locally, without a
+//! round trip. A release publishes a random id; the same id arriving from several Redlock
+//! nodes wakes one waiter, not one per node. While no listener is connected, `watch`
+//! returns `None` and waiters poll; when the last listener loses its connection, current
+//! waiters' subscriptions are closed so that they poll too, and the listener reconnects.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use dlm_core::{BackendErrorKind, WaitList, Watch};
+use parking_lot::Mutex;
+
+use crate::conn::{Endpoint, Timeouts, map_error};
+
+/// How often a listener looks up from its socket to notice a shutdown.
+const TICK: Duration = Duration::from_millis(100);
+/// How many recent release ids are remembered per channel for de-duplication.
+const RECENT: usize = 16;
+
+#[derive(Default)]
+struct Channel {
+    waiters: WaitList,
+    recent: VecDeque<u64>,
+}
+
+struct Shared {
+    pattern: String,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Listeners currently subscribed.
+    up: AtomicUsize,
+    shutdown: AtomicBool,
+    /// Set once a server refused the subscription (ACL): warn once, then poll.
+    denied: AtomicBool,
+    /// Each listener reports its first subscription attempt here.
+    ready: Sender<()>,
+}
+
+impl Shared {
+    fn route(&self, channel: &str, payload: &str) {
+        let id = payload.parse::<u64>().ok();
+        let mut channels = self.channels.lock();
+        let Some(ch) = channels.get_mut(channel) else {
+            return;
+        };
+        if let Some(id) = id {
+            if ch.recent.contains(&id) {
+                return; // the same release, heard from another node
+            }
+            if ch.recent.len() == RECENT {
+                ch.recent.pop_front();
+            }
+            ch.recent.push_back(id);
+        }
+        ch.waiters.notify_one();
+    }
+
+    fn prune(&self) {
+        self.channels.lock().retain(|_, ch| !ch.waiters.is_empty());
+    }
+
+    /// Closes every waiter's subscription: they fall back to polling.
+    fn disconnect_waiters(&self) {
+        self.channels.lock().clear();
+    }
+}
+
+/// The release-hint machinery of one backend: listeners start on the first `watch`.
+pub(crate) struct Hints {
+    shared: Arc<Shared>,
+    endpoints: Vec<Endpoint>,
+    timeouts: Timeouts,
+    /// Started listener threads (detached; they stop on `shutdown`).
+    listeners: Mutex<Option<usize>>,
+    ready: Receiver<()>,
+}
+
+impl Hints {
+    pub(crate) fn new(prefix: &str, endpoints: Vec<Endpoint>, timeouts: Timeouts) -> Self {
+        let (ready_tx, ready) = crossbeam_channel::unbounded();
+        Hints {
+            shared: Arc::new(Shared {
+                pattern: format!("{prefix}:*:released"),
+                channels: Mutex::new(HashMap::new()),
+                up: AtomicUsize::new(0),
+                shutdown: AtomicBool::new(false),
+                denied: AtomicBool::new(false),
+                ready: ready_tx,
+            }),
+            endpoints,
+            timeouts,
+            listeners: Mutex::new(None),
+            ready,
+        }
+    }
+
+    /// A subscription to `channel`'s release hints, or `None` while no listener is
+    /// subscribed (the waiter then polls).
+    pub(crate) fn watch(&self, channel: String) -> Option<Watch> {
+        self.start();
+        if self.shared.up.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut channels = self.shared.channels.lock();
+        Some(channels.entry(channel).or_default().waiters.subscribe())
+    }
+
+    /// How many listeners are subscribed now.
+    pub(crate) fn listeners_up(&self) -> usize {
+        self.shared.up.load(Ordering::Acquire)
+    }
+
+    fn start(&self) {
+        let mut listeners = self.listeners.lock();
+        if listeners.is_some() {
+            return;
+        }
+        let started = self
+            .endpoints
+            .iter()
+            .enumerate()
+            .filter_map(|(i, endpoint)| {
+                let (shared, endpoint, timeouts) =
+                    (self.shared.clone(), endpoint.clone(), self.timeouts);
+                std::thread::Builder::new()
+                    .name(format!("dlm-redis-hints-{i}"))
+                    .spawn(move || listen(&shared, &endpoint, timeouts))
+                    .map_err(|e| log::warn!("cannot start a release-hint listener: {e}"))
+                    .ok()
+            })
+            .count();
+        *listeners = Some(started);
+        drop(listeners);
+        // Give the listeners up to one connect timeout to report their first attempt, so
+        // that the first waiter already gets hints; a server that is down just leaves it
+        // polling.
+        let _ = self.ready.recv_timeout(self.timeouts.connect);
+    }
+}
+
+impl Drop for Hints {
+    fn drop(&mut self) {
+        // The listeners see this at their next tick (at most 100 ms) and exit, closing
+        // their connections. Not joined: dropping a backend must not block on a socket.
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.listeners.get_mut().take();
+    }
+}
+
+/// One listener: connect, subscribe, route messages; on loss, reconnect with backoff.
+fn listen(shared: &Shared, endpoint: &Endpoint, timeouts: Timeouts) {
+    let mut backoff = Duration::from_millis(10);
+    let mut first = true;
+    while !shared.shutdown.load(Ordering::Acquire) {
+        let outcome = subscribe_and_route(shared, endpoint, timeouts, first);
+        if std::mem::take(&mut first) && outcome.is_err() {
+            // A first attempt that succeeded reported itself once subscribed.
+            let _ = shared.ready.send(());
+        }
+        match outcome {
+            Ok(()) => return, // shut down
+            Err(e) if e.kind() == BackendErrorKind::Permission => {
+                if !shared.denied.swap(true, Ordering::AcqRel) {
+                    log::warn!(
+                        "{endpoint}: no permission to subscribe to {} ({e}); waiters poll instead",
+                        shared.pattern
+                    );
+                }
+                return;
+            }
+            Err(e) => {
+                log::debug!("{endpoint}: release-hint listener lost its connection: {e}");
+            }
+        }
+        // Sleep in ticks so that a shutdown is noticed.
+        let mut slept = Duration::ZERO;
+        while slept < backoff && !shared.shutdown.load(Ordering::Acquire) {
+            std::thread::sleep(TICK.min(backoff));
+            slept += TICK.min(backoff);
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+fn subscribe_and_route(
+    shared: &Shared,
+    endpoint: &Endpoint,
+    timeouts: Timeouts,
+    first: bool,
+) -> Result<(), dlm_core::BackendError> {
+    let server = endpoint.to_string();
+    let mut con = endpoint.connect(Timeouts {
+        connect: timeouts.connect,
+        io: TICK,
+    })?;
+    let mut pubsub = con.as_pubsub();
+    pubsub
+        .psubscribe(&shared.pattern)
+        .map_err(|e| map_error(&e, &server))?;
+    shared.up.fetch_add(1, Ordering::AcqRel);
+    if first {
+        let _ = shared.ready.send(());
+    }
+    let result = loop {
+        if shared.shutdown.load(Ordering::Acquire) {
+            break Ok(());
+        }
+        match pubsub.get_message() {
+            Ok(msg) => {
+                let payload: String = msg.get_payload().unwrap_or_default();
+                shared.route(msg.get_channel_name(), &payload);
+            }
+            Err(e) if e.is_timeout() => shared.prune(),
+            Err(e) => break Err(map_error(&e, &server)),
+        }
+    };
+    if shared.up.fetch_sub(1, Ordering::AcqRel) == 1 {
+        shared.disconnect_waiters();
+    }
+    result
+}
