@@ -6,15 +6,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::backend::{LockBackend, LockName, OwnerToken};
 use crate::error::{InvalidArgument, Result};
 use crate::lock::{DistributedLock, LockShared};
 use crate::retry::RetryPolicy;
+use crate::watchdog::{self, KeepAlive, Registration};
 
-/// The lease a lock gets when none is configured: 30 s.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The watchdog timeout: the lease of locks taken without an explicit lease, renewed
+/// every third of it while held (Redisson's `lockWatchdogTimeout`): 30 s.
+pub const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest lease accepted unless raised with [`LockClientBuilder::max_lease`]: 24 h.
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
@@ -38,20 +41,46 @@ pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 #[derive(Clone)]
 pub struct LockClient {
     pub(crate) shared: Arc<ClientShared>,
+    keep_alive: Arc<KeepAlive>,
 }
 
 pub(crate) struct ClientShared {
     pub(crate) backend: Arc<dyn LockBackend>,
     pub(crate) id: [u8; 16],
-    pub(crate) lease: Duration,
+    /// The fixed lease of handles that set none; `None`: watchdog-renewed leases.
+    pub(crate) lease: Option<Duration>,
     pub(crate) max_lease: Duration,
+    pub(crate) watchdog: watchdog::Config,
     pub(crate) reentrant: bool,
     pub(crate) retry: RetryPolicy,
     seq: AtomicU64,
     registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
+    /// The renewal thread's queue, once started.
+    renewals: Mutex<Option<Sender<Registration>>>,
+    /// Disconnects when the last user-facing handle is gone: the renewal thread stops.
+    stop: Receiver<()>,
 }
 
 impl ClientShared {
+    /// Hands a fresh watchdog-renewed hold to the renewal thread, starting it if needed.
+    pub(crate) fn renew(&self, registration: Registration) {
+        let mut renewals = self.renewals.lock();
+        if renewals.is_none() {
+            match watchdog::spawn(self.backend.clone(), self.watchdog, self.stop.clone()) {
+                Ok(tx) => *renewals = Some(tx),
+                Err(e) => {
+                    log::error!(
+                        "cannot start the lock watchdog thread; leases will not be renewed: {e}"
+                    );
+                    return;
+                }
+            }
+        }
+        if let Some(tx) = renewals.as_ref() {
+            let _ = tx.send(registration);
+        }
+    }
+
     /// The owner token the calling thread uses for its next acquisition.
     pub(crate) fn token_for_current_thread(&self) -> OwnerToken {
         let seq = if self.reentrant {
@@ -103,14 +132,17 @@ impl LockClient {
     pub fn builder(backend: Arc<dyn LockBackend>) -> LockClientBuilder {
         LockClientBuilder {
             backend,
-            lease: DEFAULT_LEASE,
+            lease: None,
+            watchdog_timeout: DEFAULT_WATCHDOG_TIMEOUT,
+            max_hold: None,
             max_lease: DEFAULT_MAX_LEASE,
             reentrant: true,
             retry: RetryPolicy::default(),
         }
     }
 
-    /// The lock called `name`, with the client's default lease.
+    /// The lock called `name`, with the client's default lease (by default: a
+    /// watchdog-renewed lease).
     ///
     /// All handles to one name from one client share their hold state, so re-entrancy and
     /// [`Lock::unlock`](crate::Lock::unlock) work across handles.
@@ -130,7 +162,11 @@ impl LockClient {
             }
         };
         drop(registry);
-        Ok(DistributedLock::new(shared, self.shared.lease))
+        Ok(DistributedLock::new(
+            shared,
+            self.shared.lease,
+            self.keep_alive.clone(),
+        ))
     }
 
     /// The backend this client uses.
@@ -144,6 +180,7 @@ impl fmt::Debug for LockClient {
         f.debug_struct("LockClient")
             .field("backend", &self.shared.backend)
             .field("lease", &self.shared.lease)
+            .field("watchdog", &self.shared.watchdog)
             .field("reentrant", &self.shared.reentrant)
             .field("retry", &self.shared.retry)
             .finish_non_exhaustive()
@@ -155,17 +192,38 @@ impl fmt::Debug for LockClient {
 #[must_use]
 pub struct LockClientBuilder {
     backend: Arc<dyn LockBackend>,
-    lease: Duration,
+    lease: Option<Duration>,
+    watchdog_timeout: Duration,
+    max_hold: Option<Duration>,
     max_lease: Duration,
     reentrant: bool,
     retry: RetryPolicy,
 }
 
 impl LockClientBuilder {
-    /// The lease of locks whose handle sets none. Checked by [`build`](Self::try_build).
-    /// Defaults to 30 s ([`DEFAULT_LEASE`]).
+    /// A fixed lease for locks whose handle sets none: they expire `lease` after their
+    /// acquisition unless extended, and the watchdog leaves them alone. Without it (the
+    /// default), locks are watchdog-renewed (see [`watchdog_timeout`](Self::watchdog_timeout)).
+    /// Checked by [`try_build`](Self::try_build).
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The lease of watchdog-renewed locks; one renewal thread per client extends each of
+    /// them every third of it while it is held (Redisson's `lockWatchdogTimeout`). A process
+    /// that crashes stops renewing, so its locks expire within this timeout. A guard that
+    /// is never dropped (`std::mem::forget`) is renewed like a live one: bound that with
+    /// [`max_hold`](Self::max_hold). Defaults to 30 s ([`DEFAULT_WATCHDOG_TIMEOUT`]).
+    pub fn watchdog_timeout(mut self, timeout: Duration) -> Self {
+        self.watchdog_timeout = timeout;
+        self
+    }
+
+    /// The longest time a watchdog-renewed lock is renewed: after it, renewals stop and the
+    /// lease runs out (a bound for holders that never let go). Defaults to no limit.
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.max_hold = Some(max);
         self
     }
 
@@ -195,22 +253,38 @@ impl LockClientBuilder {
     /// Builds the client.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease below 1 ms or
-    /// above the maximum lease.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease or watchdog
+    /// timeout below 1 ms (3 ms) or above the maximum lease.
     pub fn try_build(self) -> Result<LockClient> {
+        let (keep_alive, stop) = KeepAlive::new();
         let shared = ClientShared {
             backend: self.backend,
             id: random_client_id(),
             lease: self.lease,
             max_lease: self.max_lease,
+            watchdog: watchdog::Config {
+                timeout: self.watchdog_timeout,
+                max_hold: self.max_hold,
+            },
             reentrant: self.reentrant,
             retry: self.retry,
             seq: AtomicU64::new(0),
             registry: Mutex::new(HashMap::new()),
+            renewals: Mutex::new(None),
+            stop,
         };
-        shared.check_lease(shared.lease)?;
+        if let Some(lease) = shared.lease {
+            shared.check_lease(lease)?;
+        }
+        let timeout = shared
+            .check_lease(self.watchdog_timeout)
+            .map_err(|e| InvalidArgument::new("watchdog_timeout", e.reason().to_owned()))?;
+        if timeout < Duration::from_millis(3) {
+            return Err(InvalidArgument::new("watchdog_timeout", "must be at least 3 ms").into());
+        }
         Ok(LockClient {
             shared: Arc::new(shared),
+            keep_alive,
         })
     }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{FencingToken, Lease};
 use crate::error::{Error, Result};
 use crate::lock::LockShared;
+use crate::watchdog::KeepAlive;
 
 /// One hold of a lock. Created by the acquisition methods of [`Lock`](crate::Lock);
 /// releases the hold when dropped.
@@ -20,6 +21,8 @@ use crate::lock::LockShared;
 #[clippy::has_significant_drop]
 pub struct LockGuard {
     lock: Arc<LockShared>,
+    /// Keeps the client's renewal thread running while this guard exists.
+    _keep_alive: Arc<KeepAlive>,
     generation: u64,
     /// The lease as of acquisition; the shared state has the current one.
     lease: Lease,
@@ -27,9 +30,15 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(lock: Arc<LockShared>, generation: u64, lease: Lease) -> Self {
+    pub(crate) fn new(
+        lock: Arc<LockShared>,
+        keep_alive: Arc<KeepAlive>,
+        generation: u64,
+        lease: Lease,
+    ) -> Self {
         LockGuard {
             lock,
+            _keep_alive: keep_alive,
             generation,
             lease,
             active: true,
@@ -89,6 +98,33 @@ impl LockGuard {
         }
     }
 
+    /// A receiver that disconnects when this hold ends: when the lock is found lost (a
+    /// watchdog renewal or an [`extend`](LockGuard::extend) found it gone, or renewals
+    /// failed until the lease ran out), or when it is released. It never receives a
+    /// message, so `recv()` returns `Err` exactly then; use it in `select!` to stop work
+    /// whose lock is gone, and [`is_held`](LockGuard::is_held) to tell which.
+    ///
+    /// ```
+    /// use dlm_core::{Lock, LockClient};
+    /// use dlm_memory::MemoryBackend;
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let lock = LockClient::new(backend.clone()).get_lock("batch")?;
+    /// let guard = lock.lock()?;
+    /// let lost = guard.lost_signal();
+    /// assert!(matches!(lost.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)));
+    /// lock.force_unlock()?; // someone else breaks the lock...
+    /// assert!(matches!(guard.extend(std::time::Duration::from_secs(30)), Err(dlm_core::Error::LockLost)));
+    /// assert!(lost.recv().is_err()); // ...and the worker hears of it
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    pub fn lost_signal(&self) -> crossbeam_channel::Receiver<()> {
+        self.with_holding(|h| h.lost_signal()).unwrap_or_else(|| {
+            // This acquisition is already over: a receiver that is already disconnected.
+            crossbeam_channel::bounded(0).1
+        })
+    }
+
     /// The fencing token of this acquisition, if the backend issues them. Re-entrant holds
     /// share the token of the first hold.
     pub fn fencing_token(&self) -> Option<FencingToken> {
@@ -122,7 +158,7 @@ impl LockGuard {
                 Ok(())
             }
             Ok(None) => {
-                holding.lost = true;
+                holding.mark_lost();
                 Err(Error::LockLost)
             }
             Err(e) => Err(e.into()),

@@ -12,6 +12,8 @@
 //!   ([`LockBackend::watch`]), then sleep until a hint, the holder's lease end, a jittered
 //!   backoff, the deadline or an [`Interrupt`].
 //! - Re-entrant per (lock, thread) with hold counts, like Redisson's `RLock`.
+//! - Leases renewed by one watchdog thread per client (Redisson's `lockWatchdogTimeout`),
+//!   with a lost-lock signal on the guard ([`LockGuard::lost_signal`]).
 //! - Leases are monotonic ([`std::time::Instant`]); wall-clock time is never used.
 //!
 //! ## Layout
@@ -36,12 +38,13 @@ mod interrupt;
 mod lock;
 mod retry;
 mod waiters;
+mod watchdog;
 
 pub use backend::{
     Acquire, FencingToken, Lease, LockBackend, LockName, MAX_NAME_LEN, OwnerToken, Unsubscribe,
     Watch,
 };
-pub use client::{DEFAULT_LEASE, DEFAULT_MAX_LEASE, LockClient, LockClientBuilder};
+pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
 pub use guard::LockGuard;
 pub use interrupt::{Interrupt, Interrupter, interrupt_pair};

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, select};
+use crossbeam_channel::{Receiver, Sender, select};
 use parking_lot::Mutex;
 
 use crate::backend::{Acquire, Lease, LockName, OwnerToken, Watch};
@@ -12,6 +12,7 @@ use crate::client::{ClientShared, thread_no};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::interrupt::Interrupt;
+use crate::watchdog::{KeepAlive, Registration};
 
 /// The operations of the Java `AbstractLock` this library grew from, with Rust guards.
 ///
@@ -60,7 +61,10 @@ pub trait Lock {
 #[derive(Clone)]
 pub struct DistributedLock {
     shared: Arc<LockShared>,
-    lease: Duration,
+    /// A fixed lease; `None`: watchdog-renewed.
+    lease: Option<Duration>,
+    /// Keeps the client's renewal thread running while this handle exists.
+    _keep_alive: Arc<KeepAlive>,
 }
 
 pub(crate) struct LockShared {
@@ -87,11 +91,26 @@ pub(crate) struct Holding {
     pub(crate) lease: Lease,
     /// A renewal or extension found the lock gone.
     pub(crate) lost: bool,
+    /// Dropped when the hold ends (lost or released): its receivers disconnect.
+    lost_tx: Option<Sender<()>>,
+    lost_rx: Receiver<()>,
 }
 
 impl Holding {
     pub(crate) fn is_valid(&self, now: Instant) -> bool {
         !self.lost && now < self.lease.valid_until()
+    }
+
+    /// Records that the lock is gone and signals it to whoever waits on
+    /// [`LockGuard::lost_signal`].
+    pub(crate) fn mark_lost(&mut self) {
+        self.lost = true;
+        self.lost_tx = None;
+    }
+
+    /// A receiver that disconnects when this hold ends.
+    pub(crate) fn lost_signal(&self) -> Receiver<()> {
+        self.lost_rx.clone()
     }
 }
 
@@ -159,8 +178,16 @@ impl Wait {
 }
 
 impl DistributedLock {
-    pub(crate) fn new(shared: Arc<LockShared>, lease: Duration) -> Self {
-        DistributedLock { shared, lease }
+    pub(crate) fn new(
+        shared: Arc<LockShared>,
+        lease: Option<Duration>,
+        keep_alive: Arc<KeepAlive>,
+    ) -> Self {
+        DistributedLock {
+            shared,
+            lease,
+            _keep_alive: keep_alive,
+        }
     }
 
     /// The lock's name.
@@ -168,19 +195,21 @@ impl DistributedLock {
         self.shared.name.as_str()
     }
 
-    /// The lease each acquisition through this handle asks for.
-    pub fn lease(&self) -> Duration {
+    /// The fixed lease each acquisition through this handle asks for; `None` when leases
+    /// are renewed by the client's watchdog.
+    pub fn lease(&self) -> Option<Duration> {
         self.lease
     }
 
-    /// This handle with another lease: how long the lock stays held if the holder neither
-    /// releases nor extends it.
+    /// This handle with a fixed lease: how long the lock stays held if the holder neither
+    /// releases nor extends it. The watchdog does not renew such locks (Redisson's
+    /// `lock(leaseTime)`).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a lease below 1 ms, above the client's maximum, or
     /// one that overflows the monotonic clock. No I/O happens here.
     pub fn with_lease(mut self, lease: Duration) -> Result<Self> {
-        self.lease = self.shared.client.check_lease(lease)?;
+        self.lease = Some(self.shared.client.check_lease(lease)?);
         Ok(self)
     }
 
@@ -242,8 +271,9 @@ impl DistributedLock {
         let mut subscribed = false;
         let mut attempt: u32 = 0;
         let mut failing_since: Option<Instant> = None;
+        let ttl = self.lease.unwrap_or(client.watchdog.timeout);
         loop {
-            let outcome = client.backend.try_acquire(&shared.name, &token, self.lease);
+            let outcome = client.backend.try_acquire(&shared.name, &token, ttl);
             let (retry_after, error) = match outcome {
                 Ok(Acquire::Acquired(lease)) => {
                     if let Some(w) = &watch {
@@ -351,7 +381,12 @@ impl DistributedLock {
         })?;
         let (generation, lease) = (h.generation, h.lease);
         drop(state);
-        Ok(Some(LockGuard::new(self.shared.clone(), generation, lease)))
+        Ok(Some(LockGuard::new(
+            self.shared.clone(),
+            self._keep_alive.clone(),
+            generation,
+            lease,
+        )))
     }
 
     fn install(&self, token: OwnerToken, lease: Lease) -> LockGuard {
@@ -366,6 +401,7 @@ impl DistributedLock {
                 self.shared.name
             );
         }
+        let (lost_tx, lost_rx) = crossbeam_channel::bounded(0);
         state.holding = Some(Holding {
             thread: thread_no(),
             count: 1,
@@ -373,9 +409,23 @@ impl DistributedLock {
             token,
             lease,
             lost: false,
+            lost_tx: Some(lost_tx),
+            lost_rx,
         });
         drop(state);
-        LockGuard::new(self.shared.clone(), generation, lease)
+        if self.lease.is_none() {
+            self.shared.client.renew(Registration {
+                lock: Arc::downgrade(&self.shared),
+                generation,
+                acquired: Instant::now(),
+            });
+        }
+        LockGuard::new(
+            self.shared.clone(),
+            self._keep_alive.clone(),
+            generation,
+            lease,
+        )
     }
 
     /// Best effort: undoes an acquisition that may have landed (an attempt that failed

@@ -11,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use dlm_core::{BackendErrorKind, WaitList, Watch};
@@ -38,8 +38,6 @@ struct Shared {
     shutdown: AtomicBool,
     /// Set once a server refused the subscription (ACL): warn once, then poll.
     denied: AtomicBool,
-    /// Each listener reports its first subscription attempt here.
-    ready: Sender<()>,
 }
 
 impl Shared {
@@ -76,14 +74,17 @@ pub(crate) struct Hints {
     shared: Arc<Shared>,
     endpoints: Vec<Endpoint>,
     timeouts: Timeouts,
-    /// Started listener threads (detached; they stop on `shutdown`).
-    listeners: Mutex<Option<usize>>,
+    /// When the listener threads (detached; they stop on `shutdown`) were started.
+    started: Mutex<Option<Instant>>,
+    /// Disconnects once every listener has made its first subscription attempt: each
+    /// holds a sender and drops it then.
     ready: Receiver<()>,
+    ready_tx: Mutex<Option<Sender<()>>>,
 }
 
 impl Hints {
     pub(crate) fn new(prefix: &str, endpoints: Vec<Endpoint>, timeouts: Timeouts) -> Self {
-        let (ready_tx, ready) = crossbeam_channel::unbounded();
+        let (ready_tx, ready) = crossbeam_channel::bounded(0);
         Hints {
             shared: Arc::new(Shared {
                 pattern: format!("{prefix}:*:released"),
@@ -91,12 +92,12 @@ impl Hints {
                 up: AtomicUsize::new(0),
                 shutdown: AtomicBool::new(false),
                 denied: AtomicBool::new(false),
-                ready: ready_tx,
             }),
             endpoints,
             timeouts,
-            listeners: Mutex::new(None),
+            started: Mutex::new(None),
             ready,
+            ready_tx: Mutex::new(Some(ready_tx)),
         }
     }
 
@@ -116,31 +117,47 @@ impl Hints {
         self.shared.up.load(Ordering::Acquire)
     }
 
+    /// Starts the listeners on the first call; every call made while they make their
+    /// first attempt waits for it (at most one connect timeout), so that no early waiter
+    /// falls back to polling just because the listeners were still connecting.
     fn start(&self) {
-        let mut listeners = self.listeners.lock();
-        if listeners.is_some() {
-            return;
+        let started = {
+            let mut started = self.started.lock();
+            match *started {
+                Some(t) => t,
+                None => {
+                    let now = Instant::now();
+                    *started = Some(now);
+                    self.spawn_listeners();
+                    now
+                }
+            }
+        };
+        let deadline = started + self.timeouts.connect;
+        if self.shared.up.load(Ordering::Acquire) == 0 && Instant::now() < deadline {
+            // Returns when every listener has reported (the channel disconnects).
+            let _ = self.ready.recv_deadline(deadline);
         }
-        let started = self
-            .endpoints
-            .iter()
-            .enumerate()
-            .filter_map(|(i, endpoint)| {
-                let (shared, endpoint, timeouts) =
-                    (self.shared.clone(), endpoint.clone(), self.timeouts);
-                std::thread::Builder::new()
-                    .name(format!("dlm-redis-hints-{i}"))
-                    .spawn(move || listen(&shared, &endpoint, timeouts))
-                    .map_err(|e| log::warn!("cannot start a release-hint listener: {e}"))
-                    .ok()
-            })
-            .count();
-        *listeners = Some(started);
-        drop(listeners);
-        // Give the listeners up to one connect timeout to report their first attempt, so
-        // that the first waiter already gets hints; a server that is down just leaves it
-        // polling.
-        let _ = self.ready.recv_timeout(self.timeouts.connect);
+    }
+
+    fn spawn_listeners(&self) {
+        let Some(ready_tx) = self.ready_tx.lock().take() else {
+            return;
+        };
+        for (i, endpoint) in self.endpoints.iter().enumerate() {
+            let (shared, endpoint, timeouts, ready) = (
+                self.shared.clone(),
+                endpoint.clone(),
+                self.timeouts,
+                ready_tx.clone(),
+            );
+            if let Err(e) = std::thread::Builder::new()
+                .name(format!("dlm-redis-hints-{i}"))
+                .spawn(move || listen(&shared, &endpoint, timeouts, ready))
+            {
+                log::warn!("cannot start a release-hint listener: {e}");
+            }
+        }
     }
 }
 
@@ -149,20 +166,17 @@ impl Drop for Hints {
         // The listeners see this at their next tick (at most 100 ms) and exit, closing
         // their connections. Not joined: dropping a backend must not block on a socket.
         self.shared.shutdown.store(true, Ordering::Release);
-        self.listeners.get_mut().take();
     }
 }
 
 /// One listener: connect, subscribe, route messages; on loss, reconnect with backoff.
-fn listen(shared: &Shared, endpoint: &Endpoint, timeouts: Timeouts) {
+fn listen(shared: &Shared, endpoint: &Endpoint, timeouts: Timeouts, ready: Sender<()>) {
     let mut backoff = Duration::from_millis(10);
-    let mut first = true;
+    // Dropped after the first attempt (by subscribe_and_route once subscribed, or here).
+    let mut ready = Some(ready);
     while !shared.shutdown.load(Ordering::Acquire) {
-        let outcome = subscribe_and_route(shared, endpoint, timeouts, first);
-        if std::mem::take(&mut first) && outcome.is_err() {
-            // A first attempt that succeeded reported itself once subscribed.
-            let _ = shared.ready.send(());
-        }
+        let outcome = subscribe_and_route(shared, endpoint, timeouts, &mut ready);
+        ready = None;
         match outcome {
             Ok(()) => return, // shut down
             Err(e) if e.kind() == BackendErrorKind::Permission => {
@@ -192,7 +206,7 @@ fn subscribe_and_route(
     shared: &Shared,
     endpoint: &Endpoint,
     timeouts: Timeouts,
-    first: bool,
+    ready: &mut Option<Sender<()>>,
 ) -> Result<(), dlm_core::BackendError> {
     let server = endpoint.to_string();
     let mut con = endpoint.connect(Timeouts {
@@ -204,9 +218,7 @@ fn subscribe_and_route(
         .psubscribe(&shared.pattern)
         .map_err(|e| map_error(&e, &server))?;
     shared.up.fetch_add(1, Ordering::AcqRel);
-    if first {
-        let _ = shared.ready.send(());
-    }
+    ready.take();
     let result = loop {
         if shared.shutdown.load(Ordering::Acquire) {
             break Ok(());

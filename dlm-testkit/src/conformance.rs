@@ -641,3 +641,256 @@ pub fn id_generator_has_no_duplicates(f: &dyn Fixture) {
     assert!(ids > 10, "only {ids} ids drawn");
     assert_eq!(duplicates.load(Ordering::SeqCst), 0, "duplicate ids drawn");
 }
+
+fn watchdog_client(f: &dyn Fixture, timeout: Duration) -> LockClient {
+    LockClient::builder(f.backend())
+        .watchdog_timeout(timeout)
+        .build()
+}
+
+/// Without an explicit lease, the watchdog keeps a lock for three times its timeout (and
+/// more) while the holder works.
+pub fn watchdog_keeps_the_lock_while_held(f: &dyn Fixture) {
+    let name = unique_name("watchdog");
+    let timeout = Duration::from_millis(300);
+    let holder = watchdog_client(f, timeout).get_lock(&name).unwrap();
+    assert_eq!(holder.lease(), None);
+    let guard = holder.lock().unwrap();
+    let other = client(f).get_lock(&name).unwrap();
+    assert!(
+        other.try_lock_timeout(timeout * 4).unwrap().is_none(),
+        "the watchdog let the lock expire"
+    );
+    assert!(guard.is_held());
+    let remaining = other.remaining_lease().unwrap().expect("held");
+    assert!(
+        remaining <= timeout,
+        "lease {remaining:?} longer than the timeout"
+    );
+    guard.unlock().unwrap();
+    // Unlocked: free at once, and no renewal brings it back.
+    assert!(
+        other.try_lock().unwrap().is_some(),
+        "still held after unlock"
+    );
+}
+
+/// Renewal ends after the client's maximum hold time; the lease then runs out. This bounds
+/// a guard that is leaked (never dropped): here it is also `mem::forget`-ed, with its
+/// client and handle gone.
+pub fn watchdog_respects_max_hold(f: &dyn Fixture) {
+    let name = unique_name("max-hold");
+    let c = LockClient::builder(f.backend())
+        .watchdog_timeout(Duration::from_millis(200))
+        .max_hold(Duration::from_millis(500))
+        .build();
+    let guard = c.get_lock(&name).unwrap().lock().unwrap();
+    let leaked = c.get_lock(&unique_name("leaked")).unwrap();
+    let leaked_name = leaked.name().to_owned();
+    std::mem::forget(leaked.lock().unwrap());
+    drop((c, leaked));
+    let t = Instant::now();
+    let other = client(f).get_lock(&name).unwrap();
+    let got = other.try_lock_timeout(Duration::from_secs(10)).unwrap();
+    assert!(got.is_some(), "renewed beyond the maximum hold");
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "expired after {:?}, before the maximum hold",
+        t.elapsed()
+    );
+    assert!(!guard.is_held());
+    let leaked = client(f).get_lock(&leaked_name).unwrap();
+    assert!(
+        leaked
+            .try_lock_timeout(Duration::from_secs(5))
+            .unwrap()
+            .is_some(),
+        "a leaked guard was renewed beyond the maximum hold"
+    );
+}
+
+/// A lock that disappears under a watchdog-renewed holder is reported: the guard's lost
+/// signal fires, `is_held` turns false, `ensure_held` fails.
+pub fn a_lost_lock_is_signalled(f: &dyn Fixture) {
+    let name = unique_name("lost");
+    let guard = watchdog_client(f, Duration::from_millis(300))
+        .get_lock(&name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let lost = guard.lost_signal();
+    assert!(matches!(
+        lost.recv_timeout(Duration::from_millis(150)),
+        Err(RecvTimeoutError::Timeout)
+    ));
+    assert!(client(f).get_lock(&name).unwrap().force_unlock().unwrap());
+    assert!(
+        matches!(
+            lost.recv_timeout(Duration::from_secs(5)),
+            Err(RecvTimeoutError::Disconnected)
+        ),
+        "the loss was not signalled"
+    );
+    assert!(!guard.is_held());
+    assert!(matches!(guard.ensure_held(), Err(Error::LockLost)));
+    assert!(matches!(guard.unlock(), Err(Error::LockLost)));
+}
+
+/// A backend wrapper that releases a given guard right after the first attempt that
+/// finds the lock held: the release lands between a waiter's failed try and its wait.
+#[derive(Debug)]
+struct ReleaseAfterFirstHeld {
+    inner: Arc<dyn dlm_core::LockBackend>,
+    guard: parking_lot::Mutex<Option<dlm_core::LockGuard>>,
+}
+
+impl dlm_core::LockBackend for ReleaseAfterFirstHeld {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<dlm_core::Acquire, dlm_core::BackendError> {
+        let r = self.inner.try_acquire(name, owner, ttl);
+        if matches!(r, Ok(dlm_core::Acquire::Held { .. }))
+            && let Some(g) = self.guard.lock().take()
+        {
+            g.unlock().unwrap();
+        }
+        r
+    }
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<dlm_core::Lease>, dlm_core::BackendError> {
+        self.inner.extend(name, owner, ttl)
+    }
+    fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, dlm_core::BackendError> {
+        self.inner.release(name, owner)
+    }
+    fn force_release(&self, name: &LockName) -> Result<bool, dlm_core::BackendError> {
+        self.inner.force_release(name)
+    }
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
+        self.inner.inspect(name)
+    }
+    fn watch(&self, name: &LockName) -> Option<dlm_core::Watch> {
+        self.inner.watch(name)
+    }
+}
+
+/// A release between a waiter's failed attempt and its wait is not lost: the waiter takes
+/// the lock at once, not after its (10 s) backoff or the holder's (30 s) lease.
+pub fn release_between_failed_try_and_wait_is_not_lost(f: &dyn Fixture) {
+    let name = unique_name("window");
+    let holder = client_with_lease(f, Duration::from_secs(30))
+        .get_lock(&name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let backend = Arc::new(ReleaseAfterFirstHeld {
+        inner: f.backend(),
+        guard: parking_lot::Mutex::new(Some(holder)),
+    });
+    let slow = RetryPolicy::new()
+        .backoff(Duration::from_secs(10), Duration::from_secs(10))
+        .unwrap();
+    let waiter = LockClient::builder(backend.clone())
+        .retry(slow)
+        .build()
+        .get_lock(&name)
+        .unwrap();
+    let t = Instant::now();
+    let got = waiter.try_lock_timeout(Duration::from_secs(20)).unwrap();
+    assert!(got.is_some());
+    assert!(
+        backend.guard.lock().is_none(),
+        "the holder was never released"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "the release in the window cost {:?}",
+        t.elapsed()
+    );
+}
+
+/// Sixteen waiters (one process: one shared backend), one release: one of them takes the
+/// lock and the others keep sleeping; waiting threads send no requests.
+pub fn one_release_wakes_one_of_sixteen_waiters(f: &dyn Fixture) {
+    if !f.watch() {
+        return assert!(
+            f.backend()
+                .watch(&LockName::new(&unique_name("w")).unwrap())
+                .is_none()
+        );
+    }
+    let name = unique_name("herd");
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let holder = LockClient::builder(counting.clone())
+        .lease(Duration::from_secs(30))
+        .build()
+        .get_lock(&name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let (won_tx, won_rx) = crossbeam_channel::unbounded();
+    let (go_tx, go_rx) = crossbeam_channel::unbounded::<()>();
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let lock = LockClient::builder(counting.clone())
+                .build()
+                .get_lock(&name)
+                .unwrap();
+            let (won_tx, go_rx) = (won_tx.clone(), go_rx.clone());
+            thread::spawn(move || {
+                let g = lock.try_lock_timeout(Duration::from_secs(60)).unwrap();
+                let g = g.expect("waiter gave up");
+                won_tx.send(()).unwrap();
+                // Keep the lock until told to pass it on.
+                go_rx.recv().unwrap();
+                g.unlock().unwrap();
+            })
+        })
+        .collect();
+    // Each waiter makes two attempts (before and after subscribing), then sleeps.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counting.calls() < 1 + 32 {
+        assert!(Instant::now() < deadline, "waiters never settled");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let settled = counting.calls();
+    assert!(
+        matches!(
+            won_rx.recv_timeout(Duration::from_millis(300)),
+            Err(RecvTimeoutError::Timeout)
+        ),
+        "a waiter took a held lock"
+    );
+    assert_eq!(counting.calls(), settled, "waiting threads sent requests");
+    holder.unlock().unwrap();
+    won_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("nobody woke");
+    assert!(
+        matches!(
+            won_rx.recv_timeout(Duration::from_millis(300)),
+            Err(RecvTimeoutError::Timeout)
+        ),
+        "two winners"
+    );
+    let after = counting.calls() - settled;
+    assert!(after <= 4, "{after} requests for one hand-over");
+    for _ in 0..16 {
+        go_tx.send(()).unwrap();
+    }
+    for _ in 1..16 {
+        won_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a waiter starved");
+    }
+    for w in waiters {
+        w.join().unwrap();
+    }
+}

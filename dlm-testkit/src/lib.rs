@@ -89,7 +89,12 @@ macro_rules! conformance_tests {
             introspection,
             fencing_tokens_strictly_increase,
             bad_input_is_rejected_before_io,
-            id_generator_has_no_duplicates
+            id_generator_has_no_duplicates,
+            watchdog_keeps_the_lock_while_held,
+            watchdog_respects_max_hold,
+            a_lost_lock_is_signalled,
+            release_between_failed_try_and_wait_is_not_lost,
+            one_release_wakes_one_of_sixteen_waiters
         );
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
