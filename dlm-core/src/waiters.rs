@@ -83,6 +83,12 @@ impl WaitList {
         }
     }
 
+    /// Unregisters every waiter and closes their channels: their receivers report
+    /// disconnection, which tells the front to poll instead (the hints are gone).
+    pub fn close(&self) {
+        self.inner.lock().waiters.clear();
+    }
+
     /// How many waiters are registered.
     pub fn len(&self) -> usize {
         self.inner.lock().waiters.len()
@@ -166,6 +172,18 @@ mod tests {
         drop(a);
         assert!(b.receiver().try_recv().is_err());
         assert_eq!(list.len(), 1);
+    }
+
+    #[test]
+    fn close_disconnects_every_waiter() {
+        let list = WaitList::new();
+        let a = list.subscribe();
+        list.close();
+        assert_eq!(
+            a.receiver().try_recv(),
+            Err(crossbeam_channel::TryRecvError::Disconnected)
+        );
+        assert!(list.is_empty());
     }
 
     #[test]

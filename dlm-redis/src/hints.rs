@@ -65,7 +65,9 @@ impl Shared {
 
     /// Closes every waiter's subscription: they fall back to polling.
     fn disconnect_waiters(&self) {
-        self.channels.lock().clear();
+        for (_, ch) in self.channels.lock().drain() {
+            ch.waiters.close();
+        }
     }
 }
 
@@ -213,10 +215,17 @@ fn subscribe_and_route(
         connect: timeouts.connect,
         io: TICK,
     })?;
+    // PSUBSCRIBE by hand: redis-rs's `PubSub::psubscribe` discards an error reply (such
+    // as NOPERM for a user without channel rights) and reports success.
+    con.send_packed_command(
+        &redis::cmd("PSUBSCRIBE")
+            .arg(&shared.pattern)
+            .get_packed_command(),
+    )
+    .and_then(|()| con.recv_response())
+    .and_then(redis::Value::extract_error)
+    .map_err(|e| map_error(&e, &server))?;
     let mut pubsub = con.as_pubsub();
-    pubsub
-        .psubscribe(&shared.pattern)
-        .map_err(|e| map_error(&e, &server))?;
     shared.up.fetch_add(1, Ordering::AcqRel);
     ready.take();
     let result = loop {

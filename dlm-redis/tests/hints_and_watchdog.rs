@@ -1,0 +1,242 @@
+//! Release hints and lease renewal against real servers: a killed subscriber connection,
+//! a forged release message, an ACL without channel rights, a paused server under a
+//! watchdog-renewed lock.
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
+use dlm_core::{Error, Lock, LockClient, RetryPolicy};
+use dlm_redis::RedisBackend;
+use dlm_testkit::redis_server::RedisServer;
+use dlm_testkit::{CountingBackend, unique_name};
+
+/// These tests pause servers or measure wake-ups: one at a time.
+static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+fn backend(url: &str) -> RedisBackend {
+    RedisBackend::builder(url)
+        .io_timeout(common::CALM)
+        .connect_timeout(common::CALM)
+        .build()
+        .unwrap()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn slow_retry() -> RetryPolicy {
+    RetryPolicy::new()
+        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .unwrap()
+}
+
+#[test]
+fn a_killed_subscriber_connection_falls_back_to_polling_and_resubscribes() {
+    let _serial = SERIAL.lock();
+    let fixture = common::Single::new();
+    let url = fixture.server.url();
+    let name = unique_name("killed-sub");
+    let holder = LockClient::new(backend(&url))
+        .get_lock(&name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let waiting_backend = Arc::new(backend(&url));
+    let waiter = LockClient::builder(waiting_backend.clone())
+        .retry(slow_retry())
+        .build()
+        .get_lock(&name)
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t = thread::spawn(move || {
+        let g = waiter.try_lock_timeout(Duration::from_secs(30)).unwrap();
+        tx.send(Instant::now()).unwrap();
+        g.expect("waiter timed out").unlock().unwrap();
+    });
+    wait_for("the listener to subscribe", || {
+        waiting_backend.release_hints_active()
+    });
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut fixture.server.connection())
+        .unwrap();
+    assert_eq!(killed, 1, "one subscriber connection expected");
+    // The waiter polls now; the release is seen within its backoff, not the 30 s lease.
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_millis(300)),
+        Err(RecvTimeoutError::Timeout)
+    ));
+    let released = Instant::now();
+    holder.unlock().unwrap();
+    let acquired = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("waiter stuck");
+    assert!(
+        acquired - released < Duration::from_secs(2),
+        "took {:?} after the release",
+        acquired - released
+    );
+    t.join().unwrap();
+    wait_for("the listener to resubscribe", || {
+        waiting_backend.release_hints_active()
+    });
+}
+
+#[test]
+fn a_forged_release_message_causes_one_retry_only() {
+    let _serial = SERIAL.lock();
+    let fixture = common::Single::new();
+    let url = fixture.server.url();
+    let name = unique_name("forged");
+    let holder = LockClient::new(backend(&url))
+        .get_lock(&name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let counting = Arc::new(CountingBackend::new(Arc::new(backend(&url))));
+    let waiter = LockClient::builder(counting.clone())
+        .build()
+        .get_lock(&name)
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t = thread::spawn(move || {
+        let g = waiter.try_lock_timeout(Duration::from_secs(30)).unwrap();
+        tx.send(()).unwrap();
+        g.expect("waiter timed out").unlock().unwrap();
+    });
+    // Two attempts (before and after subscribing), then the waiter sleeps.
+    wait_for("the waiter to settle", || counting.calls() >= 2);
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_millis(200)),
+        Err(RecvTimeoutError::Timeout)
+    ));
+    assert_eq!(counting.calls(), 2, "a sleeping waiter sent requests");
+    let receivers: i64 = redis::cmd("PUBLISH")
+        .arg(format!("dlm:{{{name}}}:released"))
+        .arg("424242")
+        .query(&mut fixture.server.connection())
+        .unwrap();
+    assert_eq!(receivers, 1);
+    wait_for("the retry", || counting.calls() >= 3);
+    assert!(
+        matches!(
+            rx.recv_timeout(Duration::from_millis(300)),
+            Err(RecvTimeoutError::Timeout)
+        ),
+        "a forged message handed over a held lock"
+    );
+    assert_eq!(counting.calls(), 3, "more than one retry");
+    holder.unlock().unwrap();
+    rx.recv_timeout(Duration::from_secs(5)).expect("not woken");
+    t.join().unwrap();
+}
+
+#[test]
+fn a_user_without_channel_rights_still_locks_by_polling() {
+    let _serial = SERIAL.lock();
+    common::Single::new(); // fails loudly without redis-server
+    let server = RedisServer::builder()
+        .acl_user("app", "on >app-pw ~dlm:* resetchannels +@all")
+        .credentials("app", "app-pw")
+        .spawn();
+    let url = server.url();
+    let name = unique_name("no-channels");
+    let holder = LockClient::new(backend(&url))
+        .get_lock(&name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let waiting_backend = Arc::new(backend(&url));
+    let waiter = LockClient::builder(waiting_backend.clone())
+        .retry(slow_retry())
+        .build()
+        .get_lock(&name)
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t = thread::spawn(move || {
+        let g = waiter.try_lock_timeout(Duration::from_secs(30)).unwrap();
+        tx.send(Instant::now()).unwrap();
+        g.expect("waiter timed out").unlock().unwrap();
+    });
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_millis(300)),
+        Err(RecvTimeoutError::Timeout)
+    ));
+    assert!(!waiting_backend.release_hints_active());
+    let released = Instant::now();
+    holder.unlock().unwrap(); // the PUBLISH inside is refused, the release is not
+    let acquired = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("waiter stuck");
+    assert!(acquired - released < Duration::from_secs(2));
+    t.join().unwrap();
+}
+
+#[test]
+fn a_paused_server_makes_renewal_fail_and_the_guard_reports_the_loss() {
+    let _serial = SERIAL.lock();
+    let fixture = common::Single::new();
+    let quick = RedisBackend::builder(&fixture.server.url())
+        .io_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let client = LockClient::builder(Arc::new(quick))
+        .watchdog_timeout(Duration::from_millis(600))
+        .build();
+    let guard = client
+        .get_lock(&unique_name("paused"))
+        .unwrap()
+        .lock()
+        .unwrap();
+    let lost = guard.lost_signal();
+    fixture.server.pause();
+    let outcome = lost.recv_timeout(Duration::from_secs(5));
+    fixture.server.resume();
+    assert!(
+        matches!(outcome, Err(RecvTimeoutError::Disconnected)),
+        "the loss was not signalled"
+    );
+    assert!(!guard.is_held());
+    assert!(matches!(guard.ensure_held(), Err(Error::LockLost)));
+}
+
+#[test]
+fn the_watchdog_renews_on_redis_for_three_timeouts() {
+    let _serial = SERIAL.lock();
+    let fixture = common::Single::new();
+    let url = fixture.server.url();
+    let client = LockClient::builder(Arc::new(backend(&url)))
+        .watchdog_timeout(Duration::from_millis(300))
+        .build();
+    let name = unique_name("renewed");
+    let guard = client.get_lock(&name).unwrap().lock().unwrap();
+    let other = LockClient::new(backend(&url)).get_lock(&name).unwrap();
+    assert!(
+        other
+            .try_lock_timeout(Duration::from_millis(1000))
+            .unwrap()
+            .is_none()
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut fixture.server.connection())
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 300, "PTTL {pttl}");
+    guard.unlock().unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut fixture.server.connection())
+        .unwrap();
+    assert_eq!(exists, 0, "the key survived the unlock");
+}
