@@ -1,0 +1,191 @@
+//! dlm and the minimal hand-written client, as bench systems.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlm_core::{Lock, LockBackend, LockClient, LockGuard};
+
+use crate::system::{LockHandle, LockSystem};
+
+/// dlm over any backend; each handle is its own client (a separate owner).
+pub struct Dlm {
+    name: String,
+    backend: Arc<dyn LockBackend>,
+    ttl: Duration,
+}
+
+impl Dlm {
+    /// dlm named `name` over `backend`, leases of `ttl`.
+    pub fn new(name: &str, backend: Arc<dyn LockBackend>, ttl: Duration) -> Self {
+        Dlm {
+            name: name.to_owned(),
+            backend,
+            ttl,
+        }
+    }
+}
+
+impl LockSystem for Dlm {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn handle(&self) -> Box<dyn LockHandle> {
+        Box::new(DlmHandle {
+            client: LockClient::builder(self.backend.clone())
+                .lease(self.ttl)
+                .build(),
+            guard: None,
+        })
+    }
+}
+
+struct DlmHandle {
+    client: LockClient,
+    guard: Option<LockGuard>,
+}
+
+impl LockHandle for DlmHandle {
+    fn try_lock(&mut self, key: &str) -> bool {
+        let lock = self.client.get_lock(key).expect("valid name");
+        self.guard = lock.try_lock().unwrap_or(None);
+        self.guard.is_some()
+    }
+
+    fn lock(&mut self, key: &str, max_wait_ms: u64) -> bool {
+        let lock = self.client.get_lock(key).expect("valid name");
+        self.guard = lock
+            .try_lock_timeout(Duration::from_millis(max_wait_ms))
+            .unwrap_or(None);
+        self.guard.is_some()
+    }
+
+    fn unlock(&mut self) {
+        if let Some(g) = self.guard.take() {
+            let _ = g.unlock();
+        }
+    }
+}
+
+const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/// The bar: SET NX PX to acquire, EVALSHA compare-and-delete to release, one persistent
+/// connection per node per thread; on several nodes, writes to all sockets and then reads
+/// all replies. Its `lock` spins on `try_lock`.
+pub struct Minimal {
+    urls: Vec<String>,
+    ttl_ms: u64,
+}
+
+impl Minimal {
+    /// The minimal client over `urls`.
+    pub fn new(urls: &[String], ttl: Duration) -> Self {
+        Minimal {
+            urls: urls.to_vec(),
+            ttl_ms: ttl.as_millis() as u64,
+        }
+    }
+}
+
+impl LockSystem for Minimal {
+    fn name(&self) -> String {
+        "minimal".into()
+    }
+
+    fn handle(&self) -> Box<dyn LockHandle> {
+        let script = redis::Script::new(RELEASE);
+        let cons = self
+            .urls
+            .iter()
+            .map(|u| {
+                let mut con = redis::Client::open(u.as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(RELEASE)
+                    .query(&mut con)
+                    .unwrap();
+                con
+            })
+            .collect();
+        Box::new(MinimalHandle {
+            cons,
+            ttl_ms: self.ttl_ms,
+            sha: script.get_hash().to_owned(),
+            token: format!("{:032x}", rand::random::<u128>()),
+            key: None,
+        })
+    }
+}
+
+struct MinimalHandle {
+    cons: Vec<redis::Connection>,
+    ttl_ms: u64,
+    sha: String,
+    token: String,
+    key: Option<String>,
+}
+
+impl MinimalHandle {
+    /// Sends `cmd` to every node, then reads every reply.
+    fn all(&mut self, cmd: &redis::Cmd) -> Vec<redis::Value> {
+        let packed = cmd.get_packed_command();
+        for con in &mut self.cons {
+            con.send_packed_command(&packed).unwrap();
+        }
+        self.cons
+            .iter_mut()
+            .map(|con| con.recv_response().unwrap())
+            .collect()
+    }
+
+    fn release(&mut self, key: &str) {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(1).arg(key).arg(&self.token);
+        self.all(&cmd);
+    }
+}
+
+impl LockHandle for MinimalHandle {
+    fn try_lock(&mut self, key: &str) -> bool {
+        let key = format!("minimal:{key}");
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&key)
+            .arg(&self.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.ttl_ms);
+        let ok = self
+            .all(&cmd)
+            .iter()
+            .filter(|v| matches!(v, redis::Value::Okay))
+            .count();
+        if ok > self.cons.len() / 2 {
+            self.key = Some(key);
+            true
+        } else {
+            if ok > 0 {
+                self.release(&key);
+            }
+            false
+        }
+    }
+
+    fn lock(&mut self, key: &str, max_wait_ms: u64) -> bool {
+        let end = std::time::Instant::now() + Duration::from_millis(max_wait_ms);
+        while std::time::Instant::now() < end {
+            if self.try_lock(key) {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn unlock(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.release(&key);
+        }
+    }
+}
