@@ -155,7 +155,13 @@ fn classify_code(code: &str, detail: &str) -> BackendErrorKind {
         "WRONGTYPE" => BackendErrorKind::UnexpectedKey,
         "ERR" if detail.contains("max number of clients") => BackendErrorKind::Unavailable,
         "ERR" if detail.contains("OOM") => BackendErrorKind::OutOfMemory,
-        "ERR" if detail.contains("NOPERM") || detail.contains("no permissions") => {
+        "ERR"
+            if detail.contains("NOPERM")
+                || detail.contains("no permissions")
+                // Redis 7.0 inside a script: "The user executing the script can't run
+                // this command", "... can't access at least one of the keys", "... publish".
+                || detail.contains("user executing the script can't") =>
+        {
             BackendErrorKind::Permission
         }
         _ => BackendErrorKind::Protocol,

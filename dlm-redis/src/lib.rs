@@ -21,7 +21,10 @@
 //! that need it. A connection that saw an I/O error or timeout is discarded.
 //!
 //! ## Minimal ACL
-//! `+eval +evalsha +script|load +ping +info ~dlm:* &dlm:*` (with the default prefix).
+//! With the default prefix: `+eval +evalsha +script|load +ping +info +get +set +pexpire
+//! +pttl +incr +del +publish +psubscribe ~dlm:* &dlm:*` (the scripts' commands are checked
+//! too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still works and waiters
+//! poll instead of being woken.
 #![deny(missing_docs)]
 
 mod conn;

@@ -1,10 +1,11 @@
 //! One Redis server: a pool of connections and the lock scripts.
 
 use std::fmt;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
+use parking_lot::Mutex;
 use redis::Script;
 
 use crate::conn::{Conn, Endpoint, Manager, Timeouts, map_error};
@@ -68,14 +69,18 @@ pub(crate) struct Node {
     pub(crate) endpoint: Endpoint,
     pool: r2d2::Pool<Manager>,
     pub(crate) keys: Keys,
+    last_connect_error: LastConnectError,
 }
 
-#[derive(Debug)]
-struct QuietErrors;
+/// r2d2 keeps only the text of the last connect error; this keeps its kind, so that a
+/// failed checkout reports `Auth` (never retried) rather than a transient `Unavailable`.
+#[derive(Debug, Default, Clone)]
+struct LastConnectError(Arc<Mutex<Option<BackendErrorKind>>>);
 
-impl r2d2::HandleError<BackendError> for QuietErrors {
+impl r2d2::HandleError<BackendError> for LastConnectError {
     fn handle_error(&self, error: BackendError) {
         log::debug!("redis connection failed: {error}");
+        *self.0.lock() = Some(error.kind());
     }
 }
 
@@ -99,18 +104,20 @@ impl Node {
             endpoint: endpoint.clone(),
             timeouts,
         };
+        let last_connect_error = LastConnectError::default();
         let pool = r2d2::Pool::builder()
             .max_size(pool_size)
             .min_idle(Some(0))
             .test_on_check_out(false)
             .connection_timeout(timeouts.connect)
-            .error_handler(Box::new(QuietErrors))
+            .error_handler(Box::new(last_connect_error.clone()))
             .thread_pool(thread_pool)
             .build_unchecked(manager);
         Node {
             endpoint,
             pool,
             keys,
+            last_connect_error,
         }
     }
 
@@ -121,10 +128,12 @@ impl Node {
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T, BackendError> {
         let mut conn = self.pool.get().map_err(|e| {
-            BackendError::new(
-                BackendErrorKind::Unavailable,
-                format!("{}: no connection: {e}", self.endpoint),
-            )
+            let kind = match self.last_connect_error.0.lock().take() {
+                Some(kind @ (BackendErrorKind::Auth | BackendErrorKind::Permission)) => kind,
+                Some(BackendErrorKind::Timeout) => BackendErrorKind::Timeout,
+                _ => BackendErrorKind::Unavailable,
+            };
+            BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
         })?;
         let conn: &mut Conn = &mut conn;
         f(&mut conn.con).map_err(|e| {

@@ -7,7 +7,10 @@
 --         {-2, 0}   the key has no expiry (not written by dlm).
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err then
-  return {-1, 0}
+  if string.find(v.err, 'WRONGTYPE', 1, true) then
+    return {-1, 0}
+  end
+  return v -- any other error (e.g. an ACL denial) is raised to the client
 end
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

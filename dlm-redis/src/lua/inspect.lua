@@ -4,7 +4,10 @@
 -- -2 for a key without expiry.
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err then
-  return -1
+  if string.find(v.err, 'WRONGTYPE', 1, true) then
+    return -1
+  end
+  return v -- any other error (e.g. an ACL denial) is raised to the client
 end
 if v == false then
   return -3

@@ -4,6 +4,9 @@
 -- Returns 1 when released, 0 when the lock was not ours.
 -- PUBLISH runs under pcall: a user without channel permission still releases.
 local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
+  return v -- an error other than a foreign key (e.g. an ACL denial) is raised
+end
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.pcall('PUBLISH', KEYS[2], ARGV[2])
