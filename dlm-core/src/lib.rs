@@ -33,6 +33,7 @@
 mod backend;
 mod client;
 mod error;
+mod fenced;
 mod guard;
 mod interrupt;
 mod lock;
@@ -46,6 +47,7 @@ pub use backend::{
 };
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
+pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;
 pub use interrupt::{Interrupt, Interrupter, interrupt_pair};
 pub use lock::{DistributedLock, Lock};

@@ -16,6 +16,7 @@ struct Scripts {
     release: Script,
     force_release: Script,
     inspect: Script,
+    commit: Script,
 }
 
 /// Loaded once per process; each `Script` knows its SHA1 (EVALSHA, reloaded on NOSCRIPT).
@@ -25,7 +26,19 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(include_str!("lua/release.lua")),
     force_release: Script::new(include_str!("lua/force_release.lua")),
     inspect: Script::new(include_str!("lua/inspect.lua")),
+    commit: Script::new(include_str!("lua/commit.lua")),
 });
+
+/// What the acquire script does with the fencing counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fencing {
+    /// Nothing.
+    Off,
+    /// `INCR` it (single instance: the new value is the token).
+    Increment,
+    /// Read it (Redlock round 1; the token is committed in round 2).
+    Read,
+}
 
 /// The key layout: one hash tag per lock, so the lock key, its fencing counter and its
 /// release channel share a cluster slot. Names go into KEYS only.
@@ -160,7 +173,7 @@ impl Node {
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-        fencing: bool,
+        fencing: Fencing,
     ) -> Result<NodeAcquire, BackendError> {
         let (code, value): (i64, i64) = self.run(|con| {
             SCRIPTS
@@ -169,7 +182,11 @@ impl Node {
                 .key(self.keys.fence(name))
                 .arg(owner.encode())
                 .arg(millis(ttl))
-                .arg(if fencing { "1" } else { "0" })
+                .arg(match fencing {
+                    Fencing::Off => "0",
+                    Fencing::Increment => "1",
+                    Fencing::Read => "2",
+                })
                 .invoke(con)
         })?;
         match code {
@@ -200,6 +217,25 @@ impl Node {
                 .key(self.keys.lock(name))
                 .arg(owner.encode())
                 .arg(millis(ttl))
+                .invoke(con)
+        })?;
+        Ok(n == 1)
+    }
+
+    /// Redlock fencing round 2: raises the counter to `token` if the lock is still ours.
+    pub(crate) fn commit(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        token: u64,
+    ) -> Result<bool, BackendError> {
+        let n: i64 = self.run(|con| {
+            SCRIPTS
+                .commit
+                .key(self.keys.lock(name))
+                .key(self.keys.fence(name))
+                .arg(owner.encode())
+                .arg(token)
                 .invoke(con)
         })?;
         Ok(n == 1)

@@ -41,7 +41,6 @@ impl Options {
         Options {
             connect_timeout: Duration::from_millis(100),
             io_timeout: Duration::from_millis(100),
-            fencing: false,
             ..Options::single()
         }
     }
@@ -168,6 +167,15 @@ macro_rules! option_setters {
         /// lease - elapsed - (lease x factor + 2 ms). Must be in `[0, 0.5)`. Defaults to 0.01.
         pub fn drift_factor(mut self, factor: f64) -> Self {
             self.options.drift_factor = factor;
+            self
+        }
+
+        /// Whether acquisitions carry fencing tokens. Single instance: an `INCR` of a
+        /// counter key that never expires, inside the acquire script. Redlock: a second
+        /// round that commits `max(counters of the acquired quorum) + 1` to those nodes
+        /// (one more request per node). Defaults to `true`.
+        pub fn fencing(mut self, on: bool) -> Self {
+            self.options.fencing = on;
             self
         }
 

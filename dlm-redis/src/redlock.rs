@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use dlm_core::{
-    Acquire, BackendError, BackendErrorKind, Lease, LockBackend, LockName, OwnerToken, Watch,
+    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
+    OwnerToken, Watch,
 };
 use parking_lot::Mutex;
 
 use crate::hints::Hints;
-use crate::node::{Node, NodeAcquire};
+use crate::node::{Fencing, Node, NodeAcquire};
 use crate::options::{Options, backend, invalid, option_setters};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
@@ -167,10 +168,26 @@ impl Redlock {
         deadline: Instant,
         op: impl Fn(&Node) -> Result<T, BackendError> + Send + Sync + 'static,
     ) -> Replies<T> {
+        self.fan_out_to(deadline, None, op)
+    }
+
+    /// Like `fan_out`, to the nodes marked in `targets` only (the others' replies stay
+    /// `None`).
+    fn fan_out_to<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        targets: Option<&[bool]>,
+        op: impl Fn(&Node) -> Result<T, BackendError> + Send + Sync + 'static,
+    ) -> Replies<T> {
         let n = self.inner.nodes.len();
         let op = Arc::new(op);
         let (tx, rx) = crossbeam_channel::bounded(n);
+        let mut sent = 0;
         for (i, (node, queue)) in self.inner.nodes.iter().zip(&self.inner.queues).enumerate() {
+            if targets.is_some_and(|t| !t[i]) {
+                continue;
+            }
+            sent += 1;
             let (node, op, tx) = (node.clone(), op.clone(), tx.clone());
             let job: Job = Box::new(move || {
                 let reply = if Instant::now() >= deadline {
@@ -187,7 +204,7 @@ impl Redlock {
             let _ = queue.send(job);
         }
         drop(tx);
-        collect(&rx, n, deadline)
+        collect(&rx, n, sent, deadline)
     }
 
     fn deadline(&self, start: Instant) -> Instant {
@@ -218,10 +235,11 @@ impl Redlock {
 fn collect<T>(
     rx: &Receiver<(usize, Result<T, BackendError>)>,
     n: usize,
+    expected: usize,
     deadline: Instant,
 ) -> Replies<T> {
     let mut replies: Vec<Option<Result<T, BackendError>>> = (0..n).map(|_| None).collect();
-    for _ in 0..n {
+    for _ in 0..expected {
         match rx.recv_deadline(deadline) {
             Ok((i, reply)) => replies[i] = Some(reply),
             Err(_) => break,
@@ -239,24 +257,64 @@ impl LockBackend for Redlock {
     ) -> Result<Acquire, BackendError> {
         let q = self.inner.quorum;
         let start = Instant::now();
+        let fencing = self.inner.options.fencing;
         let replies = {
             let (name, owner) = (name.clone(), *owner);
+            let mode = if fencing { Fencing::Read } else { Fencing::Off };
             self.fan_out(self.deadline(start), move |node| {
-                node.acquire(&name, &owner, ttl, false)
+                node.acquire(&name, &owner, ttl, mode)
             })
         };
-        let acquired = replies
-            .ok()
-            .filter(|r| matches!(r, NodeAcquire::Acquired { .. }))
-            .count();
+        let taken: Vec<bool> = replies
+            .replies
+            .iter()
+            .map(|r| matches!(r, Some(Ok(NodeAcquire::Acquired { .. }))))
+            .collect();
+        let acquired = taken.iter().filter(|t| **t).count();
         let valid_until = ttl
             .checked_sub(self.inner.options.drift(ttl))
             .map(|v| start + v);
-        let now = Instant::now();
-        if acquired >= q
-            && let Some(valid_until) = valid_until.filter(|v| *v > now)
-        {
-            return Ok(Acquire::Acquired(Lease::new(valid_until)));
+        if acquired >= q && valid_until.is_some_and(|v| v > Instant::now()) {
+            let valid_until = valid_until.expect("checked");
+            if !fencing {
+                return Ok(Acquire::Acquired(Lease::new(valid_until)));
+            }
+            // Round 2: T = max(counters of the nodes we hold) + 1, committed to those
+            // nodes while they still hold our token. Quorum intersection makes T larger
+            // than every earlier committed token (see the README's "Fencing").
+            let token = replies
+                .ok()
+                .filter_map(|r| match r {
+                    NodeAcquire::Acquired { fence } => Some(*fence),
+                    NodeAcquire::Held { .. } => None,
+                })
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let commits = {
+                let (name, owner) = (name.clone(), *owner);
+                self.fan_out_to(self.deadline(Instant::now()), Some(&taken), move |node| {
+                    node.commit(&name, &owner, token)
+                })
+            };
+            let committed = commits.ok().filter(|c| **c).count();
+            if committed >= q && valid_until > Instant::now() {
+                return Ok(Acquire::Acquired(
+                    Lease::new(valid_until).with_fence(FencingToken::new(token)),
+                ));
+            }
+            self.release_all(name, owner);
+            let errors = (0..taken.len())
+                .filter(|&i| taken[i] && !matches!(commits.replies[i], Some(Ok(_))))
+                .count();
+            return if errors > 0 {
+                Err(commits.error("fencing commit", q))
+            } else {
+                // Our keys vanished under us between the rounds: contention.
+                Ok(Acquire::Held {
+                    retry_after: Some(self.split_vote_delay()),
+                })
+            };
         }
         // Failed: undo everywhere, including the nodes that did not answer (the request may
         // have landed after all).

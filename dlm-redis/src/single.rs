@@ -10,7 +10,7 @@ use dlm_core::{
 };
 
 use crate::hints::Hints;
-use crate::node::{Node, NodeAcquire};
+use crate::node::{Fencing, Node, NodeAcquire};
 use crate::options::{Options, invalid, option_setters};
 
 /// A lock on one Redis server.
@@ -91,7 +91,12 @@ impl LockBackend for RedisBackend {
     ) -> Result<Acquire, BackendError> {
         let node = &self.inner.node;
         let start = Instant::now();
-        match node.acquire(name, owner, ttl, self.inner.options.fencing)? {
+        let fencing = if self.inner.options.fencing {
+            Fencing::Increment
+        } else {
+            Fencing::Off
+        };
+        match node.acquire(name, owner, ttl, fencing)? {
             NodeAcquire::Acquired { fence } => match self.lease(start, ttl, fence) {
                 Some(lease) => Ok(Acquire::Acquired(lease)),
                 None => {
@@ -172,13 +177,6 @@ impl fmt::Debug for RedisBackendBuilder {
 
 impl RedisBackendBuilder {
     option_setters!();
-
-    /// Whether acquisitions carry fencing tokens (an `INCR` of a counter key that never
-    /// expires). Defaults to `true`.
-    pub fn fencing(mut self, on: bool) -> Self {
-        self.options.fencing = on;
-        self
-    }
 
     /// Builds the backend. No I/O: the pool connects on first use.
     ///

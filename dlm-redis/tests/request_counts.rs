@@ -49,7 +49,16 @@ fn stat(admin: &mut redis::Connection, field: &str) -> u64 {
 /// counters. `INFO commandstats` counts the commands a script runs inside the server as
 /// well as the requests, so the check is exact: two EVALSHA per cycle, plus exactly what
 /// the scripts run, and nothing else.
-fn check(client: &LockClient, servers: &[&RedisServer], fencing: bool) {
+#[derive(Clone, Copy, PartialEq)]
+enum Fence {
+    Off,
+    /// Single instance: INCR inside the acquire script.
+    Increment,
+    /// Redlock: a commit round (one more EVALSHA per node).
+    TwoRounds,
+}
+
+fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
     for i in 0..20 {
         let lock = client.get_lock(&format!("warm-{i}")).unwrap();
         lock.try_lock().unwrap().unwrap().unlock().unwrap();
@@ -67,24 +76,29 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: bool) {
     for (n, admin) in admins.iter_mut().enumerate() {
         let stats: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
         let calls = parse_commandstats(&stats);
+        let requests = if fencing == Fence::TwoRounds { 3 } else { 2 };
         assert_eq!(
             calls.get("evalsha"),
-            Some(&(2 * CYCLES)),
-            "node {n}: not two EVALSHA per cycle: {calls:?}"
+            Some(&(requests * CYCLES)),
+            "node {n}: not {requests} EVALSHA per cycle: {calls:?}"
         );
-        // Everything else must be what the two scripts run inside the server (acquire:
-        // GET, SET and with fencing INCR; release: GET, DEL, PUBLISH): any further request
-        // (a PING, an EXISTS, a retry) would show here.
+        // Everything else must be what the scripts run inside the server (acquire: GET,
+        // SET, and INCR or a GET of the counter; commit: GET, GET, SET; release: GET, DEL,
+        // PUBLISH): any further request (a PING, an EXISTS, a retry) would show here.
+        let (gets, sets) = match fencing {
+            Fence::Off | Fence::Increment => (2, 1),
+            Fence::TwoRounds => (5, 2),
+        };
         let mut inside_scripts: BTreeMap<String, u64> = [
-            ("get", 2 * CYCLES),
-            ("set", CYCLES),
+            ("get", gets * CYCLES),
+            ("set", sets * CYCLES),
             ("del", CYCLES),
             ("publish", CYCLES),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        if fencing {
+        if fencing == Fence::Increment {
             inside_scripts.insert("incr".into(), CYCLES);
         }
         let mut others = calls.clone();
@@ -114,15 +128,27 @@ fn parse_commandstats(stats: &str) -> BTreeMap<String, u64> {
 fn single_instance_costs_two_requests_and_no_connection_per_cycle() {
     let fixture = common::Single::new();
     let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture)).build();
-    check(&client, &[&fixture.server], true);
+    check(&client, &[&fixture.server], Fence::Increment);
 }
 
 #[test]
 fn redlock_costs_two_requests_per_node_and_no_connection_per_cycle() {
     let cluster = common::Cluster::new(3);
+    let redlock = dlm_redis::Redlock::builder(&cluster.nodes.urls())
+        .fencing(false)
+        .build()
+        .unwrap();
+    let client = LockClient::new(redlock);
+    let servers: Vec<&RedisServer> = (0..3).map(|i| cluster.nodes.get(i)).collect();
+    check(&client, &servers, Fence::Off);
+}
+
+#[test]
+fn redlock_with_fencing_costs_one_more_request_per_node() {
+    let cluster = common::Cluster::new(3);
     let client = LockClient::new(cluster.redlock());
     let servers: Vec<&RedisServer> = (0..3).map(|i| cluster.nodes.get(i)).collect();
-    check(&client, &servers, false);
+    check(&client, &servers, Fence::TwoRounds);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 -- Acquire: take the lock if free, refresh it if already ours (idempotent retry).
 -- KEYS[1] lock key, KEYS[2] fence counter key
--- ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] '1' to issue a fencing token
--- Returns {1, fence} acquired (fence 0 when fencing is off),
+-- ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] fencing: '0' none, '1' INCR the counter
+--   (single instance), '2' read the counter (Redlock round 1; commit.lua is round 2)
+-- Returns {1, fence} acquired (fence 0 when fencing is off; already ours: the counter),
 --         {0, pttl} held by someone else,
 --         {-1, 0}   a key of another type is at the lock name,
 --         {-2, 0}   the key has no expiry (not written by dlm).
@@ -21,6 +22,8 @@ if v == false then
   local fence = 0
   if ARGV[3] == '1' then
     fence = redis.call('INCR', KEYS[2])
+  elseif ARGV[3] == '2' then
+    fence = tonumber(redis.call('GET', KEYS[2]) or '0')
   end
   return {1, fence}
 end

@@ -71,8 +71,4 @@ impl dlm_testkit::Fixture for Cluster {
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(self.redlock())
     }
-
-    fn fencing(&self) -> bool {
-        false
-    }
 }
