@@ -4,7 +4,8 @@
 //! - [`Redlock`]: one lock over N independent masters (the Redlock algorithm).
 //!
 //! Both implement [`dlm_core::LockBackend`]; hand them to a
-//! [`LockClient`](dlm_core::LockClient).
+//! [`LockClient`](dlm_core::LockClient). [`fenced_set`] is the resource-side check for a
+//! value kept in Redis.
 //!
 //! ## Keys and scripts
 //! A lock called `n` is the string key `dlm:{n}` (value: the owner token, with a TTL), its
@@ -28,11 +29,13 @@
 #![deny(missing_docs)]
 
 mod conn;
+mod fenced;
 mod hints;
 mod node;
 mod options;
 mod redlock;
 mod single;
 
+pub use fenced::{FencedWriteError, fenced_get, fenced_set};
 pub use redlock::{Redlock, RedlockBuilder, quorum};
 pub use single::{RedisBackend, RedisBackendBuilder};

@@ -83,6 +83,8 @@ pub(crate) struct Node {
     pool: r2d2::Pool<Manager>,
     pub(crate) keys: Keys,
     last_connect_error: LastConnectError,
+    /// Set once the server's persistence was checked (fencing needs durable counters).
+    durability_checked: std::sync::atomic::AtomicBool,
 }
 
 /// r2d2 keeps only the text of the last connect error; this keeps its kind, so that a
@@ -111,6 +113,7 @@ impl Node {
         keys: Keys,
         timeouts: Timeouts,
         pool_size: u32,
+        fencing: bool,
         thread_pool: std::sync::Arc<scheduled_thread_pool::ScheduledThreadPool>,
     ) -> Node {
         let manager = Manager {
@@ -131,6 +134,7 @@ impl Node {
             pool,
             keys,
             last_connect_error,
+            durability_checked: std::sync::atomic::AtomicBool::new(!fencing),
         }
     }
 
@@ -149,12 +153,47 @@ impl Node {
             BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
         })?;
         let conn: &mut Conn = &mut conn;
+        if !self
+            .durability_checked
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.check_durability(&mut conn.con);
+        }
         f(&mut conn.con).map_err(|e| {
             if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
                 conn.broken = true;
             }
             map_error(&e, &self.endpoint.to_string())
         })
+    }
+
+    /// Fencing tokens are only as durable as the counters: warns once when the server
+    /// would lose them on a restart (needs `appendonly yes` and `appendfsync always`).
+    fn check_durability(&self, con: &mut redis::Connection) {
+        let config: redis::RedisResult<Vec<String>> =
+            redis::cmd("CONFIG").arg("GET").arg("append*").query(con);
+        match config {
+            Ok(pairs) => {
+                let get = |k: &str| {
+                    pairs
+                        .chunks(2)
+                        .find(|p| p[0] == k)
+                        .map(|p| p[1].clone())
+                        .unwrap_or_default()
+                };
+                let (aof, fsync) = (get("appendonly"), get("appendfsync"));
+                if aof != "yes" || fsync != "always" {
+                    log::warn!(
+                        "{}: fencing tokens without durable counters (appendonly {aof}, appendfsync {fsync}): a restart can reissue old tokens; use appendonly yes + appendfsync always",
+                        self.endpoint
+                    );
+                }
+            }
+            Err(e) => log::debug!(
+                "{}: cannot read the persistence settings ({e}); fencing tokens survive restarts only with appendonly yes + appendfsync always",
+                self.endpoint
+            ),
+        }
     }
 
     fn unexpected_key(&self, name: &LockName, what: &str) -> BackendError {

@@ -117,6 +117,7 @@ impl Options {
                     Keys::new(self.prefix.clone()),
                     self.timeouts(),
                     self.pool_size,
+                    self.fencing,
                     threads.clone(),
                 )
             })

@@ -894,3 +894,47 @@ pub fn one_release_wakes_one_of_sixteen_waiters(f: &dyn Fixture) {
         w.join().unwrap();
     }
 }
+
+/// Kleppmann's scenario: client 1 takes the lock and pauses past its lease; client 2 takes
+/// it and writes; client 1 wakes and writes. The resource, checking fencing tokens,
+/// refuses client 1's write.
+pub fn a_paused_holder_is_fenced_off(f: &dyn Fixture) {
+    let name = unique_name("pause");
+    let lease = Duration::from_millis(300);
+    let first = client_with_lease(f, lease).get_lock(&name).unwrap();
+    let g1 = first.lock().unwrap();
+    let Some(t1) = g1.fencing_token() else {
+        return assert!(!f.fencing(), "no fencing token");
+    };
+    let resource = dlm_core::FencedResource::new(Vec::new());
+    resource
+        .write(t1, |log| log.push("client 1, before the pause"))
+        .unwrap();
+    // Client 1 is paused (it does nothing) while its lease runs out; client 2 takes over.
+    let g2 = client(f)
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("client 2 never got the lock");
+    let t2 = g2.fencing_token().unwrap();
+    assert!(t2 > t1, "token {t2} after {t1}");
+    resource.write(t2, |log| log.push("client 2")).unwrap();
+    // Client 1 wakes up and writes as if it still held the lock.
+    let refused = resource.write(t1, |log| log.push("client 1, after the pause"));
+    assert_eq!(
+        refused,
+        Err(dlm_core::StaleToken {
+            presented: t1,
+            highest: t2
+        })
+    );
+    assert!(
+        g1.is_expired(),
+        "client 1 could have known: its lease had run out"
+    );
+    assert_eq!(
+        resource.read(|log| log.clone()),
+        ["client 1, before the pause", "client 2"]
+    );
+}

@@ -50,6 +50,12 @@ impl Args {
         Some(self.rest.remove(i))
     }
 
+    /// The value of `--name VALUE`, left in place.
+    pub fn peek(&self, name: &str) -> Option<&str> {
+        let i = self.rest.iter().position(|a| a == name)?;
+        self.rest.get(i + 1).map(String::as_str)
+    }
+
     /// Removes `--name VALUE` and parses it, or returns `default`.
     pub fn parsed<T: std::str::FromStr>(&mut self, name: &str, default: T) -> T {
         match self.value(name) {

@@ -1,0 +1,97 @@
+//! The resource side of fencing for values stored in Redis.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use dlm_core::{BackendError, FencingToken, StaleToken};
+use redis::{ConnectionLike, Script};
+
+use crate::conn::map_error;
+
+static FENCED_SET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/fenced_set.lua")));
+
+/// Why a fenced write was not applied.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FencedWriteError {
+    /// The token is older than the one stored with the value: the writer's lock was taken
+    /// over meanwhile.
+    Stale(StaleToken),
+    /// Redis failed.
+    Backend(BackendError),
+}
+
+impl fmt::Display for FencedWriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FencedWriteError::Stale(e) => e.fmt(f),
+            FencedWriteError::Backend(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for FencedWriteError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FencedWriteError::Stale(e) => Some(e),
+            FencedWriteError::Backend(e) => Some(e),
+        }
+    }
+}
+
+/// Stores `value` at `key` (a hash with the fields `value` and `fence`) only if `token`
+/// is not older than the token stored there; atomic (one Lua script).
+///
+/// Use it for a value the lock protects, with the guard's
+/// [`fencing_token`](dlm_core::LockGuard::fencing_token): a holder that was paused past its
+/// lease cannot overwrite what a newer holder wrote.
+///
+/// ```no_run
+/// use dlm_core::FencingToken;
+/// let mut con = redis::Client::open("redis://127.0.0.1:6379/")?.get_connection()?;
+/// dlm_redis::fenced_set(&mut con, "report:42", FencingToken::new(7), b"done")?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`FencedWriteError::Stale`] when a newer token wrote first; [`FencedWriteError::Backend`]
+/// when Redis fails.
+pub fn fenced_set(
+    con: &mut dyn ConnectionLike,
+    key: &str,
+    token: FencingToken,
+    value: &[u8],
+) -> Result<(), FencedWriteError> {
+    let (written, highest): (i64, i64) = FENCED_SET
+        .key(key)
+        .arg(token.get())
+        .arg(value)
+        .invoke(con)
+        .map_err(|e| FencedWriteError::Backend(map_error(&e, "fenced_set")))?;
+    if written == 1 {
+        Ok(())
+    } else {
+        Err(FencedWriteError::Stale(StaleToken {
+            presented: token,
+            highest: FencingToken::new(highest.max(0) as u64),
+        }))
+    }
+}
+
+/// Reads a value written by [`fenced_set`], with the token of its last write.
+///
+/// # Errors
+/// [`BackendError`] when Redis fails.
+pub fn fenced_get(
+    con: &mut dyn ConnectionLike,
+    key: &str,
+) -> Result<Option<(Vec<u8>, FencingToken)>, BackendError> {
+    let (value, fence): (Option<Vec<u8>>, Option<u64>) = redis::cmd("HMGET")
+        .arg(key)
+        .arg("value")
+        .arg("fence")
+        .query(con)
+        .map_err(|e| map_error(&e, "fenced_get"))?;
+    Ok(value.zip(fence.map(FencingToken::new)))
+}
