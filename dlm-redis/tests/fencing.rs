@@ -201,3 +201,69 @@ fn fencing_can_be_switched_off() {
         .unwrap();
     assert_eq!(exists, 0);
 }
+
+#[test]
+fn a_commit_round_without_a_quorum_releases_everywhere() {
+    // On two of three nodes the user may not load scripts, and only the acquire and
+    // release scripts are preloaded (by the admin): round 1 succeeds everywhere, round 2
+    // (the commit script) fails with NOSCRIPT then NOPERM on those two, so the
+    // acquisition must fail and leave no key behind on any node.
+    let _serial = SERIAL.lock();
+    common::Single::new();
+    let open = RedisServer::spawn();
+    let restricted: Vec<RedisServer> = (0..2)
+        .map(|_| {
+            let server = RedisServer::builder()
+                .acl_user("app", "on >app-pw ~* &* +@all -script|load")
+                .credentials("app", "app-pw")
+                .spawn();
+            for script in [
+                include_str!("../src/lua/acquire.lua"),
+                include_str!("../src/lua/release.lua"),
+            ] {
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script)
+                    .query(&mut server.connection())
+                    .unwrap();
+            }
+            server
+        })
+        .collect();
+    let urls = [open.url(), restricted[0].url(), restricted[1].url()];
+    let name = unique_name("commit");
+    let c = LockClient::new(
+        Redlock::builder(&urls)
+            .io_timeout(common::CALM)
+            .connect_timeout(common::CALM)
+            .release_hints(false)
+            .build()
+            .unwrap(),
+    );
+    let e = c.get_lock(&name).unwrap().try_lock().unwrap_err();
+    let kind = e.backend().map(|b| b.kind());
+    assert!(
+        matches!(
+            kind,
+            Some(dlm_core::BackendErrorKind::NoQuorum | dlm_core::BackendErrorKind::Permission)
+        ),
+        "{e}"
+    );
+    for server in [&open, &restricted[0], &restricted[1]] {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(format!("dlm:{{{name}}}"))
+            .query(&mut server.connection())
+            .unwrap();
+        assert_eq!(exists, 0, "a key was left on {}", server.url());
+    }
+    // Round 2 did run: it committed on the open node and was refused on the others.
+    let counter = |server: &RedisServer| -> Option<u64> {
+        redis::cmd("GET")
+            .arg(format!("dlm:{{{name}}}:fence"))
+            .query(&mut server.connection())
+            .unwrap()
+    };
+    assert_eq!(counter(&open), Some(1));
+    assert_eq!(counter(&restricted[0]), None);
+    assert_eq!(counter(&restricted[1]), None);
+}
