@@ -310,15 +310,21 @@ fn ping_rtt(server: &RedisServer) -> f64 {
 fn systems(urls: &[String], opts: &Opts) -> Vec<Box<dyn LockSystem>> {
     let mut v: Vec<Box<dyn LockSystem>> = Vec::new();
     if urls.len() == 1 {
-        let backend = dlm_redis::RedisBackend::new(&urls[0]).unwrap();
-        v.push(Box::new(Dlm::new("dlm", Arc::new(backend), TTL)));
+        let fenced = dlm_redis::RedisBackend::new(&urls[0]).unwrap();
+        v.push(Box::new(Dlm::new("dlm", Arc::new(fenced), TTL)));
+        let plain = dlm_redis::RedisBackend::builder(&urls[0])
+            .fencing(false)
+            .build()
+            .unwrap();
+        v.push(Box::new(Dlm::new("dlm (no fencing)", Arc::new(plain), TTL)));
     } else {
-        let redlock = dlm_redis::Redlock::new(urls).unwrap();
-        v.push(Box::new(Dlm::new(
-            "dlm (no fencing)",
-            Arc::new(redlock),
-            TTL,
-        )));
+        let fenced = dlm_redis::Redlock::new(urls).unwrap();
+        v.push(Box::new(Dlm::new("dlm", Arc::new(fenced), TTL)));
+        let plain = dlm_redis::Redlock::builder(urls)
+            .fencing(false)
+            .build()
+            .unwrap();
+        v.push(Box::new(Dlm::new("dlm (no fencing)", Arc::new(plain), TTL)));
     }
     v.push(Box::new(Minimal::new(urls, TTL)));
     if opts.peers {

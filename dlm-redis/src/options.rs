@@ -97,28 +97,30 @@ impl Options {
             .iter()
             .map(|u| Endpoint::parse(u))
             .collect::<Result<Vec<_>, _>>()?;
-        // One maintenance thread shared by all the pools of this backend.
-        let threads = Arc::new(
-            ScheduledThreadPool::builder()
-                .num_threads(1)
-                .thread_name_pattern("dlm-redis-pool")
-                // The pools' only job is the idle-connection reaper: when they are gone,
-                // stop at once instead of waiting for its next run.
-                .on_drop_behavior(
-                    scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
-                )
-                .build(),
-        );
         Ok(endpoints
             .into_iter()
             .map(|e| {
+                // One maintenance thread per server: r2d2 opens new connections on it, and
+                // a paused server (handshake done by the kernel, then silence) holds it for
+                // a whole connect timeout, which must not stall the other servers' pools.
+                let threads = Arc::new(
+                    ScheduledThreadPool::builder()
+                        .num_threads(1)
+                        .thread_name_pattern("dlm-redis-pool")
+                        // The pool's only timed job is the idle-connection reaper: when the
+                        // pool is gone, stop at once instead of waiting for its next run.
+                        .on_drop_behavior(
+                            scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                        )
+                        .build(),
+                );
                 Node::new(
                     e,
                     Keys::new(self.prefix.clone()),
                     self.timeouts(),
                     self.pool_size,
                     self.fencing,
-                    threads.clone(),
+                    threads,
                 )
             })
             .collect())
