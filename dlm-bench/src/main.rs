@@ -41,6 +41,10 @@ struct Opts {
     mode: Mode,
     peers: bool,
     json: Option<String>,
+    /// Only systems whose name contains this.
+    only: Option<String>,
+    /// Only this scenario.
+    scenario: Option<String>,
 }
 
 impl Opts {
@@ -49,6 +53,8 @@ impl Opts {
             mode: Mode::Full,
             peers: true,
             json: None,
+            only: None,
+            scenario: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -57,10 +63,14 @@ impl Opts {
                 "--smoke" => opts.mode = Mode::Smoke,
                 "--no-peers" => opts.peers = false,
                 "--json" => opts.json = Some(args.next().expect("--json needs a file")),
+                "--only" => opts.only = Some(args.next().expect("--only needs a name")),
+                "--scenario" => {
+                    opts.scenario = Some(args.next().expect("--scenario needs a name"));
+                }
                 "--bench" => {} // passed by `cargo bench`
                 other => {
                     eprintln!(
-                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE]"
+                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff]"
                     );
                     std::process::exit(2);
                 }
@@ -70,6 +80,13 @@ impl Opts {
             opts.peers = false;
         }
         opts
+    }
+
+    fn wants(&self, system: &str, scenario: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|o| system.contains(o.as_str()))
+            && self.scenario.as_ref().is_none_or(|s| s == scenario)
     }
 
     fn run_for(&self) -> Duration {
@@ -363,9 +380,13 @@ fn main() {
         TTL,
     );
     for threads in [1, 8] {
-        push(uncontended(&memory, threads, run_for), 0);
+        if opts.wants(&memory.name(), "uncontended") {
+            push(uncontended(&memory, threads, run_for), 0);
+        }
     }
-    push(contended(&memory, None, run_for), 0);
+    if opts.wants(&memory.name(), "contended") {
+        push(contended(&memory, None, run_for), 0);
+    }
 
     for (nodes, urls) in [(1, vec![single.url()]), (5, five.urls())] {
         let servers: Vec<&RedisServer> = if nodes == 1 {
@@ -378,19 +399,24 @@ fn main() {
         let counted = systems(&proxy_urls, &opts);
         let timed = systems(&urls, &opts);
         for (system, counted) in timed.iter().zip(&counted) {
-            let (requests, connections) = request_counts(counted.as_ref(), &proxies);
-            for threads in [1, 8] {
-                let mut row = uncontended(system.as_ref(), threads, run_for);
-                row.requests_per_cycle = Some(requests);
-                row.new_connections_per_cycle = Some(connections);
-                push(row, nodes);
+            let name = system.name();
+            if opts.wants(&name, "uncontended") {
+                let (requests, connections) = request_counts(counted.as_ref(), &proxies);
+                for threads in [1, 8] {
+                    let mut row = uncontended(system.as_ref(), threads, run_for);
+                    row.requests_per_cycle = Some(requests);
+                    row.new_connections_per_cycle = Some(connections);
+                    push(row, nodes);
+                }
             }
-            if nodes == 1 || system.name().starts_with("dlm") || system.name() == "minimal" {
-                push(contended(system.as_ref(), None, run_for), nodes);
-                push(
-                    contended(system.as_ref(), Some(Duration::from_millis(1)), run_for),
-                    nodes,
-                );
+            if nodes == 1 || name.starts_with("dlm") || name == "minimal" {
+                if opts.wants(&name, "contended") {
+                    push(contended(system.as_ref(), None, run_for), nodes);
+                }
+                if opts.wants(&name, "handoff") {
+                    let pause = Some(Duration::from_millis(1));
+                    push(contended(system.as_ref(), pause, run_for), nodes);
+                }
             }
         }
     }

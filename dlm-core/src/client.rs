@@ -128,6 +128,11 @@ impl LockClient {
         LockClient::builder(Arc::new(backend)).build()
     }
 
+    /// A client over a shared backend with the default settings.
+    pub fn new_arc(backend: Arc<dyn LockBackend>) -> Self {
+        LockClient::builder(backend).build()
+    }
+
     /// A builder for a client over `backend` (which may be shared with other clients).
     pub fn builder(backend: Arc<dyn LockBackend>) -> LockClientBuilder {
         LockClientBuilder {
