@@ -40,6 +40,42 @@ pub(crate) enum Fencing {
     Read,
 }
 
+/// One script call prepared for one node: built before it is sent, so that a caller can
+/// send it to several nodes before reading any reply (Redlock's pipelined fan-out).
+pub(crate) struct Call {
+    script: &'static Script,
+    /// `EVALSHA sha numkeys keys... args...`
+    cmd: redis::Cmd,
+}
+
+impl Call {
+    fn new(script: &'static Script, keys: &[String], args: impl FnOnce(&mut redis::Cmd)) -> Call {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for k in keys {
+            cmd.arg(k);
+        }
+        args(&mut cmd);
+        Call { script, cmd }
+    }
+
+    /// The request as bytes on the wire.
+    pub(crate) fn packed(&self) -> Vec<u8> {
+        self.cmd.get_packed_command()
+    }
+
+    /// Runs the call on `con`, loading the script first if the server does not know it.
+    pub(crate) fn execute(&self, con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
+        match self.cmd.query::<redis::Value>(con) {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.load(con)?;
+                self.cmd.query(con)
+            }
+            other => other,
+        }
+    }
+}
+
 /// The key layout: one hash tag per lock, so the lock key, its fencing counter and its
 /// release channel share a cluster slot. Names go into KEYS only.
 #[derive(Clone, Debug)]
@@ -85,6 +121,7 @@ pub(crate) struct Node {
     last_connect_error: LastConnectError,
     /// Set once the server's persistence was checked (fencing needs durable counters).
     durability_checked: std::sync::atomic::AtomicBool,
+    io_timeout: Duration,
 }
 
 /// r2d2 keeps only the text of the last connect error; this keeps its kind, so that a
@@ -135,6 +172,7 @@ impl Node {
             keys,
             last_connect_error,
             durability_checked: std::sync::atomic::AtomicBool::new(!fencing),
+            io_timeout: timeouts.io,
         }
     }
 
@@ -207,27 +245,32 @@ impl Node {
         )
     }
 
-    pub(crate) fn acquire(
+    pub(crate) fn acquire_call(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
         fencing: Fencing,
-    ) -> Result<NodeAcquire, BackendError> {
-        let (code, value): (i64, i64) = self.run(|con| {
-            SCRIPTS
-                .acquire
-                .key(self.keys.lock(name))
-                .key(self.keys.fence(name))
-                .arg(owner.encode())
-                .arg(millis(ttl))
-                .arg(match fencing {
+    ) -> Call {
+        Call::new(
+            &SCRIPTS.acquire,
+            &[self.keys.lock(name), self.keys.fence(name)],
+            |cmd| {
+                cmd.arg(owner.encode()).arg(millis(ttl)).arg(match fencing {
                     Fencing::Off => "0",
                     Fencing::Increment => "1",
                     Fencing::Read => "2",
-                })
-                .invoke(con)
-        })?;
+                });
+            },
+        )
+    }
+
+    pub(crate) fn parse_acquire(
+        &self,
+        name: &LockName,
+        reply: redis::Value,
+    ) -> Result<NodeAcquire, BackendError> {
+        let (code, value): (i64, i64) = self.parse(reply)?;
         match code {
             1 => Ok(NodeAcquire::Acquired {
                 fence: value.max(0) as u64,
@@ -242,6 +285,36 @@ impl Node {
                 format!("{}: acquire script returned {other}", self.endpoint),
             )),
         }
+    }
+
+    pub(crate) fn acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fencing: Fencing,
+    ) -> Result<NodeAcquire, BackendError> {
+        let call = self.acquire_call(name, owner, ttl, fencing);
+        let reply = self.run(|con| call.execute(con))?;
+        self.parse_acquire(name, reply)
+    }
+
+    /// Converts a script's reply.
+    pub(crate) fn parse<T: redis::FromRedisValue>(
+        &self,
+        reply: redis::Value,
+    ) -> Result<T, BackendError> {
+        redis::from_redis_value(reply).map_err(|e| {
+            BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{}: unexpected script reply: {e}", self.endpoint),
+            )
+        })
+    }
+
+    /// `1` -> `true`, `0` -> `false`.
+    pub(crate) fn parse_flag(&self, reply: redis::Value) -> Result<bool, BackendError> {
+        Ok(self.parse::<i64>(reply)? == 1)
     }
 
     pub(crate) fn extend(
@@ -262,41 +335,57 @@ impl Node {
     }
 
     /// Redlock fencing round 2: raises the counter to `token` if the lock is still ours.
-    pub(crate) fn commit(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        token: u64,
-    ) -> Result<bool, BackendError> {
-        let n: i64 = self.run(|con| {
-            SCRIPTS
-                .commit
-                .key(self.keys.lock(name))
-                .key(self.keys.fence(name))
-                .arg(owner.encode())
-                .arg(token)
-                .invoke(con)
-        })?;
-        Ok(n == 1)
+    pub(crate) fn commit_call(&self, name: &LockName, owner: &OwnerToken, token: u64) -> Call {
+        Call::new(
+            &SCRIPTS.commit,
+            &[self.keys.lock(name), self.keys.fence(name)],
+            |cmd| {
+                cmd.arg(owner.encode()).arg(token);
+            },
+        )
     }
 
     /// Releases if ours, publishing `release_id` on the lock's channel.
+    pub(crate) fn release_call(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        release_id: u64,
+    ) -> Call {
+        Call::new(
+            &SCRIPTS.release,
+            &[self.keys.lock(name), self.keys.channel(name)],
+            |cmd| {
+                cmd.arg(owner.encode()).arg(release_id);
+            },
+        )
+    }
+
+    /// See [`release_call`](Self::release_call).
     pub(crate) fn release(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         release_id: u64,
     ) -> Result<bool, BackendError> {
-        let n: i64 = self.run(|con| {
-            SCRIPTS
-                .release
-                .key(self.keys.lock(name))
-                .key(self.keys.channel(name))
-                .arg(owner.encode())
-                .arg(release_id)
-                .invoke(con)
-        })?;
-        Ok(n == 1)
+        let call = self.release_call(name, owner, release_id);
+        let reply = self.run(|con| call.execute(con))?;
+        self.parse_flag(reply)
+    }
+
+    /// Runs a prepared call on a pooled connection.
+    pub(crate) fn execute(&self, call: &Call) -> Result<redis::Value, BackendError> {
+        self.run(|con| call.execute(con))
+    }
+
+    /// An idle pooled connection, if one is ready (never connects, never waits).
+    pub(crate) fn idle_connection(&self) -> Option<r2d2::PooledConnection<Manager>> {
+        self.pool.try_get()
+    }
+
+    /// The I/O timeout of this node's connections.
+    pub(crate) fn io_timeout(&self) -> Duration {
+        self.io_timeout
     }
 
     pub(crate) fn force_release(

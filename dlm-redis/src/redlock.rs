@@ -12,8 +12,9 @@ use dlm_core::{
 };
 use parking_lot::Mutex;
 
+use crate::conn::map_error;
 use crate::hints::Hints;
-use crate::node::{Fencing, Node, NodeAcquire};
+use crate::node::{Call, Fencing, Node, NodeAcquire};
 use crate::options::{Options, backend, invalid, option_setters};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
@@ -207,6 +208,40 @@ impl Redlock {
         collect(&rx, n, sent, deadline)
     }
 
+    /// Runs one prepared script call per node (those in `targets`) and parses the replies.
+    /// When every targeted node has an idle pooled connection, the calling thread writes
+    /// all requests and then reads all replies under one deadline (no thread hand-offs);
+    /// otherwise (a node needs a new connection, e.g. after a failure) the per-node
+    /// workers do it, connecting in parallel.
+    fn call_all<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        targets: Option<&[bool]>,
+        make: impl Fn(&Node) -> Call + Send + Sync + 'static,
+        parse: impl Fn(&Node, redis::Value) -> Result<T, BackendError> + Send + Sync + 'static,
+    ) -> Replies<T> {
+        let nodes = &self.inner.nodes;
+        let wanted = |i: usize| targets.is_none_or(|t| t[i]);
+        let calls: Vec<Option<Call>> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| wanted(i).then(|| make(n)))
+            .collect();
+        if let Some(replies) = pipelined(nodes, deadline, &calls) {
+            return Replies {
+                replies: replies
+                    .into_iter()
+                    .zip(nodes)
+                    .map(|(r, node)| r.map(|r| r.and_then(|v| parse(node, v))))
+                    .collect(),
+            };
+        }
+        self.fan_out_to(deadline, targets, move |node| {
+            let call = make(node);
+            node.execute(&call).and_then(|v| parse(node, v))
+        })
+    }
+
     fn deadline(&self, start: Instant) -> Instant {
         start + self.inner.options.connect_timeout + self.inner.options.io_timeout
     }
@@ -218,9 +253,12 @@ impl Redlock {
         // One release id for all nodes: a listener that hears it from several wakes one
         // waiter.
         let release_id: u64 = rand::random();
-        self.fan_out(self.deadline(start), move |node| {
-            node.release(&name, &owner, release_id)
-        })
+        self.call_all(
+            self.deadline(start),
+            None,
+            move |node| node.release_call(&name, &owner, release_id),
+            |node, reply| node.parse_flag(reply),
+        )
     }
 
     fn split_vote_delay(&self) -> Duration {
@@ -230,6 +268,80 @@ impl Redlock {
         }
         Duration::from_nanos(rand::random_range(0..=jitter.as_nanos() as u64))
     }
+}
+
+/// Writes `calls[i]` to node `i` (where given), then reads every reply, all before
+/// `deadline`; `None` (nothing sent) when a targeted node has no idle connection.
+fn pipelined(
+    nodes: &[Arc<Node>],
+    deadline: Instant,
+    calls: &[Option<Call>],
+) -> Option<Vec<Option<Result<redis::Value, BackendError>>>> {
+    let mut conns = Vec::with_capacity(nodes.len());
+    for (node, call) in nodes.iter().zip(calls) {
+        conns.push(match call {
+            Some(_) => Some(node.idle_connection()?),
+            None => None,
+        });
+    }
+    let mut replies: Vec<Option<Result<redis::Value, BackendError>>> =
+        (0..nodes.len()).map(|_| None).collect();
+    let mut sent = vec![false; nodes.len()];
+    for i in 0..nodes.len() {
+        let (Some(call), Some(conn)) = (&calls[i], conns[i].as_mut()) else {
+            continue;
+        };
+        match conn.con.send_packed_command(&call.packed()) {
+            Ok(()) => sent[i] = true,
+            Err(e) => {
+                conn.broken = true;
+                replies[i] = Some(Err(map_error(&e, &nodes[i].endpoint.to_string())));
+            }
+        }
+    }
+    for i in 0..nodes.len() {
+        let (true, Some(call), Some(conn)) = (sent[i], &calls[i], conns[i].as_mut()) else {
+            continue;
+        };
+        let node = &nodes[i];
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            // The reply may still come: the connection cannot be reused.
+            conn.broken = true;
+            replies[i] = Some(Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("{}: no reply before the deadline", node.endpoint),
+            )));
+            continue;
+        }
+        // Cut the read short only when the deadline is nearer than the usual timeout
+        // (rare: after a slow node), to spare a system call per read otherwise.
+        let shortened = left < node.io_timeout();
+        if shortened {
+            let _ = conn.con.set_read_timeout(Some(left));
+        }
+        let reply = match conn
+            .con
+            .recv_response()
+            .and_then(redis::Value::extract_error)
+        {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                call.execute(&mut conn.con)
+            }
+            other => other,
+        };
+        let reply = reply.map_err(|e| {
+            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+                conn.broken = true;
+            }
+            map_error(&e, &node.endpoint.to_string())
+        });
+        if shortened && !conn.broken {
+            let _ = conn.con.set_read_timeout(Some(node.io_timeout()));
+        }
+        replies[i] = Some(reply);
+    }
+    Some(replies)
 }
 
 fn collect<T>(
@@ -261,9 +373,13 @@ impl LockBackend for Redlock {
         let replies = {
             let (name, owner) = (name.clone(), *owner);
             let mode = if fencing { Fencing::Read } else { Fencing::Off };
-            self.fan_out(self.deadline(start), move |node| {
-                node.acquire(&name, &owner, ttl, mode)
-            })
+            let name2 = name.clone();
+            self.call_all(
+                self.deadline(start),
+                None,
+                move |node| node.acquire_call(&name, &owner, ttl, mode),
+                move |node, reply| node.parse_acquire(&name2, reply),
+            )
         };
         let taken: Vec<bool> = replies
             .replies
@@ -293,9 +409,12 @@ impl LockBackend for Redlock {
                 + 1;
             let commits = {
                 let (name, owner) = (name.clone(), *owner);
-                self.fan_out_to(self.deadline(Instant::now()), Some(&taken), move |node| {
-                    node.commit(&name, &owner, token)
-                })
+                self.call_all(
+                    self.deadline(Instant::now()),
+                    Some(&taken),
+                    move |node| node.commit_call(&name, &owner, token),
+                    |node, reply| node.parse_flag(reply),
+                )
             };
             let committed = commits.ok().filter(|c| **c).count();
             if committed >= q && valid_until > Instant::now() {
