@@ -294,8 +294,7 @@ impl Node {
         ttl: Duration,
         fencing: Fencing,
     ) -> Result<NodeAcquire, BackendError> {
-        let call = self.acquire_call(name, owner, ttl, fencing);
-        let reply = self.run(|con| call.execute(con))?;
+        let reply = self.execute(&self.acquire_call(name, owner, ttl, fencing))?;
         self.parse_acquire(name, reply)
     }
 
@@ -317,21 +316,21 @@ impl Node {
         Ok(self.parse::<i64>(reply)? == 1)
     }
 
+    /// Compare-and-PEXPIRE; the reply parses with [`parse_flag`](Self::parse_flag).
+    pub(crate) fn extend_call(&self, name: &LockName, owner: &OwnerToken, ttl: Duration) -> Call {
+        Call::new(&SCRIPTS.extend, &[self.keys.lock(name)], |cmd| {
+            cmd.arg(owner.encode()).arg(millis(ttl));
+        })
+    }
+
     pub(crate) fn extend(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        let n: i64 = self.run(|con| {
-            SCRIPTS
-                .extend
-                .key(self.keys.lock(name))
-                .arg(owner.encode())
-                .arg(millis(ttl))
-                .invoke(con)
-        })?;
-        Ok(n == 1)
+        let reply = self.execute(&self.extend_call(name, owner, ttl))?;
+        self.parse_flag(reply)
     }
 
     /// Redlock fencing round 2: raises the counter to `token` if the lock is still ours.
@@ -368,8 +367,7 @@ impl Node {
         owner: &OwnerToken,
         release_id: u64,
     ) -> Result<bool, BackendError> {
-        let call = self.release_call(name, owner, release_id);
-        let reply = self.run(|con| call.execute(con))?;
+        let reply = self.execute(&self.release_call(name, owner, release_id))?;
         self.parse_flag(reply)
     }
 
@@ -388,33 +386,56 @@ impl Node {
         self.io_timeout
     }
 
-    pub(crate) fn force_release(
+    pub(crate) fn force_release_call(&self, name: &LockName, release_id: u64) -> Call {
+        Call::new(
+            &SCRIPTS.force_release,
+            &[self.keys.lock(name), self.keys.channel(name)],
+            |cmd| {
+                cmd.arg(release_id);
+            },
+        )
+    }
+
+    pub(crate) fn parse_force_release(
         &self,
         name: &LockName,
-        release_id: u64,
+        reply: redis::Value,
     ) -> Result<bool, BackendError> {
-        let n: i64 = self.run(|con| {
-            SCRIPTS
-                .force_release
-                .key(self.keys.lock(name))
-                .key(self.keys.channel(name))
-                .arg(release_id)
-                .invoke(con)
-        })?;
-        match n {
+        match self.parse::<i64>(reply)? {
             -1 => Err(self.unexpected_key(name, "is not a string")),
             n => Ok(n == 1),
         }
     }
 
-    pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
-        let n: i64 = self.run(|con| SCRIPTS.inspect.key(self.keys.lock(name)).invoke(con))?;
-        match n {
+    pub(crate) fn force_release(
+        &self,
+        name: &LockName,
+        release_id: u64,
+    ) -> Result<bool, BackendError> {
+        let reply = self.execute(&self.force_release_call(name, release_id))?;
+        self.parse_force_release(name, reply)
+    }
+
+    pub(crate) fn inspect_call(&self, name: &LockName) -> Call {
+        Call::new(&SCRIPTS.inspect, &[self.keys.lock(name)], |_| {})
+    }
+
+    pub(crate) fn parse_inspect(
+        &self,
+        name: &LockName,
+        reply: redis::Value,
+    ) -> Result<Option<Duration>, BackendError> {
+        match self.parse::<i64>(reply)? {
             -3 => Ok(None),
             -1 => Err(self.unexpected_key(name, "is not a string")),
             -2 => Err(self.unexpected_key(name, "has no expiry")),
             ms => Ok(Some(Duration::from_millis(ms.max(0) as u64))),
         }
+    }
+
+    pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
+        let reply = self.execute(&self.inspect_call(name))?;
+        self.parse_inspect(name, reply)
     }
 
     /// The server's `run_id` (INFO server), to spot one server listed twice.

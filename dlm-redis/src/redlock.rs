@@ -163,16 +163,8 @@ impl Redlock {
         self.inner.hints.as_ref().map_or(0, |h| h.listeners_up())
     }
 
-    /// Runs `op` on every node in parallel; waits for all answers until `deadline`.
-    fn fan_out<T: Send + 'static>(
-        &self,
-        deadline: Instant,
-        op: impl Fn(&Node) -> Result<T, BackendError> + Send + Sync + 'static,
-    ) -> Replies<T> {
-        self.fan_out_to(deadline, None, op)
-    }
-
-    /// Like `fan_out`, to the nodes marked in `targets` only (the others' replies stay
+    /// Runs `op` on the nodes marked in `targets` (all when `None`) in parallel on their
+    /// worker threads; waits for the answers until `deadline` (the others' replies stay
     /// `None`).
     fn fan_out_to<T: Send + 'static>(
         &self,
@@ -482,9 +474,12 @@ impl LockBackend for Redlock {
         let start = Instant::now();
         let replies = {
             let (name, owner) = (name.clone(), *owner);
-            self.fan_out(self.deadline(start), move |node| {
-                node.extend(&name, &owner, ttl)
-            })
+            self.call_all(
+                self.deadline(start),
+                None,
+                move |node| node.extend_call(&name, &owner, ttl),
+                |node, reply| node.parse_flag(reply),
+            )
         };
         let extended = replies.ok().filter(|ok| **ok).count();
         let refused = replies.ok().filter(|ok| !**ok).count();
@@ -524,9 +519,13 @@ impl LockBackend for Redlock {
         let replies = {
             let name = name.clone();
             let release_id: u64 = rand::random();
-            self.fan_out(self.deadline(start), move |node| {
-                node.force_release(&name, release_id)
-            })
+            let name2 = name.clone();
+            self.call_all(
+                self.deadline(start),
+                None,
+                move |node| node.force_release_call(&name, release_id),
+                move |node, reply| node.parse_force_release(&name2, reply),
+            )
         };
         let deleted = replies.ok().filter(|d| **d).count();
         if replies.failures() > self.inner.nodes.len() - q {
@@ -540,7 +539,13 @@ impl LockBackend for Redlock {
         let start = Instant::now();
         let replies = {
             let name = name.clone();
-            self.fan_out(self.deadline(start), move |node| node.inspect(&name))
+            let name2 = name.clone();
+            self.call_all(
+                self.deadline(start),
+                None,
+                move |node| node.inspect_call(&name),
+                move |node, reply| node.parse_inspect(&name2, reply),
+            )
         };
         if replies.failures() > self.inner.nodes.len() - q {
             return Err(replies.error("inspect", q));
