@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
-use dlm_core::{Error, Lock, LockClient, RetryPolicy};
+use dlm_core::{DistributedLock, Error, Lock, LockClient, RetryPolicy};
 use dlm_redis::RedisBackend;
 use dlm_testkit::redis_server::RedisServer;
 use dlm_testkit::{CountingBackend, unique_name};
@@ -30,6 +30,19 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// A thread that waits up to 30 s for `lock`, reports when it got it, and unlocks.
+fn spawn_waiter(
+    lock: DistributedLock,
+) -> (thread::JoinHandle<()>, crossbeam_channel::Receiver<Instant>) {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let t = thread::spawn(move || {
+        let g = lock.try_lock_timeout(Duration::from_secs(30)).unwrap();
+        tx.send(Instant::now()).unwrap();
+        g.expect("waiter timed out").unlock().unwrap();
+    });
+    (t, rx)
 }
 
 fn slow_retry() -> RetryPolicy {
@@ -55,12 +68,7 @@ fn a_killed_subscriber_connection_falls_back_to_polling_and_resubscribes() {
         .build()
         .get_lock(&name)
         .unwrap();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let t = thread::spawn(move || {
-        let g = waiter.try_lock_timeout(Duration::from_secs(30)).unwrap();
-        tx.send(Instant::now()).unwrap();
-        g.expect("waiter timed out").unlock().unwrap();
-    });
+    let (t, rx) = spawn_waiter(waiter);
     wait_for("the listener to subscribe", || {
         waiting_backend.release_hints_active()
     });
@@ -108,12 +116,7 @@ fn a_forged_release_message_causes_one_retry_only() {
         .build()
         .get_lock(&name)
         .unwrap();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let t = thread::spawn(move || {
-        let g = waiter.try_lock_timeout(Duration::from_secs(30)).unwrap();
-        tx.send(()).unwrap();
-        g.expect("waiter timed out").unlock().unwrap();
-    });
+    let (t, rx) = spawn_waiter(waiter);
     // Two attempts (before and after subscribing), then the waiter sleeps.
     wait_for("the waiter to settle", || counting.calls() >= 2);
     assert!(matches!(
@@ -162,12 +165,7 @@ fn a_user_without_channel_rights_still_locks_by_polling() {
         .build()
         .get_lock(&name)
         .unwrap();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let t = thread::spawn(move || {
-        let g = waiter.try_lock_timeout(Duration::from_secs(30)).unwrap();
-        tx.send(Instant::now()).unwrap();
-        g.expect("waiter timed out").unlock().unwrap();
-    });
+    let (t, rx) = spawn_waiter(waiter);
     assert!(matches!(
         rx.recv_timeout(Duration::from_millis(300)),
         Err(RecvTimeoutError::Timeout)
