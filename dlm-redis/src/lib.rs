@@ -10,10 +10,13 @@
 //! ## Keys and scripts
 //! A lock called `n` is the string key `dlm:{n}` (value: the owner token, with a TTL), its
 //! fencing counter `dlm:{n}:fence` (no TTL) and its release channel `dlm:{n}:released`:
-//! one hash tag, one cluster slot. Every operation is one Lua script (acquire, extend,
-//! release, force release, inspect: `src/lua/`), run with EVALSHA and reloaded on
-//! NOSCRIPT; lock names travel only in KEYS. An uncontended lock + unlock is two requests
-//! per node on pooled connections.
+//! one hash tag, one cluster slot. Lock names travel only in KEYS. Taking a free lock is a
+//! plain `SET key token NX PX ms GET` (Redis 7.0 or later; older servers are detected and
+//! get the acquire script), except the single-instance acquisition with fencing, which is
+//! a script because the `INCR` must be atomic with the SET. Everything else is a Lua
+//! script (`src/lua/`: acquire, extend, release, force release, inspect, commit), run
+//! with EVALSHA and reloaded on NOSCRIPT. An uncontended lock + unlock is two round trips
+//! per node on pooled connections (three for Redlock with fencing).
 //!
 //! ## Connections
 //! One r2d2 pool per server, with a connection manager that sets connect, read and write
@@ -25,7 +28,8 @@
 //! With the default prefix: `+eval +evalsha +script|load +ping +info +get +set +pexpire
 //! +pttl +incr +del +publish +psubscribe ~dlm:* &dlm:*` (the scripts' commands are checked
 //! too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still works and waiters
-//! poll instead of being woken.
+//! poll instead of being woken. Without `+get`, a free lock can still be taken, but
+//! releasing it fails with a permission error (it then ends with its lease).
 #![deny(missing_docs)]
 
 mod conn;

@@ -1,6 +1,7 @@
 //! One Redis server: a pool of connections and the lock scripts.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     commit: Script::new(include_str!("lua/commit.lua")),
 });
 
-/// What the acquire script does with the fencing counter.
+/// What an acquisition does with the fencing counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fencing {
     /// Nothing.
@@ -40,39 +41,141 @@ pub(crate) enum Fencing {
     Read,
 }
 
-/// One script call prepared for one node: built before it is sent, so that a caller can
+impl Fencing {
+    /// The acquire script's mode argument.
+    fn mode(self) -> &'static [u8] {
+        match self {
+            Fencing::Off => b"0",
+            Fencing::Increment => b"1",
+            Fencing::Read => b"2",
+        }
+    }
+}
+
+/// One request in the Redis protocol (RESP), written straight into bytes: no
+/// intermediate argument lists or key strings.
+struct Resp(Vec<u8>);
+
+impl Resp {
+    fn new() -> Resp {
+        Resp(Vec::with_capacity(192))
+    }
+
+    /// Starts a command of `argc` arguments (its name included).
+    fn command(&mut self, argc: usize) -> &mut Resp {
+        self.0.push(b'*');
+        self.decimal(argc as u64);
+        self.0.extend_from_slice(b"\r\n");
+        self
+    }
+
+    fn arg(&mut self, arg: &[u8]) -> &mut Resp {
+        self.arg_parts(&[arg])
+    }
+
+    /// One argument made of several parts.
+    fn arg_parts(&mut self, parts: &[&[u8]]) -> &mut Resp {
+        self.0.push(b'$');
+        self.decimal(parts.iter().map(|p| p.len() as u64).sum());
+        self.0.extend_from_slice(b"\r\n");
+        for p in parts {
+            self.0.extend_from_slice(p);
+        }
+        self.0.extend_from_slice(b"\r\n");
+        self
+    }
+
+    fn arg_u64(&mut self, n: u64) -> &mut Resp {
+        let mut digits = [0u8; 20];
+        self.arg(decimal_digits(n, &mut digits))
+    }
+
+    fn decimal(&mut self, n: u64) {
+        let mut digits = [0u8; 20];
+        self.0.extend_from_slice(decimal_digits(n, &mut digits));
+    }
+
+    /// `EVALSHA sha numkeys keys... args...`: the start of a script call with `keys`
+    /// keys and `args` further arguments.
+    fn evalsha(script: &Script, keys: usize, args: usize) -> Resp {
+        let mut r = Resp::new();
+        r.command(3 + keys + args)
+            .arg(b"EVALSHA")
+            .arg(script.get_hash().as_bytes())
+            .arg_u64(keys as u64);
+        r
+    }
+}
+
+/// `n` in decimal, written into the end of `buf`.
+fn decimal_digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+/// How a call's replies are read and what they mean.
+#[derive(Clone, Copy)]
+pub(crate) enum Shape {
+    /// One EVALSHA: one reply; NOSCRIPT is answered by loading the script and retrying.
+    Script(&'static Script),
+    /// `SET key token NX PX ms GET`: one reply.
+    SetGet,
+    /// `SET key token NX PX ms GET` and `GET fence`, pipelined: two replies.
+    SetGetFence,
+}
+
+/// One request prepared for one node: encoded before it is sent, so that a caller can
 /// send it to several nodes before reading any reply (Redlock's pipelined fan-out).
 pub(crate) struct Call {
-    script: &'static Script,
-    /// `EVALSHA sha numkeys keys... args...`
-    cmd: redis::Cmd,
+    bytes: Vec<u8>,
+    pub(crate) shape: Shape,
 }
 
 impl Call {
-    fn new(script: &'static Script, keys: &[String], args: impl FnOnce(&mut redis::Cmd)) -> Call {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
-        for k in keys {
-            cmd.arg(k);
-        }
-        args(&mut cmd);
-        Call { script, cmd }
+    /// Writes the request.
+    pub(crate) fn send(&self, con: &mut redis::Connection) -> redis::RedisResult<()> {
+        con.send_packed_command(&self.bytes)
     }
 
-    /// The request as bytes on the wire.
-    pub(crate) fn packed(&self) -> Vec<u8> {
-        self.cmd.get_packed_command()
-    }
-
-    /// Runs the call on `con`, loading the script first if the server does not know it.
-    pub(crate) fn execute(&self, con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
-        match self.cmd.query::<redis::Value>(con) {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.script.load(con)?;
-                self.cmd.query(con)
+    /// Reads the replies to a request sent with [`send`](Self::send): one value, or an
+    /// array of one value per pipelined command (errors kept as values, so that every
+    /// reply is read). A script the server does not know is loaded and the call re-run.
+    pub(crate) fn receive(&self, con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
+        match self.shape {
+            Shape::Script(script) => {
+                match con.recv_response().and_then(redis::Value::extract_error) {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        script.load(con)?;
+                        self.send(con)?;
+                        con.recv_response().and_then(redis::Value::extract_error)
+                    }
+                    other => other,
+                }
             }
-            other => other,
+            Shape::SetGet => con.recv_response(),
+            Shape::SetGetFence => {
+                let set = con.recv_response()?;
+                let fence = con.recv_response()?;
+                Ok(redis::Value::Array(vec![set, fence]))
+            }
         }
+    }
+
+    /// Sends the request and reads its replies.
+    pub(crate) fn execute(&self, con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
+        self.send(con)?;
+        self.receive(con)
     }
 }
 
@@ -83,24 +186,38 @@ pub(crate) struct Keys {
     prefix: String,
 }
 
+const LOCK: &str = "";
+const FENCE: &str = ":fence";
+const CHANNEL: &str = ":released";
+
 impl Keys {
     pub(crate) fn new(prefix: String) -> Self {
         Keys { prefix }
     }
 
-    /// `prefix:{name}`
-    pub(crate) fn lock(&self, name: &LockName) -> String {
-        format!("{}:{{{}}}", self.prefix, name.as_str())
+    fn key(&self, name: &LockName, suffix: &str) -> String {
+        format!("{}:{{{}}}{suffix}", self.prefix, name.as_str())
     }
 
-    /// `prefix:{name}:fence`
-    pub(crate) fn fence(&self, name: &LockName) -> String {
-        format!("{}:{{{}}}:fence", self.prefix, name.as_str())
+    /// `prefix:{name}`
+    pub(crate) fn lock(&self, name: &LockName) -> String {
+        self.key(name, LOCK)
     }
 
     /// `prefix:{name}:released`
     pub(crate) fn channel(&self, name: &LockName) -> String {
-        format!("{}:{{{}}}:released", self.prefix, name.as_str())
+        self.key(name, CHANNEL)
+    }
+
+    /// Writes `prefix:{name}suffix` as one argument.
+    fn arg(&self, r: &mut Resp, name: &LockName, suffix: &str) {
+        r.arg_parts(&[
+            self.prefix.as_bytes(),
+            b":{",
+            name.as_str().as_bytes(),
+            b"}",
+            suffix.as_bytes(),
+        ]);
     }
 }
 
@@ -113,6 +230,15 @@ pub(crate) enum NodeAcquire {
     Held { remaining: Duration },
 }
 
+/// What the reply to an acquire call says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The answer.
+    Done(NodeAcquire),
+    /// Ask again with the acquire script.
+    Script,
+}
+
 /// One server.
 pub(crate) struct Node {
     pub(crate) endpoint: Endpoint,
@@ -120,7 +246,9 @@ pub(crate) struct Node {
     pub(crate) keys: Keys,
     last_connect_error: LastConnectError,
     /// Set once the server's persistence was checked (fencing needs durable counters).
-    durability_checked: std::sync::atomic::AtomicBool,
+    durability_checked: AtomicBool,
+    /// Set when the server turned out to be older than 7.0: acquire with the script.
+    scripts_only: AtomicBool,
     io_timeout: Duration,
 }
 
@@ -171,7 +299,8 @@ impl Node {
             pool,
             keys,
             last_connect_error,
-            durability_checked: std::sync::atomic::AtomicBool::new(!fencing),
+            durability_checked: AtomicBool::new(!fencing),
+            scripts_only: AtomicBool::new(false),
             io_timeout: timeouts.io,
         }
     }
@@ -191,10 +320,7 @@ impl Node {
             BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
         })?;
         let conn: &mut Conn = &mut conn;
-        if !self
-            .durability_checked
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
+        if !self.durability_checked.swap(true, Ordering::Relaxed) {
             self.check_durability(&mut conn.con);
         }
         f(&mut conn.con).map_err(|e| {
@@ -245,6 +371,11 @@ impl Node {
         )
     }
 
+    /// The first request of an acquisition. Without fencing, or with the counter only
+    /// read (Redlock round 1), it is the plain `SET key token NX PX ms GET` (and a pipelined
+    /// `GET` of the counter): the server runs no script on the uncontended path. The
+    /// single-instance `INCR` must be atomic with the SET, so it stays in the script, as
+    /// does everything on servers older than 7.0 (no `SET ... NX GET`).
     pub(crate) fn acquire_call(
         &self,
         name: &LockName,
@@ -252,20 +383,101 @@ impl Node {
         ttl: Duration,
         fencing: Fencing,
     ) -> Call {
-        Call::new(
-            &SCRIPTS.acquire,
-            &[self.keys.lock(name), self.keys.fence(name)],
-            |cmd| {
-                cmd.arg(owner.encode()).arg(millis(ttl)).arg(match fencing {
-                    Fencing::Off => "0",
-                    Fencing::Increment => "1",
-                    Fencing::Read => "2",
-                });
-            },
-        )
+        if fencing == Fencing::Increment || self.scripts_only.load(Ordering::Relaxed) {
+            return self.acquire_script_call(name, owner, ttl, fencing);
+        }
+        let token = owner.encode();
+        let mut r = Resp::new();
+        r.command(7).arg(b"SET");
+        self.keys.arg(&mut r, name, LOCK);
+        r.arg(token.as_bytes())
+            .arg(b"NX")
+            .arg(b"PX")
+            .arg_u64(millis(ttl))
+            .arg(b"GET");
+        let shape = if fencing == Fencing::Read {
+            r.command(2).arg(b"GET");
+            self.keys.arg(&mut r, name, FENCE);
+            Shape::SetGetFence
+        } else {
+            Shape::SetGet
+        };
+        Call { bytes: r.0, shape }
     }
 
+    /// The acquire script: takes the lock if free, refreshes it if already ours, reports
+    /// the holder's remaining lease otherwise (`src/lua/acquire.lua`).
+    pub(crate) fn acquire_script_call(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fencing: Fencing,
+    ) -> Call {
+        let script = &SCRIPTS.acquire;
+        let mut r = Resp::evalsha(script, 2, 3);
+        self.keys.arg(&mut r, name, LOCK);
+        self.keys.arg(&mut r, name, FENCE);
+        r.arg(owner.encode().as_bytes())
+            .arg_u64(millis(ttl))
+            .arg(fencing.mode());
+        Call {
+            bytes: r.0,
+            shape: Shape::Script(script),
+        }
+    }
+
+    /// What the reply to an acquire call means: the answer, or [`Step::Script`] when only
+    /// the acquire script can tell (the key is someone else's: for how long? Or it is
+    /// already ours: refresh it. Or the server is older than 7.0).
     pub(crate) fn parse_acquire(
+        &self,
+        name: &LockName,
+        call: &Call,
+        reply: redis::Value,
+    ) -> Result<Step, BackendError> {
+        let (set, fence) = match call.shape {
+            Shape::Script(_) => return self.parse_acquire_script(name, reply).map(Step::Done),
+            Shape::SetGet => (reply, None),
+            Shape::SetGetFence => match reply {
+                redis::Value::Array(mut v) if v.len() == 2 => {
+                    let fence = v.pop();
+                    (v.pop().unwrap_or_default(), fence)
+                }
+                other => return Err(self.protocol("SET + GET", &other)),
+            },
+        };
+        match set {
+            redis::Value::Nil => {
+                let fence = match fence {
+                    Some(value) => self.parse_counter(value)?,
+                    None => 0,
+                };
+                Ok(Step::Done(NodeAcquire::Acquired { fence }))
+            }
+            // Someone's token (perhaps ours): the script tells whose and for how long.
+            redis::Value::BulkString(_) => Ok(Step::Script),
+            redis::Value::ServerError(e) => {
+                let e: redis::RedisError = e.into();
+                if e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("syntax")) {
+                    if !self.scripts_only.swap(true, Ordering::Relaxed) {
+                        log::info!(
+                            "{}: the server does not take SET ... NX GET (Redis < 7.0): acquiring with the script",
+                            self.endpoint
+                        );
+                    }
+                    return Ok(Step::Script);
+                }
+                if e.code() == Some("WRONGTYPE") {
+                    return Err(self.unexpected_key(name, "is not a string"));
+                }
+                Err(map_error(&e, &self.endpoint.to_string()))
+            }
+            other => Err(self.protocol("SET", &other)),
+        }
+    }
+
+    fn parse_acquire_script(
         &self,
         name: &LockName,
         reply: redis::Value,
@@ -287,6 +499,27 @@ impl Node {
         }
     }
 
+    /// The fencing counter as `GET` returns it.
+    fn parse_counter(&self, value: redis::Value) -> Result<u64, BackendError> {
+        match value {
+            redis::Value::Nil => Ok(0),
+            redis::Value::ServerError(e) => {
+                let e: redis::RedisError = e.into();
+                Err(map_error(&e, &self.endpoint.to_string()))
+            }
+            other => self.parse(other),
+        }
+    }
+
+    fn protocol(&self, what: &str, reply: &redis::Value) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::Protocol,
+            format!("{}: unexpected reply to {what}: {reply:?}", self.endpoint),
+        )
+    }
+
+    /// One whole acquisition attempt on this node: the plain request, then the script
+    /// when the reply needs it.
     pub(crate) fn acquire(
         &self,
         name: &LockName,
@@ -294,8 +527,16 @@ impl Node {
         ttl: Duration,
         fencing: Fencing,
     ) -> Result<NodeAcquire, BackendError> {
-        let reply = self.execute(&self.acquire_call(name, owner, ttl, fencing))?;
-        self.parse_acquire(name, reply)
+        let call = self.acquire_call(name, owner, ttl, fencing);
+        let reply = self.execute(&call)?;
+        match self.parse_acquire(name, &call, reply)? {
+            Step::Done(answer) => Ok(answer),
+            Step::Script => {
+                let call = self.acquire_script_call(name, owner, ttl, fencing);
+                let reply = self.execute(&call)?;
+                self.parse_acquire_script(name, reply)
+            }
+        }
     }
 
     /// Converts a script's reply.
@@ -316,11 +557,41 @@ impl Node {
         Ok(self.parse::<i64>(reply)? == 1)
     }
 
+    /// A script call over the lock key (and `second` key, if any) with `args`.
+    fn script_call(
+        &self,
+        script: &'static Script,
+        name: &LockName,
+        second: Option<&str>,
+        args: &[&[u8]],
+    ) -> Call {
+        let keys = 1 + usize::from(second.is_some());
+        let mut r = Resp::evalsha(script, keys, args.len());
+        self.keys.arg(&mut r, name, LOCK);
+        if let Some(suffix) = second {
+            self.keys.arg(&mut r, name, suffix);
+        }
+        for a in args {
+            r.arg(a);
+        }
+        Call {
+            bytes: r.0,
+            shape: Shape::Script(script),
+        }
+    }
+
     /// Compare-and-PEXPIRE; the reply parses with [`parse_flag`](Self::parse_flag).
     pub(crate) fn extend_call(&self, name: &LockName, owner: &OwnerToken, ttl: Duration) -> Call {
-        Call::new(&SCRIPTS.extend, &[self.keys.lock(name)], |cmd| {
-            cmd.arg(owner.encode()).arg(millis(ttl));
-        })
+        let mut ms = [0u8; 20];
+        self.script_call(
+            &SCRIPTS.extend,
+            name,
+            None,
+            &[
+                owner.encode().as_bytes(),
+                decimal_digits(millis(ttl), &mut ms),
+            ],
+        )
     }
 
     pub(crate) fn extend(
@@ -335,12 +606,12 @@ impl Node {
 
     /// Redlock fencing round 2: raises the counter to `token` if the lock is still ours.
     pub(crate) fn commit_call(&self, name: &LockName, owner: &OwnerToken, token: u64) -> Call {
-        Call::new(
+        let mut t = [0u8; 20];
+        self.script_call(
             &SCRIPTS.commit,
-            &[self.keys.lock(name), self.keys.fence(name)],
-            |cmd| {
-                cmd.arg(owner.encode()).arg(token);
-            },
+            name,
+            Some(FENCE),
+            &[owner.encode().as_bytes(), decimal_digits(token, &mut t)],
         )
     }
 
@@ -351,12 +622,15 @@ impl Node {
         owner: &OwnerToken,
         release_id: u64,
     ) -> Call {
-        Call::new(
+        let mut id = [0u8; 20];
+        self.script_call(
             &SCRIPTS.release,
-            &[self.keys.lock(name), self.keys.channel(name)],
-            |cmd| {
-                cmd.arg(owner.encode()).arg(release_id);
-            },
+            name,
+            Some(CHANNEL),
+            &[
+                owner.encode().as_bytes(),
+                decimal_digits(release_id, &mut id),
+            ],
         )
     }
 
@@ -387,12 +661,12 @@ impl Node {
     }
 
     pub(crate) fn force_release_call(&self, name: &LockName, release_id: u64) -> Call {
-        Call::new(
+        let mut id = [0u8; 20];
+        self.script_call(
             &SCRIPTS.force_release,
-            &[self.keys.lock(name), self.keys.channel(name)],
-            |cmd| {
-                cmd.arg(release_id);
-            },
+            name,
+            Some(CHANNEL),
+            &[decimal_digits(release_id, &mut id)],
         )
     }
 
@@ -417,7 +691,7 @@ impl Node {
     }
 
     pub(crate) fn inspect_call(&self, name: &LockName) -> Call {
-        Call::new(&SCRIPTS.inspect, &[self.keys.lock(name)], |_| {})
+        self.script_call(&SCRIPTS.inspect, name, None, &[])
     }
 
     pub(crate) fn parse_inspect(

@@ -174,9 +174,10 @@ macro_rules! option_setters {
         }
 
         /// Whether acquisitions carry fencing tokens. Single instance: an `INCR` of a
-        /// counter key that never expires, inside the acquire script. Redlock: a second
-        /// round that commits `max(counters of the acquired quorum) + 1` to those nodes
-        /// (one more request per node). Defaults to `true`.
+        /// counter key that never expires, inside the acquire script (without fencing,
+        /// a plain `SET NX` takes the lock). Redlock: the counters are read with the
+        /// `SET`, and a second round commits `max(counters of the acquired quorum) + 1`
+        /// to those nodes (one more request per node). Defaults to `true`.
         pub fn fencing(mut self, on: bool) -> Self {
             self.options.fencing = on;
             self

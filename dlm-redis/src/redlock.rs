@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::conn::map_error;
 use crate::hints::Hints;
-use crate::node::{Call, Fencing, Node, NodeAcquire};
+use crate::node::{Call, Fencing, Node, NodeAcquire, Step};
 use crate::options::{Options, backend, invalid, option_setters};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
@@ -200,7 +200,7 @@ impl Redlock {
         collect(&rx, n, sent, deadline)
     }
 
-    /// Runs one prepared script call per node (those in `targets`) and parses the replies.
+    /// Runs one prepared call per node (those in `targets`) and parses the replies.
     /// When every targeted node has an idle pooled connection, the calling thread writes
     /// all requests and then reads all replies under one deadline (no thread hand-offs);
     /// otherwise (a node needs a new connection, e.g. after a failure) the per-node
@@ -210,7 +210,7 @@ impl Redlock {
         deadline: Instant,
         targets: Option<&[bool]>,
         make: impl Fn(&Node) -> Call + Send + Sync + 'static,
-        parse: impl Fn(&Node, redis::Value) -> Result<T, BackendError> + Send + Sync + 'static,
+        parse: impl Fn(&Node, &Call, redis::Value) -> Result<T, BackendError> + Send + Sync + 'static,
     ) -> Replies<T> {
         let nodes = &self.inner.nodes;
         let wanted = |i: usize| targets.is_none_or(|t| t[i]);
@@ -224,18 +224,83 @@ impl Redlock {
                 replies: replies
                     .into_iter()
                     .zip(nodes)
-                    .map(|(r, node)| r.map(|r| r.and_then(|v| parse(node, v))))
+                    .zip(&calls)
+                    .map(|((r, node), call)| {
+                        let call = call.as_ref()?;
+                        r.map(|r| r.and_then(|v| parse(node, call, v)))
+                    })
                     .collect(),
             };
         }
         self.fan_out_to(deadline, targets, move |node| {
             let call = make(node);
-            node.execute(&call).and_then(|v| parse(node, v))
+            node.execute(&call).and_then(|v| parse(node, &call, v))
         })
     }
 
     fn deadline(&self, start: Instant) -> Instant {
         start + self.inner.options.connect_timeout + self.inner.options.io_timeout
+    }
+
+    /// Completes round 1 of an acquisition: the nodes whose plain reply needs the acquire
+    /// script (someone's key is there: whose, for how long?) are asked with it, in one
+    /// more fanned-out round. Skipped when the free nodes alone make a quorum.
+    fn resolve(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        mode: Fencing,
+        start: Instant,
+        steps: Replies<Step>,
+    ) -> Replies<NodeAcquire> {
+        let again: Vec<bool> = steps
+            .replies
+            .iter()
+            .map(|r| matches!(r, Some(Ok(Step::Script))))
+            .collect();
+        let acquired = steps
+            .ok()
+            .filter(|s| matches!(s, Step::Done(NodeAcquire::Acquired { .. })))
+            .count();
+        let mut replies = Replies {
+            replies: steps
+                .replies
+                .into_iter()
+                .map(|r| {
+                    r.and_then(|r| match r {
+                        Ok(Step::Done(answer)) => Some(Ok(answer)),
+                        Ok(Step::Script) => None,
+                        Err(e) => Some(Err(e)),
+                    })
+                })
+                .collect(),
+        };
+        if acquired >= self.inner.quorum || !again.contains(&true) {
+            // Nodes left unasked count as failed: their keys, if ours, are released with
+            // the rest on failure, and success does not need them.
+            return replies;
+        }
+        let (name, owner) = (name.clone(), *owner);
+        let name2 = name.clone();
+        let second = self.call_all(
+            self.deadline(start),
+            Some(&again),
+            move |node| node.acquire_script_call(&name, &owner, ttl, mode),
+            move |node, call, reply| match node.parse_acquire(&name2, call, reply)? {
+                Step::Done(answer) => Ok(answer),
+                Step::Script => Err(BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!("{}: the acquire script gave no answer", node.endpoint),
+                )),
+            },
+        );
+        for (i, reply) in second.replies.into_iter().enumerate() {
+            if again[i] {
+                replies.replies[i] = reply;
+            }
+        }
+        replies
     }
 
     /// Releases `owner`'s key on every node, waiting at most one per-node deadline.
@@ -249,7 +314,7 @@ impl Redlock {
             self.deadline(start),
             None,
             move |node| node.release_call(&name, &owner, release_id),
-            |node, reply| node.parse_flag(reply),
+            |node, _, reply| node.parse_flag(reply),
         )
     }
 
@@ -283,7 +348,7 @@ fn pipelined(
         let (Some(call), Some(conn)) = (&calls[i], conns[i].as_mut()) else {
             continue;
         };
-        match conn.con.send_packed_command(&call.packed()) {
+        match call.send(&mut conn.con) {
             Ok(()) => sent[i] = true,
             Err(e) => {
                 conn.broken = true;
@@ -312,17 +377,7 @@ fn pipelined(
         if shortened {
             let _ = conn.con.set_read_timeout(Some(left));
         }
-        let reply = match conn
-            .con
-            .recv_response()
-            .and_then(redis::Value::extract_error)
-        {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                call.execute(&mut conn.con)
-            }
-            other => other,
-        };
-        let reply = reply.map_err(|e| {
+        let reply = call.receive(&mut conn.con).map_err(|e| {
             if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
                 conn.broken = true;
             }
@@ -362,17 +417,18 @@ impl LockBackend for Redlock {
         let q = self.inner.quorum;
         let start = Instant::now();
         let fencing = self.inner.options.fencing;
-        let replies = {
+        let mode = if fencing { Fencing::Read } else { Fencing::Off };
+        let steps = {
             let (name, owner) = (name.clone(), *owner);
-            let mode = if fencing { Fencing::Read } else { Fencing::Off };
             let name2 = name.clone();
             self.call_all(
                 self.deadline(start),
                 None,
                 move |node| node.acquire_call(&name, &owner, ttl, mode),
-                move |node, reply| node.parse_acquire(&name2, reply),
+                move |node, call, reply| node.parse_acquire(&name2, call, reply),
             )
         };
+        let replies = self.resolve(name, owner, ttl, mode, start, steps);
         let taken: Vec<bool> = replies
             .replies
             .iter()
@@ -405,7 +461,7 @@ impl LockBackend for Redlock {
                     self.deadline(Instant::now()),
                     Some(&taken),
                     move |node| node.commit_call(&name, &owner, token),
-                    |node, reply| node.parse_flag(reply),
+                    |node, _, reply| node.parse_flag(reply),
                 )
             };
             let committed = commits.ok().filter(|c| **c).count();
@@ -478,7 +534,7 @@ impl LockBackend for Redlock {
                 self.deadline(start),
                 None,
                 move |node| node.extend_call(&name, &owner, ttl),
-                |node, reply| node.parse_flag(reply),
+                |node, _, reply| node.parse_flag(reply),
             )
         };
         let extended = replies.ok().filter(|ok| **ok).count();
@@ -524,7 +580,7 @@ impl LockBackend for Redlock {
                 self.deadline(start),
                 None,
                 move |node| node.force_release_call(&name, release_id),
-                move |node, reply| node.parse_force_release(&name2, reply),
+                move |node, _, reply| node.parse_force_release(&name2, reply),
             )
         };
         let deleted = replies.ok().filter(|d| **d).count();
@@ -544,7 +600,7 @@ impl LockBackend for Redlock {
                 self.deadline(start),
                 None,
                 move |node| node.inspect_call(&name),
-                move |node, reply| node.parse_inspect(&name2, reply),
+                move |node, _, reply| node.parse_inspect(&name2, reply),
             )
         };
         if replies.failures() > self.inner.nodes.len() - q {

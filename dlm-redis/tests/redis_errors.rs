@@ -658,23 +658,42 @@ fn acl_denials_are_reported_as_permission_errors() {
     let r = lock.force_unlock();
     checks.kind(r, BackendErrorKind::Permission, "force_unlock, keys denied");
 
-    // A command inside the script denied: GET (run under pcall in every script) ...
+    // A command inside a script denied: GET. Taking a free lock reads nothing (a plain
+    // SET NX, or the acquire script's SET), so it succeeds; every operation that must
+    // read the holder (release, inspect) reports Permission at once, and the key carries
+    // its lease, so nothing is left behind for good.
     let name = unique_name("perm");
     let c = client(&url("noget", "pw4"));
-    let lock = c.get_lock(&name).unwrap();
-    let start = Instant::now();
-    let r = lock.try_lock_timeout(Duration::from_secs(5));
-    checks.kind(
-        r,
-        BackendErrorKind::Permission,
-        "GET denied inside the script",
-    );
-    checks.prompt(start, "GET denied inside the script");
-    checks.kind(
-        lock.is_locked(),
-        BackendErrorKind::Permission,
-        "is_locked, GET denied",
-    );
+    let lock = c
+        .get_lock(&name)
+        .unwrap()
+        .with_lease(Duration::from_secs(30))
+        .unwrap();
+    match lock.try_lock_timeout(Duration::from_secs(5)) {
+        Ok(Some(guard)) => {
+            checks.kind(
+                lock.is_locked(),
+                BackendErrorKind::Permission,
+                "is_locked, GET denied",
+            );
+            let start = Instant::now();
+            checks.kind(
+                guard.unlock(),
+                BackendErrorKind::Permission,
+                "unlock, GET denied inside the release script",
+            );
+            checks.prompt(start, "unlock, GET denied");
+            let ttl: i64 = query(&mut admin, redis::cmd("PTTL").arg(lock_key(&name)));
+            checks.check(
+                (1..=30_000).contains(&ttl),
+                format!("the unreleasable key must keep its lease, PTTL {ttl}"),
+            );
+            let _: i64 = query(&mut admin, redis::cmd("DEL").arg(lock_key(&name)));
+        }
+        other => checks
+            .0
+            .push(format!("a free lock without GET rights: got {other:?}")),
+    }
     // ... and SET (run with redis.call in the acquire script).
     let c = client(&url("noset", "pw5"));
     let lock = c.get_lock(&name).unwrap();

@@ -1,6 +1,6 @@
-//! After warm-up, an uncontended lock+unlock costs exactly two requests per node and opens
-//! no connection: checked against the servers' own counters (`INFO commandstats`,
-//! `INFO stats`).
+//! After warm-up, an uncontended lock+unlock costs exactly two round trips per node (three
+//! with Redlock fencing) and opens no connection: checked against the servers' own counters
+//! (`INFO stats`, `INFO commandstats`).
 mod common;
 
 use std::collections::BTreeMap;
@@ -45,19 +45,23 @@ fn stat(admin: &mut redis::Connection, field: &str) -> u64 {
         .unwrap()
 }
 
-/// Runs warm-up cycles, then `CYCLES` cycles on fresh names, and checks each server's
-/// counters. `INFO commandstats` counts the commands a script runs inside the server as
-/// well as the requests, so the check is exact: two EVALSHA per cycle, plus exactly what
-/// the scripts run, and nothing else.
+/// What an uncontended cycle may cost on each node.
 #[derive(Clone, Copy, PartialEq)]
 enum Fence {
+    /// A plain `SET NX PX GET`, then the release script.
     Off,
-    /// Single instance: INCR inside the acquire script.
+    /// Single instance: the acquire script (SET, INCR inside), then the release script.
     Increment,
-    /// Redlock: a commit round (one more EVALSHA per node).
+    /// Redlock: `SET NX PX GET` + `GET` of the counter in one round trip, the commit
+    /// script, the release script.
     TwoRounds,
 }
 
+/// Runs warm-up cycles, then `CYCLES` cycles on fresh names, and checks each server's
+/// counters exactly: round trips (`total_reads_processed`: one read event per request
+/// the server receives, pipelined commands included) and every command, those run
+/// inside scripts included (`INFO commandstats`). Any further request (a PING, an
+/// EXISTS, a retry) or a new connection would show.
 fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
     for i in 0..20 {
         let lock = client.get_lock(&format!("warm-{i}")).unwrap();
@@ -65,45 +69,65 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
     }
     // The admin connections are opened before the reset and reused after it.
     let mut admins: Vec<redis::Connection> = servers.iter().map(|s| s.connection()).collect();
+    let mut reads_before = Vec::new();
     for admin in &mut admins {
         let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(admin).unwrap();
+        reads_before.push(stat(admin, "total_reads_processed"));
     }
     for i in 0..CYCLES {
         let lock = client.get_lock(&format!("fresh-{i}")).unwrap();
         let guard = lock.try_lock().unwrap().expect("uncontended");
         guard.unlock().unwrap();
     }
+    let (round_trips, commands): (u64, &[(&str, u64)]) = match fencing {
+        Fence::Off => (
+            2,
+            &[
+                ("set", 1),
+                ("evalsha", 1),
+                ("get", 1),
+                ("del", 1),
+                ("publish", 1),
+            ],
+        ),
+        Fence::Increment => (
+            2,
+            &[
+                ("evalsha", 2),
+                ("set", 1),
+                ("incr", 1),
+                ("get", 1),
+                ("del", 1),
+                ("publish", 1),
+            ],
+        ),
+        // SET + GET; commit: GET, GET, SET; release: GET, DEL, PUBLISH.
+        Fence::TwoRounds => (
+            3,
+            &[
+                ("set", 2),
+                ("get", 4),
+                ("evalsha", 2),
+                ("del", 1),
+                ("publish", 1),
+            ],
+        ),
+    };
     for (n, admin) in admins.iter_mut().enumerate() {
+        // This INFO's own request is one read too.
+        let reads = stat(admin, "total_reads_processed") - reads_before[n] - 1;
+        assert_eq!(
+            reads,
+            round_trips * CYCLES,
+            "node {n}: not {round_trips} round trips per cycle"
+        );
         let stats: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
         let calls = parse_commandstats(&stats);
-        let requests = if fencing == Fence::TwoRounds { 3 } else { 2 };
-        assert_eq!(
-            calls.get("evalsha"),
-            Some(&(requests * CYCLES)),
-            "node {n}: not {requests} EVALSHA per cycle: {calls:?}"
-        );
-        // Everything else must be what the scripts run inside the server (acquire: GET,
-        // SET, and INCR or a GET of the counter; commit: GET, GET, SET; release: GET, DEL,
-        // PUBLISH): any further request (a PING, an EXISTS, a retry) would show here.
-        let (gets, sets) = match fencing {
-            Fence::Off | Fence::Increment => (2, 1),
-            Fence::TwoRounds => (5, 2),
-        };
-        let mut inside_scripts: BTreeMap<String, u64> = [
-            ("get", gets * CYCLES),
-            ("set", sets * CYCLES),
-            ("del", CYCLES),
-            ("publish", CYCLES),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-        if fencing == Fence::Increment {
-            inside_scripts.insert("incr".into(), CYCLES);
-        }
-        let mut others = calls.clone();
-        others.remove("evalsha");
-        assert_eq!(others, inside_scripts, "node {n}: unexpected requests");
+        let expected: BTreeMap<String, u64> = commands
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v * CYCLES))
+            .collect();
+        assert_eq!(calls, expected, "node {n}: unexpected commands");
         assert_eq!(
             stat(admin, "total_connections_received"),
             0,
@@ -168,4 +192,19 @@ fn the_counters_this_test_reads_do_move() {
         Some(&1),
         "an extra request shows"
     );
+    // Round trips: two pipelined commands are one read, two separate ones are two.
+    let reads = |con: &mut redis::Connection| stat(con, "total_reads_processed");
+    let before = reads(&mut con);
+    let _: () = redis::pipe()
+        .cmd("PING")
+        .ignore()
+        .cmd("PING")
+        .ignore()
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(reads(&mut con) - before, 2, "one pipeline + one INFO");
+    let before = reads(&mut con);
+    let _: () = redis::cmd("PING").query(&mut con).unwrap();
+    let _: () = redis::cmd("PING").query(&mut con).unwrap();
+    assert_eq!(reads(&mut con) - before, 3, "two requests + one INFO");
 }

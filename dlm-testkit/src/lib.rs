@@ -66,9 +66,23 @@ pub static TIMING: parking_lot::RwLock<()> = parking_lot::RwLock::new(());
 /// dlm_testkit::conformance_tests!(Memory(dlm_memory::MemoryBackend::new()));
 /// # fn main() {}
 /// ```
+///
+/// `conformance_tests!(optional: EXPR)` takes an expression that gives an
+/// `Option<Fixture>`: each test returns at once when it is `None` (for fixtures that need
+/// something a developer's machine may lack; the expression decides whether that is a
+/// skip or, in CI, a failure).
 #[macro_export]
 macro_rules! conformance_tests {
+    (optional: $fixture:expr) => {
+        $crate::conformance_tests!(@all (match $fixture {
+            Some(fixture) => fixture,
+            None => return,
+        }));
+    };
     ($fixture:expr) => {
+        $crate::conformance_tests!(@all $fixture);
+    };
+    (@all $fixture:expr) => {
         $crate::conformance_tests!(@cases read $fixture;
             mutual_exclusion_no_lost_updates,
             try_lock_never_blocks,

@@ -75,12 +75,39 @@ pub fn require_redis_server() -> Option<PathBuf> {
     if let Some(p) = redis_server_binary() {
         return Some(p);
     }
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    if ci {
+    if ci() {
         panic!("{NOT_FOUND}");
     }
     eprintln!("warning: {NOT_FOUND}; skipping this test");
     None
+}
+
+const LEGACY_NOT_FOUND: &str = "no Redis 6.2 binary: set DLM_REDIS_LEGACY_SERVER (scripts/test fetches one with scripts/legacy-redis-server)";
+
+/// A `redis-server` older than 7.0 for compatibility tests (such servers take no
+/// `SET ... NX GET`): `$DLM_REDIS_LEGACY_SERVER`, which `scripts/test` sets to a Redis 6.2
+/// binary. `None` when unset.
+pub fn legacy_redis_server_binary() -> Option<PathBuf> {
+    std::env::var_os("DLM_REDIS_LEGACY_SERVER")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
+/// [`legacy_redis_server_binary`] for tests, with the rules of [`require_redis_server`]:
+/// missing is a panic when `CI` is set, a warning and `None` (skip) otherwise.
+pub fn require_legacy_redis_server() -> Option<PathBuf> {
+    if let Some(p) = legacy_redis_server_binary() {
+        return Some(p);
+    }
+    if ci() {
+        panic!("{LEGACY_NOT_FOUND}");
+    }
+    eprintln!("warning: {LEGACY_NOT_FOUND}; skipping this test");
+    None
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
 /// A free loopback port that no other server of this process has been given.
@@ -115,6 +142,7 @@ pub struct RedisServerBuilder {
     credentials: Option<(String, String)>,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    binary: Option<PathBuf>,
 }
 
 impl RedisServerBuilder {
@@ -161,10 +189,20 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Runs this `redis-server` binary instead of the one [`redis_server_binary`] finds
+    /// (e.g. [`legacy_redis_server_binary`]).
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
     /// Starts the server and waits until it answers. Panics (with the server's log) if
     /// it cannot be started.
     pub fn spawn(self) -> RedisServer {
-        let binary = redis_server_binary().unwrap_or_else(|| panic!("{NOT_FOUND}"));
+        let binary = match &self.binary {
+            Some(b) => b.clone(),
+            None => redis_server_binary().unwrap_or_else(|| panic!("{NOT_FOUND}")),
+        };
         let dir = tempfile::Builder::new()
             .prefix("dlm-redis-")
             .tempdir()

@@ -6,6 +6,17 @@
 --         {0, pttl} held by someone else,
 --         {-1, 0}   a key of another type is at the lock name,
 --         {-2, 0}   the key has no expiry (not written by dlm).
+-- The free case comes first and costs one SET (plus the counter): every server call in a
+-- script is paid for on each uncontended acquisition. SET NX does not look at the type of
+-- an existing key; the GET below does.
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[3] == '1' then
+    return {1, redis.call('INCR', KEYS[2])}
+  elseif ARGV[3] == '2' then
+    return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  end
+  return {1, 0}
+end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err then
   if string.find(v.err, 'WRONGTYPE', 1, true) then
@@ -16,16 +27,6 @@ end
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
-end
-if v == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  local fence = 0
-  if ARGV[3] == '1' then
-    fence = redis.call('INCR', KEYS[2])
-  elseif ARGV[3] == '2' then
-    fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-  end
-  return {1, fence}
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl < 0 then

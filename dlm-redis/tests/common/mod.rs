@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use dlm_core::LockBackend;
 use dlm_redis::{RedisBackend, Redlock};
-use dlm_testkit::redis_server::{RedisNodes, RedisServer, require_redis_server};
+use dlm_testkit::redis_server::{
+    RedisNodes, RedisServer, require_legacy_redis_server, require_redis_server,
+};
 
 /// Generous I/O timeouts for tests that are not about timeouts: a loaded 2-core CI
 /// machine must not turn a healthy server into a spurious failure.
@@ -29,6 +31,16 @@ impl Single {
         Single {
             server: RedisServer::spawn(),
         }
+    }
+}
+
+impl Single {
+    /// One Redis 6.2 server, or `None` (skip) outside CI when there is none.
+    pub fn legacy() -> Option<Self> {
+        let binary = require_legacy_redis_server()?;
+        Some(Single {
+            server: RedisServer::builder().binary(binary).spawn(),
+        })
     }
 }
 
@@ -55,6 +67,14 @@ impl Cluster {
         Cluster {
             nodes: RedisNodes::spawn(n),
         }
+    }
+
+    /// N Redis 6.2 servers, or `None` (skip) outside CI when there is none.
+    pub fn legacy(n: usize) -> Option<Self> {
+        let binary = require_legacy_redis_server()?;
+        Some(Cluster {
+            nodes: RedisNodes::spawn_with(n, |b| b.binary(&binary)),
+        })
     }
 
     pub fn redlock(&self) -> Redlock {
