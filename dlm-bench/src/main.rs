@@ -6,6 +6,9 @@
 //! ```
 //! Prints a markdown table (each figure also as a ratio to the minimal client of the same
 //! scenario) and optionally writes one JSON object per (system, scenario, nodes, threads).
+//! Within a scenario the systems run in interleaved rounds (A B C, B C A, ...), so that
+//! the machine's slow and fast spells fall on all of them alike: the ratios are what this
+//! harness is for.
 
 // A binary: `pub` marks what the modules share, nothing is exported.
 #![allow(unreachable_pub)]
@@ -29,6 +32,8 @@ use crate::systems::{Dlm, Minimal};
 
 const TTL: Duration = Duration::from_secs(30);
 const CONTENDERS: usize = 4;
+/// Unmeasured time at the start of each uncontended round (connections, caches).
+const WARM_UP: Duration = Duration::from_millis(200);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -89,11 +94,12 @@ impl Opts {
             && self.scenario.as_ref().is_none_or(|s| s == scenario)
     }
 
-    fn run_for(&self) -> Duration {
+    /// How many rounds each scenario runs, and how long each system runs per round.
+    fn rounds(&self) -> (usize, Duration) {
         match self.mode {
-            Mode::Smoke => Duration::from_millis(300),
-            Mode::Quick => Duration::from_millis(1500),
-            Mode::Full => Duration::from_secs(5),
+            Mode::Smoke => (1, Duration::from_millis(300)),
+            Mode::Quick => (3, Duration::from_millis(500)),
+            Mode::Full => (5, Duration::from_secs(1)),
         }
     }
 }
@@ -112,6 +118,7 @@ struct Row {
     max_wait_us: Option<f64>,
     fairness: Option<f64>,
     requests_per_cycle: Option<f64>,
+    commands_per_cycle: Option<f64>,
     new_connections_per_cycle: Option<f64>,
     ping_rtt_us: Option<f64>,
 }
@@ -127,8 +134,117 @@ fn percentile(sorted: &[Duration], p: f64) -> Option<f64> {
     Some(us(sorted[((sorted.len() - 1) as f64 * p).round() as usize]))
 }
 
+/// What one system did in one scenario, summed over the rounds.
+#[derive(Default)]
+struct Tally {
+    /// Measured time.
+    elapsed: Duration,
+    /// Completed cycles (uncontended) or acquisitions (contended).
+    cycles: u64,
+    /// Cycle latencies (uncontended) or waits (contended).
+    samples: Vec<Duration>,
+    /// Release-to-acquire gaps between different threads (contended).
+    gaps: Vec<Duration>,
+    /// The longest wait, those unfinished at the end of a round included (contended).
+    max_wait: Duration,
+    /// Acquisitions per thread (contended).
+    per_thread: [u64; CONTENDERS],
+    /// Uncontended attempts that failed.
+    failures: u64,
+}
+
+/// A scenario: how one round of one system is run.
+#[derive(Clone, Copy)]
+enum Scenario {
+    Uncontended {
+        threads: usize,
+    },
+    /// `CONTENDERS` threads on one key, with this pause after each release.
+    Contended {
+        pause: Option<Duration>,
+    },
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Uncontended { .. } => "uncontended",
+            Scenario::Contended { pause: None } => "contended",
+            Scenario::Contended { pause: Some(_) } => "handoff",
+        }
+    }
+
+    fn threads(self) -> usize {
+        match self {
+            Scenario::Uncontended { threads } => threads,
+            Scenario::Contended { .. } => CONTENDERS,
+        }
+    }
+
+    fn run(self, system: &dyn LockSystem, run_for: Duration, tally: &mut Tally) {
+        match self {
+            Scenario::Uncontended { threads } => uncontended(system, threads, run_for, tally),
+            Scenario::Contended { pause } => contended(system, pause, run_for, tally),
+        }
+    }
+
+    fn row(self, system: &dyn LockSystem, mut t: Tally) -> Row {
+        let secs = t.elapsed.as_secs_f64();
+        t.samples.sort_unstable();
+        t.gaps.sort_unstable();
+        let mut row = Row {
+            system: system.name(),
+            scenario: self.name(),
+            threads: self.threads(),
+            cycles_per_sec: (secs > 0.0).then(|| t.cycles as f64 / secs),
+            p50_us: percentile(&t.samples, 0.5),
+            p99_us: percentile(&t.samples, 0.99),
+            ..Row::default()
+        };
+        if let Scenario::Uncontended { .. } = self {
+            if t.failures > 0 {
+                eprintln!(
+                    "{}: {} uncontended attempts failed",
+                    system.name(),
+                    t.failures
+                );
+            }
+            return row;
+        }
+        let total: f64 = t.per_thread.iter().sum::<u64>() as f64;
+        let squares: f64 = t.per_thread.iter().map(|x| (*x as f64).powi(2)).sum();
+        row.handoff_p50_us = percentile(&t.gaps, 0.5);
+        row.max_wait_us = Some(us(t.max_wait));
+        row.fairness = (squares > 0.0).then(|| total * total / (CONTENDERS as f64 * squares));
+        row
+    }
+}
+
+/// Runs `scenario` for every system in `rounds` rounds of `run_for` each, rotating the
+/// order, so that a slow spell of the machine hits every system alike. One row per
+/// system, in the order given.
+fn measure(
+    systems: &[&dyn LockSystem],
+    scenario: Scenario,
+    rounds: usize,
+    run_for: Duration,
+) -> Vec<Row> {
+    let mut tallies: Vec<Tally> = systems.iter().map(|_| Tally::default()).collect();
+    for round in 0..rounds {
+        for k in 0..systems.len() {
+            let i = (k + round) % systems.len();
+            scenario.run(systems[i], run_for, &mut tallies[i]);
+        }
+    }
+    systems
+        .iter()
+        .zip(tallies)
+        .map(|(system, t)| scenario.row(*system, t))
+        .collect()
+}
+
 /// Uncontended: every thread locks and unlocks fresh keys; each lock must succeed first try.
-fn uncontended(system: &dyn LockSystem, threads: usize, run_for: Duration) -> Row {
+fn uncontended(system: &dyn LockSystem, threads: usize, run_for: Duration, tally: &mut Tally) {
     let start = Arc::new(Barrier::new(threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
     let warm = Arc::new(AtomicBool::new(true));
@@ -137,7 +253,7 @@ fn uncontended(system: &dyn LockSystem, threads: usize, run_for: Duration) -> Ro
             let mut h = system.handle();
             let (start, stop, warm) = (start.clone(), stop.clone(), warm.clone());
             thread::spawn(move || {
-                let mut samples = Vec::with_capacity(1 << 16);
+                let mut samples = Vec::with_capacity(1 << 14);
                 let mut failures = 0u64;
                 start.wait();
                 let mut i = 0u64;
@@ -159,36 +275,27 @@ fn uncontended(system: &dyn LockSystem, threads: usize, run_for: Duration) -> Ro
         })
         .collect();
     start.wait();
-    thread::sleep(run_for / 5);
+    thread::sleep(WARM_UP.min(run_for / 5));
     warm.store(false, Ordering::Relaxed);
     let measured = Instant::now();
     thread::sleep(run_for);
     stop.store(true, Ordering::Relaxed);
-    let elapsed = measured.elapsed();
-    let mut samples = Vec::new();
-    let mut failures = 0;
+    tally.elapsed += measured.elapsed();
     for h in handles {
         let (s, f) = h.join().unwrap();
-        samples.extend(s);
-        failures += f;
-    }
-    if failures > 0 {
-        eprintln!("{}: {failures} uncontended attempts failed", system.name());
-    }
-    samples.sort_unstable();
-    Row {
-        system: system.name(),
-        scenario: "uncontended",
-        threads,
-        cycles_per_sec: Some(samples.len() as f64 / elapsed.as_secs_f64()),
-        p50_us: percentile(&samples, 0.5),
-        p99_us: percentile(&samples, 0.99),
-        ..Row::default()
+        tally.cycles += s.len() as u64;
+        tally.samples.extend(s);
+        tally.failures += f;
     }
 }
 
 /// Contended: `CONTENDERS` threads take one key in turn (with `pause` after each release).
-fn contended(system: &dyn LockSystem, pause: Option<Duration>, run_for: Duration) -> Row {
+fn contended(
+    system: &dyn LockSystem,
+    pause: Option<Duration>,
+    run_for: Duration,
+    tally: &mut Tally,
+) {
     let key = format!("contended-{:x}", rand::random::<u32>());
     let origin = Instant::now();
     let ns = move || origin.elapsed().as_nanos() as u64;
@@ -238,53 +345,38 @@ fn contended(system: &dyn LockSystem, pause: Option<Duration>, run_for: Duration
     let end = ns();
     stop.store(true, Ordering::Relaxed);
     // Waits still running at the end count too.
-    let mut max_wait = waiting_since
+    let unfinished = waiting_since
         .iter()
         .map(|w| w.load(Ordering::Relaxed))
         .filter(|w| *w > 0)
         .map(|w| end.saturating_sub(w))
         .max()
         .unwrap_or(0);
+    tally.max_wait = tally.max_wait.max(Duration::from_nanos(unfinished));
+    tally.elapsed += Duration::from_nanos(end - began);
     let mut log = Vec::new();
-    let mut per_thread = [0u64; CONTENDERS];
     for h in handles {
         for entry in h.join().unwrap() {
-            per_thread[entry.1] += 1;
+            tally.per_thread[entry.1] += 1;
             log.push(entry);
         }
     }
     log.sort_unstable_by_key(|e| e.0);
-    let mut waits: Vec<Duration> = log.iter().map(|e| e.3).collect();
-    max_wait = max_wait.max(waits.iter().map(|w| w.as_nanos() as u64).max().unwrap_or(0));
-    waits.sort_unstable();
-    let mut gaps: Vec<Duration> = log
-        .windows(2)
-        .filter(|w| w[0].1 != w[1].1)
-        .map(|w| Duration::from_nanos(w[1].2.saturating_sub(w[0].4)))
-        .collect();
-    gaps.sort_unstable();
-    let total: f64 = per_thread.iter().sum::<u64>() as f64;
-    let squares: f64 = per_thread.iter().map(|x| (*x as f64).powi(2)).sum();
-    Row {
-        system: system.name(),
-        scenario: if pause.is_some() {
-            "handoff"
-        } else {
-            "contended"
-        },
-        threads: CONTENDERS,
-        cycles_per_sec: Some(log.len() as f64 / ((end - began) as f64 / 1e9)),
-        p50_us: percentile(&waits, 0.5),
-        p99_us: percentile(&waits, 0.99),
-        handoff_p50_us: percentile(&gaps, 0.5),
-        max_wait_us: Some(max_wait as f64 / 1e3),
-        fairness: (squares > 0.0).then(|| total * total / (CONTENDERS as f64 * squares)),
-        ..Row::default()
+    tally.cycles += log.len() as u64;
+    for e in &log {
+        tally.max_wait = tally.max_wait.max(e.3);
+        tally.samples.push(e.3);
     }
+    tally.gaps.extend(
+        log.windows(2)
+            .filter(|w| w[0].1 != w[1].1)
+            .map(|w| Duration::from_nanos(w[1].2.saturating_sub(w[0].4))),
+    );
 }
 
-/// Requests per node and new connections per uncontended cycle, counted by proxies.
-fn request_counts(system: &dyn LockSystem, proxies: &[Proxy]) -> (f64, f64) {
+/// Round trips, commands per node and new connections per uncontended cycle, counted by
+/// proxies.
+fn request_counts(system: &dyn LockSystem, proxies: &[Proxy]) -> (f64, f64, f64) {
     const CYCLES: u64 = 200;
     let mut h = system.handle();
     for i in 0..20 {
@@ -292,20 +384,23 @@ fn request_counts(system: &dyn LockSystem, proxies: &[Proxy]) -> (f64, f64) {
         assert!(h.try_lock(&key), "{}: warm-up lock failed", system.name());
         h.unlock();
     }
-    let before: Vec<(u64, u64)> = proxies.iter().map(Proxy::snapshot).collect();
+    let before: Vec<(u64, u64, u64)> = proxies.iter().map(Proxy::snapshot).collect();
     for i in 0..CYCLES {
         let key = format!("rc-{i}-{:x}", rand::random::<u32>());
         assert!(h.try_lock(&key), "{}: lock failed", system.name());
         h.unlock();
     }
-    let (mut conns, mut reqs) = (0, 0);
-    for (p, (c0, r0)) in proxies.iter().zip(before) {
-        let (c1, r1) = p.snapshot();
+    let (mut conns, mut trips, mut cmds) = (0, 0, 0);
+    for (p, (c0, t0, m0)) in proxies.iter().zip(before) {
+        let (c1, t1, m1) = p.snapshot();
         conns += c1 - c0;
-        reqs += r1 - r0;
+        trips += t1 - t0;
+        cmds += m1 - m0;
     }
+    let per_node_cycle = (CYCLES * proxies.len() as u64) as f64;
     (
-        reqs as f64 / (CYCLES * proxies.len() as u64) as f64,
+        trips as f64 / per_node_cycle,
+        cmds as f64 / per_node_cycle,
         conns as f64 / CYCLES as f64,
     )
 }
@@ -352,7 +447,7 @@ fn systems(urls: &[String], opts: &Opts) -> Vec<Box<dyn LockSystem>> {
 
 fn main() {
     let opts = Opts::parse();
-    let run_for = opts.run_for();
+    let (rounds, run_for) = opts.rounds();
     let single = RedisServer::spawn();
     let five = RedisNodes::spawn(5);
     let rtt = ping_rtt(&single);
@@ -362,30 +457,38 @@ fn main() {
         row.nodes = nodes;
         row.ping_rtt_us = Some(rtt);
         eprintln!(
-            "{:<28} {:<11} nodes={} threads={} cycles/s={:.0} p50={:.1}us",
+            "{:<28} {:<11} nodes={} threads={} cycles/s={:.0} p50={:.1}us p99={:.1}us",
             row.system,
             row.scenario,
             row.nodes,
             row.threads,
             row.cycles_per_sec.unwrap_or(0.0),
-            row.p50_us.unwrap_or(0.0)
+            row.p50_us.unwrap_or(0.0),
+            row.p99_us.unwrap_or(0.0)
         );
         rows.push(row);
     };
+    let scenarios = [
+        Scenario::Uncontended { threads: 1 },
+        Scenario::Uncontended { threads: 8 },
+        Scenario::Contended { pause: None },
+        Scenario::Contended {
+            pause: Some(Duration::from_millis(1)),
+        },
+    ];
 
-    // The embedded backend, for reference (no network).
+    // The embedded backend, for reference (no network, nothing to compare with).
     let memory = Dlm::new(
         "dlm (memory)",
         Arc::new(dlm_memory::MemoryBackend::new()),
         TTL,
     );
-    for threads in [1, 8] {
-        if opts.wants(&memory.name(), "uncontended") {
-            push(uncontended(&memory, threads, run_for), 0);
+    for scenario in &scenarios[..3] {
+        if opts.wants(&memory.name(), scenario.name()) {
+            for row in measure(&[&memory], *scenario, rounds, run_for) {
+                push(row, 0);
+            }
         }
-    }
-    if opts.wants(&memory.name(), "contended") {
-        push(contended(&memory, None, run_for), 0);
     }
 
     for (nodes, urls) in [(1, vec![single.url()]), (5, five.urls())] {
@@ -398,30 +501,47 @@ fn main() {
         let proxy_urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
         let counted = systems(&proxy_urls, &opts);
         let timed = systems(&urls, &opts);
+        let mut counts = Vec::new();
         for (system, counted) in timed.iter().zip(&counted) {
-            let name = system.name();
-            if opts.wants(&name, "uncontended") {
-                let (requests, connections) = request_counts(counted.as_ref(), &proxies);
-                for threads in [1, 8] {
-                    let mut row = uncontended(system.as_ref(), threads, run_for);
-                    row.requests_per_cycle = Some(requests);
-                    row.new_connections_per_cycle = Some(connections);
-                    push(row, nodes);
-                }
+            counts.push(
+                opts.wants(&system.name(), "uncontended")
+                    .then(|| request_counts(counted.as_ref(), &proxies)),
+            );
+        }
+        for scenario in scenarios {
+            // Peers poll while they wait: on five nodes only dlm and the bar are timed
+            // under contention (the peers' figures there add minutes, not information).
+            let chosen: Vec<&dyn LockSystem> = timed
+                .iter()
+                .map(|s| s.as_ref())
+                .filter(|s| opts.wants(&s.name(), scenario.name()))
+                .filter(|s| {
+                    nodes == 1
+                        || matches!(scenario, Scenario::Uncontended { .. })
+                        || s.name().starts_with("dlm")
+                        || s.name() == "minimal"
+                })
+                .collect();
+            if chosen.is_empty() {
+                continue;
             }
-            if nodes == 1 || name.starts_with("dlm") || name == "minimal" {
-                if opts.wants(&name, "contended") {
-                    push(contended(system.as_ref(), None, run_for), nodes);
+            for mut row in measure(&chosen, scenario, rounds, run_for) {
+                if let Scenario::Uncontended { .. } = scenario
+                    && let Some(Some((trips, cmds, conns))) = timed
+                        .iter()
+                        .position(|s| s.name() == row.system)
+                        .map(|i| counts[i])
+                {
+                    row.requests_per_cycle = Some(trips);
+                    row.commands_per_cycle = Some(cmds);
+                    row.new_connections_per_cycle = Some(conns);
                 }
-                if opts.wants(&name, "handoff") {
-                    let pause = Some(Duration::from_millis(1));
-                    push(contended(system.as_ref(), pause, run_for), nodes);
-                }
+                push(row, nodes);
             }
         }
     }
 
-    print!("{}", markdown(&rows, rtt));
+    print!("{}", markdown(&rows, rtt, rounds, run_for));
     if let Some(path) = &opts.json {
         std::fs::write(path, json(&rows)).expect("write the JSON file");
         eprintln!("wrote {path}");
@@ -439,17 +559,17 @@ fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
 }
 
-fn markdown(rows: &[Row], rtt: f64) -> String {
+fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads.\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
     );
     let _ = writeln!(
         out,
-        "| system | scenario | nodes | threads | cycles/s | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | new conns/cycle |"
+        "| system | scenario | nodes | threads | cycles/s | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | commands/node/cycle | new conns/cycle |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let base = rows.iter().find(|b| {
             b.system == "minimal"
@@ -459,7 +579,7 @@ fn markdown(rows: &[Row], rtt: f64) -> String {
         });
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {}{} | {}{} | {} | {}{} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}{} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} |",
             r.system,
             r.scenario,
             r.nodes,
@@ -469,6 +589,7 @@ fn markdown(rows: &[Row], rtt: f64) -> String {
             num(r.p50_us, 1),
             ratio(r.p50_us, base.and_then(|b| b.p50_us)),
             num(r.p99_us, 1),
+            ratio(r.p99_us, base.and_then(|b| b.p99_us)),
             num(r.handoff_p50_us, 1),
             r.handoff_p50_us
                 .map(|h| format!(" ({:.1} RTT)", h / rtt))
@@ -476,6 +597,7 @@ fn markdown(rows: &[Row], rtt: f64) -> String {
             num(r.max_wait_us, 0),
             num(r.fairness, 2),
             num(r.requests_per_cycle, 2),
+            num(r.commands_per_cycle, 2),
             num(r.new_connections_per_cycle, 3),
         );
     }
@@ -488,7 +610,7 @@ fn json(rows: &[Row]) -> String {
     for (i, r) in rows.iter().enumerate() {
         let _ = writeln!(
             out,
-            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"ping_rtt_us\": {}}}{}",
+            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"commands_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"ping_rtt_us\": {}}}{}",
             r.system,
             r.scenario,
             r.nodes,
@@ -500,6 +622,7 @@ fn json(rows: &[Row]) -> String {
             f(r.max_wait_us),
             f(r.fairness),
             f(r.requests_per_cycle),
+            f(r.commands_per_cycle),
             f(r.new_connections_per_cycle),
             f(r.ping_rtt_us),
             if i + 1 < rows.len() { "," } else { "" }

@@ -1,6 +1,8 @@
 //! A counting TCP proxy: forwards bytes both ways and counts, from the client side, the
-//! connections accepted and the top-level RESP requests (arrays or inline commands).
-//! The servers' own counters cannot tell a request from a command run inside a script.
+//! connections accepted, the round trips (a client sending after it was last answered) and
+//! the top-level RESP commands (arrays or inline commands; pipelined ones are several
+//! commands in one round trip). The servers' own counters cannot tell a request from a
+//! command run inside a script.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -14,8 +16,10 @@ use std::time::Duration;
 pub struct Counts {
     /// Connections accepted.
     pub connections: AtomicU64,
-    /// Top-level requests sent by clients.
-    pub requests: AtomicU64,
+    /// Round trips: client sends that follow a reply (or open the connection).
+    pub round_trips: AtomicU64,
+    /// Top-level commands sent by clients.
+    pub commands: AtomicU64,
 }
 
 /// A running proxy in front of one server; stops when dropped.
@@ -62,11 +66,12 @@ impl Proxy {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// (connections, requests) so far.
-    pub fn snapshot(&self) -> (u64, u64) {
+    /// (connections, round trips, commands) so far.
+    pub fn snapshot(&self) -> (u64, u64, u64) {
         (
             self.counts.connections.load(Ordering::Relaxed),
-            self.counts.requests.load(Ordering::Relaxed),
+            self.counts.round_trips.load(Ordering::Relaxed),
+            self.counts.commands.load(Ordering::Relaxed),
         )
     }
 }
@@ -81,6 +86,11 @@ fn pipe(client: TcpStream, server: TcpStream, counts: Arc<Counts>, stop: Arc<Ato
     let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
     let (mut s_read, mut c_write) = (server, client);
     let stop2 = stop.clone();
+    // Set when the server has answered since the client last sent: the client's next
+    // bytes start a new round trip. Set before the reply is forwarded, so the client
+    // cannot send its next request before the flag is up.
+    let answered = Arc::new(AtomicBool::new(true));
+    let answered2 = answered.clone();
     thread::spawn(move || {
         let mut counter = RespCounter::default();
         let mut buf = [0u8; 16 * 1024];
@@ -88,8 +98,11 @@ fn pipe(client: TcpStream, server: TcpStream, counts: Arc<Counts>, stop: Arc<Ato
             match c_read.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    if answered.swap(false, Ordering::AcqRel) {
+                        counts.round_trips.fetch_add(1, Ordering::Relaxed);
+                    }
                     counts
-                        .requests
+                        .commands
                         .fetch_add(counter.feed(&buf[..n]), Ordering::Relaxed);
                     if s_write.write_all(&buf[..n]).is_err() {
                         break;
@@ -105,6 +118,7 @@ fn pipe(client: TcpStream, server: TcpStream, counts: Arc<Counts>, stop: Arc<Ato
             match s_read.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    answered2.store(true, Ordering::Release);
                     if c_write.write_all(&buf[..n]).is_err() {
                         break;
                     }
