@@ -143,7 +143,8 @@ struct Tally {
     cycles: u64,
     /// Cycle latencies (uncontended) or waits (contended).
     samples: Vec<Duration>,
-    /// Release-to-acquire gaps between different threads (contended).
+    /// Release-to-acquire gaps of hand-overs: the next holder is another thread, already
+    /// waiting at the release (contended).
     gaps: Vec<Duration>,
     /// The longest wait, those unfinished at the end of a round included (contended).
     max_wait: Duration,
@@ -367,9 +368,14 @@ fn contended(
         tally.max_wait = tally.max_wait.max(e.3);
         tally.samples.push(e.3);
     }
+    // A hand-over: the next holder is another thread that was already waiting when the
+    // lock was released (otherwise the gap would measure idle time, not the lock).
     tally.gaps.extend(
         log.windows(2)
-            .filter(|w| w[0].1 != w[1].1)
+            .filter(|w| {
+                let next_started = w[1].2.saturating_sub(w[1].3.as_nanos() as u64);
+                w[0].1 != w[1].1 && next_started < w[0].4
+            })
             .map(|w| Duration::from_nanos(w[1].2.saturating_sub(w[0].4))),
     );
 }

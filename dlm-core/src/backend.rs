@@ -89,34 +89,72 @@ impl OwnerToken {
     /// The token as the string a backend stores: 32 hex digits, `:`, the thread number,
     /// `:`, the sequence number. Never log it.
     pub fn encode(&self) -> String {
-        // On every request: hand-rolled rather than through `fmt` (measured: formatting
-        // was most of the client's own CPU per lock cycle).
+        self.encoded().as_str().to_owned()
+    }
+
+    /// [`encode`](OwnerToken::encode) without allocating: the same text in a buffer on the
+    /// stack (backends write it into every request).
+    pub fn encoded(&self) -> EncodedOwnerToken {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut s = String::with_capacity(72);
-        for b in self.client {
-            s.push(char::from(HEX[usize::from(b >> 4)]));
-            s.push(char::from(HEX[usize::from(b & 0xf)]));
+        let mut out = EncodedOwnerToken {
+            buf: [0; ENCODED_MAX],
+            len: 0,
+        };
+        for (i, b) in self.client.iter().enumerate() {
+            out.buf[2 * i] = HEX[usize::from(b >> 4)];
+            out.buf[2 * i + 1] = HEX[usize::from(b & 0xf)];
         }
+        let mut len = 32;
         for n in [self.thread, self.seq] {
-            s.push(':');
-            push_decimal(&mut s, n);
+            out.buf[len] = b':';
+            len += 1;
+            let mut digits = [0u8; 20];
+            let mut i = digits.len();
+            let mut n = n;
+            loop {
+                i -= 1;
+                digits[i] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            let d = &digits[i..];
+            out.buf[len..len + d.len()].copy_from_slice(d);
+            len += d.len();
         }
-        s
+        out.len = len;
+        out
     }
 }
 
-fn push_decimal(s: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+/// 32 hex digits, two colons, two 20-digit numbers at most.
+const ENCODED_MAX: usize = 32 + 2 * (1 + 20);
+
+/// An [`OwnerToken`] encoded for a backend (see [`OwnerToken::encoded`]). A secret like the
+/// token: `Debug` redacts it.
+#[derive(Clone, Copy)]
+pub struct EncodedOwnerToken {
+    buf: [u8; ENCODED_MAX],
+    len: usize,
+}
+
+impl EncodedOwnerToken {
+    /// The encoded token.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
-    s.extend(digits[i..].iter().map(|d| char::from(*d)));
+
+    /// The encoded token as text (ASCII).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).expect("hex digits, colons and decimal digits")
+    }
+}
+
+impl fmt::Debug for EncodedOwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EncodedOwnerToken(<redacted>)")
+    }
 }
 
 impl fmt::Debug for OwnerToken {
@@ -138,6 +176,11 @@ mod tests {
             format!("{}:0:{}", "00".repeat(16), u64::MAX)
         );
         assert_eq!(format!("{t:?}"), "OwnerToken(<redacted>)");
+        assert_eq!(t.encoded().as_bytes(), t.encode().as_bytes());
+        assert_eq!(
+            format!("{:?}", t.encoded()),
+            "EncodedOwnerToken(<redacted>)"
+        );
     }
 }
 
@@ -221,6 +264,13 @@ pub trait Unsubscribe: Send + 'static {
     /// Removes the waiter. `pending_wake` is `true` when a wake-up had been delivered to
     /// it but not consumed: the registry should hand it to another waiter.
     fn unsubscribe(self: Box<Self>, pending_wake: bool);
+
+    /// The front took a wake-up and is making the attempt it was for (`true`), or that
+    /// attempt is over (`false`). A registry that answers
+    /// [`LockBackend::wake_pending`] counts a trying waiter as a hand-over under way.
+    fn trying(&self, on: bool) {
+        let _ = on;
+    }
 }
 
 /// A subscription to release hints for one lock name, returned by
@@ -260,6 +310,15 @@ impl Watch {
     /// passed on to another waiter when the watch is dropped.
     pub fn consume(&self) {
         while self.receiver.try_recv().is_ok() {}
+    }
+
+    /// Tells the registry that this waiter took a wake-up and is making the attempt it was
+    /// for (`true`), or that the attempt is over (`false`); see
+    /// [`LockBackend::wake_pending`].
+    pub fn trying(&self, on: bool) {
+        if let Some(guard) = &self.guard {
+            guard.trying(on);
+        }
     }
 }
 
@@ -339,5 +398,15 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn watch(&self, name: &LockName) -> Option<Watch> {
         let _ = name;
         None
+    }
+
+    /// Optional and cheap (no I/O): whether a release hint for `name` has been delivered
+    /// to a waiter of this process that has not woken up to use it yet. The front then
+    /// lets that waiter try first instead of racing it: a thread that releases and at
+    /// once asks again does not barge past the hand-over it just started, so local
+    /// waiters are served in turn. The default (`false`) never holds anyone back.
+    fn wake_pending(&self, name: &LockName) -> bool {
+        let _ = name;
+        false
     }
 }

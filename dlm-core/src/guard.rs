@@ -119,7 +119,12 @@ impl LockGuard {
     /// # Ok::<(), dlm_core::Error>(())
     /// ```
     pub fn lost_signal(&self) -> crossbeam_channel::Receiver<()> {
-        self.with_holding(|h| h.lost_signal()).unwrap_or_else(|| {
+        let mut state = self.lock.state.lock();
+        let current = state
+            .holding
+            .as_mut()
+            .filter(|h| h.generation == self.generation);
+        current.map(|h| h.lost_signal()).unwrap_or_else(|| {
             // This acquisition is already over: a receiver that is already disconnected.
             crossbeam_channel::bounded(0).1
         })

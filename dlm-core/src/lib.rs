@@ -42,8 +42,8 @@ mod waiters;
 mod watchdog;
 
 pub use backend::{
-    Acquire, FencingToken, Lease, LockBackend, LockName, MAX_NAME_LEN, OwnerToken, Unsubscribe,
-    Watch,
+    Acquire, EncodedOwnerToken, FencingToken, Lease, LockBackend, LockName, MAX_NAME_LEN,
+    OwnerToken, Unsubscribe, Watch,
 };
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};

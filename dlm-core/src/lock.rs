@@ -91,9 +91,10 @@ pub(crate) struct Holding {
     pub(crate) lease: Lease,
     /// A renewal or extension found the lock gone.
     pub(crate) lost: bool,
-    /// Dropped when the hold ends (lost or released): its receivers disconnect.
-    lost_tx: Option<Sender<()>>,
-    lost_rx: Receiver<()>,
+    /// The lost-lock signal, made on the first [`lost_signal`](Holding::lost_signal):
+    /// the sender is dropped when the hold ends (lost or released), so that its
+    /// receivers disconnect. Most holds never ask, and pay nothing for it.
+    signal: Option<(Sender<()>, Receiver<()>)>,
 }
 
 impl Holding {
@@ -105,12 +106,19 @@ impl Holding {
     /// [`LockGuard::lost_signal`].
     pub(crate) fn mark_lost(&mut self) {
         self.lost = true;
-        self.lost_tx = None;
+        self.signal = None;
     }
 
-    /// A receiver that disconnects when this hold ends.
-    pub(crate) fn lost_signal(&self) -> Receiver<()> {
-        self.lost_rx.clone()
+    /// A receiver that disconnects when this hold ends (at once if it was lost).
+    pub(crate) fn lost_signal(&mut self) -> Receiver<()> {
+        if self.lost {
+            // Already over: a receiver whose sender is gone.
+            return crossbeam_channel::bounded(0).1;
+        }
+        self.signal
+            .get_or_insert_with(|| crossbeam_channel::bounded(0))
+            .1
+            .clone()
     }
 }
 
@@ -272,8 +280,36 @@ impl DistributedLock {
         let mut attempt: u32 = 0;
         let mut failing_since: Option<Instant> = None;
         let ttl = self.lease.unwrap_or(client.watchdog.timeout);
+        // The next attempt follows a wake-up of ours.
+        let mut woken = false;
+        // A real attempt was made (every call makes at least one).
+        let mut attempted = false;
+        let mut force = false;
         loop {
-            let outcome = client.backend.try_acquire(&shared.name, &token, ttl);
+            // No barging past a hand-over in progress: an attempt that does not follow a
+            // wake-up of ours holds back while a waiter of this process has been woken for
+            // this lock and has not finished its attempt (typically woken by our own
+            // thread's release a moment ago). It waits for its own turn (hints come in
+            // FIFO order) or its backoff instead, so local waiters are served in turn.
+            // `try_lock`, and the last look before a deadline, always attempt.
+            let (our_turn, forced) = (std::mem::take(&mut woken), std::mem::take(&mut force));
+            let hold_back = !our_turn
+                && !forced
+                && !matches!(wait, Wait::No)
+                && client.backend.wake_pending(&shared.name);
+            if hold_back && !subscribed {
+                subscribed = true;
+                watch = client.backend.watch(&shared.name);
+            }
+            let outcome = if hold_back && watch.is_some() {
+                Ok(Acquire::Held { retry_after: None })
+            } else {
+                attempted = true;
+                client.backend.try_acquire(&shared.name, &token, ttl)
+            };
+            if let Some(w) = &watch {
+                w.trying(false);
+            }
             let (retry_after, error) = match outcome {
                 Ok(Acquire::Acquired(lease)) => {
                     if let Some(w) = &watch {
@@ -310,6 +346,11 @@ impl DistributedLock {
                 Wait::Forever => Some(None),
             };
             let Some(deadline) = deadline else {
+                if !attempted {
+                    // Held back until the end: look once before giving up.
+                    force = true;
+                    continue;
+                }
                 // Out of time: report the last failure if the last attempt failed.
                 return match error {
                     Some(e) => {
@@ -348,6 +389,11 @@ impl DistributedLock {
             select! {
                 recv(interrupt_rx) -> _ => return Err(Error::Interrupted),
                 recv(hint_rx) -> hint => {
+                    if let (Ok(()), Some(w)) = (&hint, &watch) {
+                        // Our turn: newcomers of this process hold back until we tried.
+                        w.trying(true);
+                        woken = true;
+                    }
                     if hint.is_err() {
                         // The subscription died: poll from now on.
                         log::debug!("lock {:?}: release hints lost, polling", shared.name);
@@ -401,7 +447,6 @@ impl DistributedLock {
                 self.shared.name
             );
         }
-        let (lost_tx, lost_rx) = crossbeam_channel::bounded(0);
         state.holding = Some(Holding {
             thread: thread_no(),
             count: 1,
@@ -409,8 +454,7 @@ impl DistributedLock {
             token,
             lease,
             lost: false,
-            lost_tx: Some(lost_tx),
-            lost_rx,
+            signal: None,
         });
         drop(state);
         if self.lease.is_none() {

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Sender, TrySendError};
 use parking_lot::Mutex;
@@ -24,13 +25,20 @@ pub struct WaitList {
 #[derive(Default)]
 struct Inner {
     next_id: u64,
-    waiters: VecDeque<(u64, Sender<()>)>,
+    waiters: VecDeque<Waiter>,
+}
+
+struct Waiter {
+    id: u64,
+    tx: Sender<()>,
+    /// Set while the waiter makes the attempt a wake-up was for.
+    trying: Arc<AtomicBool>,
 }
 
 impl Inner {
     fn notify_one(&mut self) -> bool {
         for i in 0..self.waiters.len() {
-            match self.waiters[i].1.try_send(()) {
+            match self.waiters[i].tx.try_send(()) {
                 Ok(()) => {
                     // Rotate the woken waiter to the back: the next release wakes another.
                     if let Some(w) = self.waiters.remove(i) {
@@ -56,16 +64,22 @@ impl WaitList {
     /// Registers a waiter; dropping the returned [`Watch`] unregisters it.
     pub fn subscribe(&self) -> Watch {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let trying = Arc::new(AtomicBool::new(false));
         let mut inner = self.inner.lock();
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.waiters.push_back((id, tx));
+        inner.waiters.push_back(Waiter {
+            id,
+            tx,
+            trying: trying.clone(),
+        });
         drop(inner);
         Watch::with_unsubscribe(
             rx,
             Box::new(Subscription {
                 list: self.clone(),
                 id,
+                trying,
             }),
         )
     }
@@ -76,10 +90,22 @@ impl WaitList {
         self.inner.lock().notify_one()
     }
 
+    /// Whether a hand-over is under way: a waiter has been woken and has not yet made the
+    /// attempt it was woken for (the wake-up is still in its channel, or the waiter is
+    /// trying, see [`Watch::trying`]). A newcomer should let that waiter try first (see
+    /// [`LockBackend::wake_pending`](crate::LockBackend::wake_pending)).
+    pub fn wake_pending(&self) -> bool {
+        self.inner
+            .lock()
+            .waiters
+            .iter()
+            .any(|w| !w.tx.is_empty() || w.trying.load(Ordering::Acquire))
+    }
+
     /// Wakes every waiter.
     pub fn notify_all(&self) {
-        for (_, tx) in self.inner.lock().waiters.iter() {
-            let _ = tx.try_send(());
+        for w in self.inner.lock().waiters.iter() {
+            let _ = w.tx.try_send(());
         }
     }
 
@@ -111,12 +137,17 @@ impl fmt::Debug for WaitList {
 struct Subscription {
     list: WaitList,
     id: u64,
+    trying: Arc<AtomicBool>,
 }
 
 impl Unsubscribe for Subscription {
+    fn trying(&self, on: bool) {
+        self.trying.store(on, Ordering::Release);
+    }
+
     fn unsubscribe(self: Box<Self>, pending_wake: bool) {
         let mut inner = self.list.inner.lock();
-        inner.waiters.retain(|(id, _)| *id != self.id);
+        inner.waiters.retain(|w| w.id != self.id);
         if pending_wake {
             inner.notify_one();
         }
@@ -172,6 +203,21 @@ mod tests {
         drop(a);
         assert!(b.receiver().try_recv().is_err());
         assert_eq!(list.len(), 1);
+    }
+
+    #[test]
+    fn a_wake_is_pending_until_the_woken_waiter_picks_it_up() {
+        let list = WaitList::new();
+        assert!(!list.wake_pending());
+        let a = list.subscribe();
+        assert!(!list.wake_pending(), "waiting is not a pending wake-up");
+        list.notify_one();
+        assert!(list.wake_pending());
+        a.receiver().try_recv().unwrap();
+        a.trying(true);
+        assert!(list.wake_pending(), "taken, not yet tried");
+        a.trying(false);
+        assert!(!list.wake_pending());
     }
 
     #[test]

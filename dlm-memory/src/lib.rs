@@ -240,6 +240,11 @@ impl LockBackend for MemoryBackend {
         let mut entries = self.inner.entries.lock();
         Some(entries.entry(name.clone()).or_default().waiters.subscribe())
     }
+
+    fn wake_pending(&self, name: &LockName) -> bool {
+        let entries = self.inner.entries.lock();
+        entries.get(name).is_some_and(|e| e.waiters.wake_pending())
+    }
 }
 
 /// Configures a [`MemoryBackend`]. Created by [`MemoryBackend::builder`].

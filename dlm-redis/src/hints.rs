@@ -41,8 +41,9 @@ struct Shared {
 }
 
 impl Shared {
-    fn route(&self, channel: &str, payload: &str) {
-        let id = payload.parse::<u64>().ok();
+    /// Wakes one waiter of `channel` for the release `id`, unless that release was routed
+    /// already (heard from another Redlock node, or announced locally by its releaser).
+    fn route(&self, channel: &str, id: Option<u64>) {
         let mut channels = self.channels.lock();
         let Some(ch) = channels.get_mut(channel) else {
             return;
@@ -57,6 +58,25 @@ impl Shared {
             ch.recent.push_back(id);
         }
         ch.waiters.notify_one();
+    }
+
+    /// See [`Hints::released`].
+    fn released(&self, channel: impl FnOnce() -> String, id: u64) {
+        if self.channels.lock().is_empty() {
+            return; // nobody waits here: no key to build
+        }
+        self.route(&channel(), Some(id));
+    }
+
+    /// See [`Hints::wake_pending`].
+    fn wake_pending(&self, channel: impl FnOnce() -> String) -> bool {
+        let channels = self.channels.lock();
+        if channels.is_empty() {
+            return false; // nobody waits here: no key to build
+        }
+        channels
+            .get(&channel())
+            .is_some_and(|ch| ch.waiters.wake_pending())
     }
 
     fn prune(&self) {
@@ -112,6 +132,19 @@ impl Hints {
         }
         let mut channels = self.shared.channels.lock();
         Some(channels.entry(channel).or_default().waiters.subscribe())
+    }
+
+    /// A release made through this backend (the script deleted the key and published
+    /// `id`): wakes a waiter of this process at once, instead of when the server's message
+    /// comes back through the listener thread (which then recognises the id and wakes no
+    /// one else). Waiters in other processes still hear the message.
+    pub(crate) fn released(&self, channel: impl FnOnce() -> String, id: u64) {
+        self.shared.released(channel, id);
+    }
+
+    /// Whether a waiter of `channel` has been woken and not yet picked the wake-up up.
+    pub(crate) fn wake_pending(&self, channel: impl FnOnce() -> String) -> bool {
+        self.shared.wake_pending(channel)
     }
 
     /// How many listeners are subscribed now.
@@ -235,7 +268,7 @@ fn subscribe_and_route(
         match pubsub.get_message() {
             Ok(msg) => {
                 let payload: String = msg.get_payload().unwrap_or_default();
-                shared.route(msg.get_channel_name(), &payload);
+                shared.route(msg.get_channel_name(), payload.parse().ok());
             }
             Err(e) if e.is_timeout() => shared.prune(),
             Err(e) => break Err(map_error(&e, &server)),
@@ -245,4 +278,73 @@ fn subscribe_and_route(
         shared.disconnect_waiters();
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            pattern: "dlm:*:released".into(),
+            channels: Mutex::new(HashMap::new()),
+            up: AtomicUsize::new(1),
+            shutdown: AtomicBool::new(false),
+            denied: AtomicBool::new(false),
+        }
+    }
+
+    fn subscribe(s: &Shared, channel: &str) -> Watch {
+        s.channels
+            .lock()
+            .entry(channel.to_owned())
+            .or_default()
+            .waiters
+            .subscribe()
+    }
+
+    #[test]
+    fn a_local_release_wakes_one_waiter_and_its_echo_from_the_server_none() {
+        let s = shared();
+        let (a, b) = (
+            subscribe(&s, "dlm:{x}:released"),
+            subscribe(&s, "dlm:{x}:released"),
+        );
+        s.released(|| "dlm:{x}:released".into(), 7);
+        assert!(
+            a.receiver().try_recv().is_ok(),
+            "the first waiter is woken at once"
+        );
+        // The server's message for the same release, from one node or five.
+        for _ in 0..5 {
+            s.route("dlm:{x}:released", Some(7));
+        }
+        assert!(b.receiver().try_recv().is_err(), "one release, one waiter");
+        // Another release (from another process) wakes the next one.
+        s.route("dlm:{x}:released", Some(8));
+        assert!(b.receiver().try_recv().is_ok());
+    }
+
+    #[test]
+    fn a_local_release_without_waiters_builds_no_key() {
+        let s = shared();
+        s.released(
+            || unreachable!("no waiter: the channel name is not needed"),
+            1,
+        );
+        assert!(!s.wake_pending(|| unreachable!("no waiter")));
+    }
+
+    #[test]
+    fn a_wake_is_pending_until_the_waiter_takes_it() {
+        let s = shared();
+        let a = subscribe(&s, "dlm:{x}:released");
+        let _other = subscribe(&s, "dlm:{y}:released");
+        assert!(!s.wake_pending(|| "dlm:{x}:released".into()));
+        s.released(|| "dlm:{x}:released".into(), 3);
+        assert!(s.wake_pending(|| "dlm:{x}:released".into()));
+        assert!(!s.wake_pending(|| "dlm:{y}:released".into()), "per lock");
+        a.receiver().try_recv().unwrap();
+        assert!(!s.wake_pending(|| "dlm:{x}:released".into()));
+    }
 }

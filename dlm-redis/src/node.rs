@@ -386,7 +386,7 @@ impl Node {
         if fencing == Fencing::Increment || self.scripts_only.load(Ordering::Relaxed) {
             return self.acquire_script_call(name, owner, ttl, fencing);
         }
-        let token = owner.encode();
+        let token = owner.encoded();
         let mut r = Resp::new();
         r.command(7).arg(b"SET");
         self.keys.arg(&mut r, name, LOCK);
@@ -418,7 +418,7 @@ impl Node {
         let mut r = Resp::evalsha(script, 2, 3);
         self.keys.arg(&mut r, name, LOCK);
         self.keys.arg(&mut r, name, FENCE);
-        r.arg(owner.encode().as_bytes())
+        r.arg(owner.encoded().as_bytes())
             .arg_u64(millis(ttl))
             .arg(fencing.mode());
         Call {
@@ -588,7 +588,7 @@ impl Node {
             name,
             None,
             &[
-                owner.encode().as_bytes(),
+                owner.encoded().as_bytes(),
                 decimal_digits(millis(ttl), &mut ms),
             ],
         )
@@ -611,7 +611,7 @@ impl Node {
             &SCRIPTS.commit,
             name,
             Some(FENCE),
-            &[owner.encode().as_bytes(), decimal_digits(token, &mut t)],
+            &[owner.encoded().as_bytes(), decimal_digits(token, &mut t)],
         )
     }
 
@@ -628,7 +628,7 @@ impl Node {
             name,
             Some(CHANNEL),
             &[
-                owner.encode().as_bytes(),
+                owner.encoded().as_bytes(),
                 decimal_digits(release_id, &mut id),
             ],
         )

@@ -305,17 +305,30 @@ impl Redlock {
 
     /// Releases `owner`'s key on every node, waiting at most one per-node deadline.
     fn release_all(&self, name: &LockName, owner: &OwnerToken) -> Replies<bool> {
-        let (name, owner) = (name.clone(), *owner);
         let start = Instant::now();
         // One release id for all nodes: a listener that hears it from several wakes one
         // waiter.
         let release_id: u64 = rand::random();
-        self.call_all(
-            self.deadline(start),
-            None,
-            move |node| node.release_call(&name, &owner, release_id),
-            |node, _, reply| node.parse_flag(reply),
-        )
+        let replies = {
+            let (name, owner) = (name.clone(), *owner);
+            self.call_all(
+                self.deadline(start),
+                None,
+                move |node| node.release_call(&name, &owner, release_id),
+                |node, _, reply| node.parse_flag(reply),
+            )
+        };
+        if replies.ok().any(|released| *released) {
+            self.released_here(name, release_id);
+        }
+        replies
+    }
+
+    /// Wakes a waiter of this process for the release `id` at once (see `Hints::released`).
+    fn released_here(&self, name: &LockName, id: u64) {
+        if let (Some(hints), Some(node)) = (&self.inner.hints, self.inner.nodes.first()) {
+            hints.released(|| node.keys.channel(name), id);
+        }
     }
 
     fn split_vote_delay(&self) -> Duration {
@@ -572,9 +585,9 @@ impl LockBackend for Redlock {
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
         let q = self.inner.quorum;
         let start = Instant::now();
+        let release_id: u64 = rand::random();
         let replies = {
             let name = name.clone();
-            let release_id: u64 = rand::random();
             let name2 = name.clone();
             self.call_all(
                 self.deadline(start),
@@ -584,6 +597,9 @@ impl LockBackend for Redlock {
             )
         };
         let deleted = replies.ok().filter(|d| **d).count();
+        if deleted > 0 {
+            self.released_here(name, release_id);
+        }
         if replies.failures() > self.inner.nodes.len() - q {
             return Err(replies.error("force release", q));
         }
@@ -617,6 +633,13 @@ impl LockBackend for Redlock {
     fn watch(&self, name: &LockName) -> Option<Watch> {
         let hints = self.inner.hints.as_ref()?;
         hints.watch(self.inner.nodes.first()?.keys.channel(name))
+    }
+
+    fn wake_pending(&self, name: &LockName) -> bool {
+        match (&self.inner.hints, self.inner.nodes.first()) {
+            (Some(hints), Some(node)) => hints.wake_pending(|| node.keys.channel(name)),
+            _ => false,
+        }
     }
 }
 

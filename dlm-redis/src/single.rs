@@ -68,6 +68,13 @@ impl RedisBackend {
             .is_some_and(|h| h.listeners_up() > 0)
     }
 
+    /// Wakes a waiter of this process for the release `id` at once (see `Hints::released`).
+    fn released_here(&self, name: &LockName, id: u64) {
+        if let Some(hints) = &self.inner.hints {
+            hints.released(|| self.inner.node.keys.channel(name), id);
+        }
+    }
+
     fn lease(&self, start: Instant, ttl: Duration, fence: u64) -> Option<Lease> {
         let valid_until = start + ttl.checked_sub(self.inner.options.drift(ttl))?;
         if valid_until <= Instant::now() {
@@ -132,11 +139,21 @@ impl LockBackend for RedisBackend {
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        self.inner.node.release(name, owner, rand::random())
+        let id = rand::random();
+        let released = self.inner.node.release(name, owner, id)?;
+        if released {
+            self.released_here(name, id);
+        }
+        Ok(released)
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
-        self.inner.node.force_release(name, rand::random())
+        let id = rand::random();
+        let released = self.inner.node.force_release(name, id)?;
+        if released {
+            self.released_here(name, id);
+        }
+        Ok(released)
     }
 
     fn watch(&self, name: &LockName) -> Option<Watch> {
@@ -146,6 +163,13 @@ impl LockBackend for RedisBackend {
 
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
         self.inner.node.inspect(name)
+    }
+
+    fn wake_pending(&self, name: &LockName) -> bool {
+        self.inner
+            .hints
+            .as_ref()
+            .is_some_and(|h| h.wake_pending(|| self.inner.node.keys.channel(name)))
     }
 }
 

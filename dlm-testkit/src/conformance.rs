@@ -895,6 +895,67 @@ pub fn one_release_wakes_one_of_sixteen_waiters(f: &dyn Fixture) {
     }
 }
 
+/// Threads of one process are served in turn: a thread that releases and asks again at
+/// once queues behind the waiter its release woke instead of barging past it. Four
+/// threads queue up behind a holder, then take the lock 25 times each; while all four are
+/// still at it, the same thread may take the lock twice in a row only rarely (a thread
+/// that barges does so on most of its turns).
+pub fn local_waiters_are_served_in_turn(f: &dyn Fixture) {
+    if !f.watch() {
+        return; // no release hints: no local queue to keep in order
+    }
+    const THREADS: usize = 4;
+    const EACH: usize = 25;
+    let name = unique_name("turns");
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let client = LockClient::builder(counting.clone())
+        .lease(Duration::from_secs(30))
+        .build();
+    let holder = client.get_lock(&name).unwrap().lock().unwrap();
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let lock = client.get_lock(&name).unwrap();
+            let order = order.clone();
+            thread::spawn(move || {
+                for _ in 0..EACH {
+                    let guard = lock
+                        .try_lock_timeout(Duration::from_secs(30))
+                        .unwrap()
+                        .expect("a waiter starved");
+                    order.lock().push(t);
+                    guard.unlock().unwrap();
+                }
+            })
+        })
+        .collect();
+    // Each thread makes two attempts (before and after subscribing), then sleeps.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counting.calls() < 1 + 2 * THREADS as u64 {
+        assert!(Instant::now() < deadline, "the threads never queued up");
+        thread::sleep(Duration::from_millis(2));
+    }
+    holder.unlock().unwrap();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let order = order.lock();
+    // Up to the first thread's last acquisition, every thread still wants the lock.
+    let mut taken = [0; THREADS];
+    let all_in = order
+        .iter()
+        .position(|&t| {
+            taken[t] += 1;
+            taken[t] == EACH
+        })
+        .expect("every thread finished");
+    let repeats = order[..=all_in].windows(2).filter(|w| w[0] == w[1]).count();
+    assert!(
+        repeats * 10 <= all_in,
+        "{repeats} of {all_in} acquisitions went to the thread that had just released: {order:?}"
+    );
+}
+
 /// Kleppmann's scenario: client 1 takes the lock and pauses past its lease; client 2 takes
 /// it and writes; client 1 wakes and writes. The resource, checking fencing tokens,
 /// refuses client 1's write.

@@ -70,4 +70,9 @@ impl LockBackend for CountingBackend {
     fn watch(&self, name: &LockName) -> Option<Watch> {
         self.inner.watch(name)
     }
+
+    /// Not counted: no request.
+    fn wake_pending(&self, name: &LockName) -> bool {
+        self.inner.wake_pending(name)
+    }
 }

@@ -116,7 +116,8 @@ macro_rules! conformance_tests {
             watchdog_respects_max_hold,
             a_lost_lock_is_signalled,
             release_between_failed_try_and_wait_is_not_lost,
-            one_release_wakes_one_of_sixteen_waiters
+            one_release_wakes_one_of_sixteen_waiters,
+            local_waiters_are_served_in_turn
         );
     };
     (@cases $mode:ident $fixture:expr; $($case:ident),* $(,)?) => {
