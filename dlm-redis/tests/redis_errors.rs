@@ -443,14 +443,25 @@ fn foreign_keys_at_the_lock_name_are_reported_not_waited_on() {
     let _serial = serial();
     let server = spawn(RedisServer::builder());
     let mut admin = server.connection();
-    let client = client(&server.url());
+    // With fencing the single instance acquires with the script; without, with a plain
+    // SET ... NX GET: both must spot foreign keys.
+    for fencing in [true, false] {
+        let client = LockClient::new(
+            RedisBackend::builder(&server.url())
+                .fencing(fencing)
+                .io_timeout(common::CALM)
+                .connect_timeout(common::CALM)
+                .build()
+                .unwrap(),
+        );
+        foreign_keys_are_reported(&client, &mut admin);
+    }
+}
 
+fn foreign_keys_are_reported(client: &LockClient, admin: &mut redis::Connection) {
     // A list.
     let list = unique_name("list");
-    let _: i64 = query(
-        &mut admin,
-        redis::cmd("LPUSH").arg(lock_key(&list)).arg("x"),
-    );
+    let _: i64 = query(admin, redis::cmd("LPUSH").arg(lock_key(&list)).arg("x"));
     let lock = client.get_lock(&list).unwrap();
     let start = Instant::now();
     let r = lock.try_lock_timeout(Duration::from_secs(5));
@@ -465,14 +476,14 @@ fn foreign_keys_at_the_lock_name_are_reported_not_waited_on() {
     expect_kind(r, BackendErrorKind::UnexpectedKey, "remaining_lease");
     let r = lock.force_unlock();
     expect_kind(r, BackendErrorKind::UnexpectedKey, "force_unlock on a list");
-    let len: i64 = query(&mut admin, redis::cmd("LLEN").arg(lock_key(&list)));
+    let len: i64 = query(admin, redis::cmd("LLEN").arg(lock_key(&list)));
     assert_eq!(len, 1, "the foreign list was modified");
-    assert_eq!(pttl(&mut admin, &lock_key(&list)), -1);
-    assert!(!exists(&mut admin, &fence_key(&list)), "a fence was issued");
+    assert_eq!(pttl(admin, &lock_key(&list)), -1);
+    assert!(!exists(admin, &fence_key(&list)), "a fence was issued");
 
     // A string without expiry (not written by dlm).
     let plain = unique_name("plain");
-    let _: () = query(&mut admin, redis::cmd("SET").arg(lock_key(&plain)).arg("v"));
+    let _: () = query(admin, redis::cmd("SET").arg(lock_key(&plain)).arg("v"));
     let lock = client.get_lock(&plain).unwrap();
     let start = Instant::now();
     let r = lock.try_lock_timeout(Duration::from_secs(5));
@@ -485,9 +496,9 @@ fn foreign_keys_at_the_lock_name_are_reported_not_waited_on() {
     );
     let r = lock.remaining_lease();
     expect_kind(r, BackendErrorKind::UnexpectedKey, "remaining_lease");
-    let value: String = query(&mut admin, redis::cmd("GET").arg(lock_key(&plain)));
+    let value: String = query(admin, redis::cmd("GET").arg(lock_key(&plain)));
     assert_eq!(value, "v", "the foreign value was modified");
-    assert_eq!(pttl(&mut admin, &lock_key(&plain)), -1, "an expiry was set");
+    assert_eq!(pttl(admin, &lock_key(&plain)), -1, "an expiry was set");
 
     // A blocking lock() is not stuck on it either (not transient: no retries).
     let start = Instant::now();
@@ -497,14 +508,14 @@ fn foreign_keys_at_the_lock_name_are_reported_not_waited_on() {
     // A hash too.
     let hash = unique_name("hash");
     let _: i64 = query(
-        &mut admin,
+        admin,
         redis::cmd("HSET").arg(lock_key(&hash)).arg("f").arg("v"),
     );
     let lock = client.get_lock(&hash).unwrap();
     expect_kind(lock.try_lock(), BackendErrorKind::UnexpectedKey, "hash");
     let r = lock.force_unlock();
     expect_kind(r, BackendErrorKind::UnexpectedKey, "force_unlock on a hash");
-    assert!(exists(&mut admin, &lock_key(&hash)));
+    assert!(exists(admin, &lock_key(&hash)));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -895,6 +895,48 @@ pub fn one_release_wakes_one_of_sixteen_waiters(f: &dyn Fixture) {
     }
 }
 
+/// `try_acquire` is idempotent for its owner (a retry after a lost reply must not block its
+/// own sender): the same owner gets the lock again, with the lease refreshed to the new
+/// TTL, and a fencing token not older than the first; another owner is still refused.
+pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
+    let backend = f.backend();
+    let name = LockName::new(&unique_name("again")).unwrap();
+    let (owner, other) = (
+        OwnerToken::random_for_tests(1),
+        OwnerToken::random_for_tests(2),
+    );
+    let first = match backend
+        .try_acquire(&name, &owner, Duration::from_secs(2))
+        .unwrap()
+    {
+        dlm_core::Acquire::Acquired(lease) => lease,
+        other => panic!("a free lock: {other:?}"),
+    };
+    let again = match backend
+        .try_acquire(&name, &owner, Duration::from_secs(60))
+        .unwrap()
+    {
+        dlm_core::Acquire::Acquired(lease) => lease,
+        other => panic!("its own lock, asked again: {other:?}"),
+    };
+    assert!(again.valid_until() > first.valid_until());
+    let remaining = backend.inspect(&name).unwrap().expect("held");
+    assert!(
+        remaining > Duration::from_secs(30),
+        "the lease was not refreshed: {remaining:?} left"
+    );
+    if f.fencing() {
+        assert!(again.fence() >= first.fence() && again.fence().is_some());
+    }
+    assert!(matches!(
+        backend
+            .try_acquire(&name, &other, Duration::from_secs(2))
+            .unwrap(),
+        dlm_core::Acquire::Held { .. }
+    ));
+    assert!(backend.release(&name, &owner).unwrap());
+}
+
 /// Threads of one process are served in turn: a thread that releases and asks again at
 /// once queues behind the waiter its release woke instead of barging past it. Four
 /// threads queue up behind a holder, then take the lock 25 times each; while all four are

@@ -105,7 +105,8 @@ macro_rules! conformance_tests {
             fencing_tokens_strictly_increase,
             bad_input_is_rejected_before_io,
             id_generator_has_no_duplicates,
-            a_paused_holder_is_fenced_off
+            a_paused_holder_is_fenced_off,
+            acquire_is_idempotent_for_its_owner
         );
         $crate::conformance_tests!(@cases write $fixture;
             expiry_frees_the_lock,

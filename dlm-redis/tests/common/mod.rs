@@ -23,6 +23,7 @@ fn require() {
 /// One server, one `RedisBackend` per `backend()` call (a fresh pool: another process).
 pub struct Single {
     pub server: RedisServer,
+    pub fencing: bool,
 }
 
 impl Single {
@@ -30,6 +31,15 @@ impl Single {
         require();
         Single {
             server: RedisServer::spawn(),
+            fencing: true,
+        }
+    }
+
+    /// Without fencing: acquisitions are a plain `SET ... NX GET`, not the script.
+    pub fn unfenced() -> Self {
+        Single {
+            fencing: false,
+            ..Single::new()
         }
     }
 }
@@ -40,14 +50,20 @@ impl Single {
         let binary = require_legacy_redis_server()?;
         Some(Single {
             server: RedisServer::builder().binary(binary).spawn(),
+            fencing: true,
         })
     }
 }
 
 impl dlm_testkit::Fixture for Single {
+    fn fencing(&self) -> bool {
+        self.fencing
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::builder(&self.server.url())
+                .fencing(self.fencing)
                 .io_timeout(CALM)
                 .connect_timeout(CALM)
                 .build()
