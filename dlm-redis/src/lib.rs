@@ -26,10 +26,12 @@
 //!
 //! ## Minimal ACL
 //! With the default prefix: `+eval +evalsha +script|load +ping +info +get +set +pexpire
-//! +pttl +incr +del +publish +psubscribe ~dlm:* &dlm:*` (the scripts' commands are checked
+//! +pttl +incr +append +del +publish +psubscribe ~dlm:* &dlm:*` (the scripts' commands are checked
 //! too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still works and waiters
 //! poll instead of being woken. Without `+get`, a free lock can still be taken, but
-//! releasing it fails with a permission error (it then ends with its lease).
+//! releasing it fails with a permission error (it then ends with its lease). A waiter
+//! marks the key it waits for with `APPEND` (so that the holder's release announces
+//! itself; an uncontended release publishes nothing).
 #![deny(missing_docs)]
 
 mod conn;

@@ -730,7 +730,7 @@ fn the_documented_minimal_acl_is_enough_to_lock() {
         RedisServer::builder()
             .acl_user(
                 "minimal",
-                "on >pw +eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +incr +del +publish +psubscribe ~dlm:* &dlm:*",
+                "on >pw +eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +incr +append +del +publish +psubscribe ~dlm:* &dlm:*",
             )
             .credentials("minimal", "pw"),
     );

@@ -3,7 +3,9 @@
 -- ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] fencing: '0' none, '1' INCR the counter
 --   (single instance), '2' read the counter (Redlock round 1; commit.lua is round 2)
 -- Returns {1, fence} acquired (fence 0 when fencing is off; already ours: the counter),
---         {0, pttl} held by someone else,
+--         {0, pttl} held by someone else (another dlm holder's key is then marked: its
+--                   value gets a '~' suffix, which tells the holder's release to PUBLISH
+--                   because someone waits),
 --         {-1, 0}   a key of another type is at the lock name,
 --         {-2, 0}   the key has no expiry (not written by dlm).
 -- The free case comes first and costs one SET (plus the counter): every server call in a
@@ -24,12 +26,17 @@ if type(v) == 'table' and v.err then
   end
   return v -- any other error (e.g. an ACL denial) is raised to the client
 end
-if v == ARGV[1] then
+if v == ARGV[1] or v == ARGV[1] .. '~' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl < 0 then
   return {-2, 0}
+end
+-- Mark another dlm holder's key (an owner token: 32 hex digits, ':', thread, ':', sequence)
+-- once; a value of any other shape is not dlm's to touch.
+if string.find(v, '^%x+:%d+:%d+$') then
+  redis.call('APPEND', KEYS[1], '~')
 end
 return {0, ttl}

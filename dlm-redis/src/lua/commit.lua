@@ -5,7 +5,7 @@ local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
   return v
 end
-if v ~= ARGV[1] then
+if v ~= ARGV[1] and v ~= ARGV[1] .. '~' then -- not ours (a waiter's mark is '~')
   return 0
 end
 local f = tonumber(redis.call('GET', KEYS[2]) or '0')

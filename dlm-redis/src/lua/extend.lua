@@ -5,7 +5,7 @@ local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
   return v -- an error other than a foreign key (e.g. an ACL denial) is raised
 end
-if v == ARGV[1] then
+if v == ARGV[1] or v == ARGV[1] .. '~' then -- ours, perhaps marked by a waiter
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
