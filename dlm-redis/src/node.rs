@@ -123,7 +123,7 @@ fn decimal_digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 
 /// How a call's replies are read and what they mean.
 #[derive(Clone, Copy)]
-pub(crate) enum Shape {
+enum Shape {
     /// One EVALSHA: one reply; NOSCRIPT is answered by loading the script and retrying.
     Script(&'static Script),
     /// `SET key token NX PX ms GET`: one reply.
@@ -136,7 +136,7 @@ pub(crate) enum Shape {
 /// send it to several nodes before reading any reply (Redlock's pipelined fan-out).
 pub(crate) struct Call {
     bytes: Vec<u8>,
-    pub(crate) shape: Shape,
+    shape: Shape,
 }
 
 impl Call {
