@@ -8,7 +8,8 @@
 //! value kept in Redis.
 //!
 //! ## Keys and scripts
-//! A lock called `n` is the string key `dlm:{n}` (value: the owner token, with a TTL), its
+//! A lock called `n` is the string key `dlm:{n}` (value: the owner token, `~` appended once a
+//! waiter has marked it; with a TTL), its
 //! fencing counter `dlm:{n}:fence` (no TTL) and its release channel `dlm:{n}:released`:
 //! one hash tag, one cluster slot. Lock names travel only in KEYS. Taking a free lock is a
 //! plain `SET key token NX PX ms GET` (Redis 7.0 or later; older servers are detected and
