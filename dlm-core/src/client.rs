@@ -6,14 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::backend::{LockBackend, LockName, OwnerToken};
 use crate::error::{InvalidArgument, Result};
 use crate::lock::{DistributedLock, LockShared};
 use crate::retry::RetryPolicy;
-use crate::watchdog::{self, KeepAlive, Registration};
+use crate::watchdog::{self, KeepAlive, Watchdog};
 
 /// The watchdog timeout: the lease of locks taken without an explicit lease, renewed
 /// every third of it while held (Redisson's `lockWatchdogTimeout`): 30 s.
@@ -50,37 +49,15 @@ pub(crate) struct ClientShared {
     /// The fixed lease of handles that set none; `None`: watchdog-renewed leases.
     pub(crate) lease: Option<Duration>,
     pub(crate) max_lease: Duration,
-    pub(crate) watchdog: watchdog::Config,
+    /// Renews watchdog-managed holds (its thread starts with the first of them).
+    pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) reentrant: bool,
     pub(crate) retry: RetryPolicy,
     seq: AtomicU64,
     registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
-    /// The renewal thread's queue, once started.
-    renewals: Mutex<Option<Sender<Registration>>>,
-    /// Disconnects when the last user-facing handle is gone: the renewal thread stops.
-    stop: Receiver<()>,
 }
 
 impl ClientShared {
-    /// Hands a fresh watchdog-renewed hold to the renewal thread, starting it if needed.
-    pub(crate) fn renew(&self, registration: Registration) {
-        let mut renewals = self.renewals.lock();
-        if renewals.is_none() {
-            match watchdog::spawn(self.backend.clone(), self.watchdog, self.stop.clone()) {
-                Ok(tx) => *renewals = Some(tx),
-                Err(e) => {
-                    log::error!(
-                        "cannot start the lock watchdog thread; leases will not be renewed: {e}"
-                    );
-                    return;
-                }
-            }
-        }
-        if let Some(tx) = renewals.as_ref() {
-            let _ = tx.send(registration);
-        }
-    }
-
     /// The owner token the calling thread uses for its next acquisition.
     pub(crate) fn token_for_current_thread(&self) -> OwnerToken {
         let seq = if self.reentrant {
@@ -185,7 +162,7 @@ impl fmt::Debug for LockClient {
         f.debug_struct("LockClient")
             .field("backend", &self.shared.backend)
             .field("lease", &self.shared.lease)
-            .field("watchdog", &self.shared.watchdog)
+            .field("watchdog", &self.shared.watchdog.config())
             .field("reentrant", &self.shared.reentrant)
             .field("retry", &self.shared.retry)
             .finish_non_exhaustive()
@@ -262,21 +239,24 @@ impl LockClientBuilder {
     /// timeout below 1 ms (3 ms) or above the maximum lease.
     pub fn try_build(self) -> Result<LockClient> {
         let (keep_alive, stop) = KeepAlive::new();
+        let backend = self.backend;
         let shared = ClientShared {
-            backend: self.backend,
+            backend: backend.clone(),
             id: random_client_id(),
             lease: self.lease,
             max_lease: self.max_lease,
-            watchdog: watchdog::Config {
-                timeout: self.watchdog_timeout,
-                max_hold: self.max_hold,
-            },
+            watchdog: Arc::new(Watchdog::new(
+                backend,
+                watchdog::Config {
+                    timeout: self.watchdog_timeout,
+                    max_hold: self.max_hold,
+                },
+                stop,
+            )),
             reentrant: self.reentrant,
             retry: self.retry,
             seq: AtomicU64::new(0),
             registry: Mutex::new(HashMap::new()),
-            renewals: Mutex::new(None),
-            stop,
         };
         if let Some(lease) = shared.lease {
             shared.check_lease(lease)?;

@@ -12,7 +12,7 @@ use crate::client::{ClientShared, thread_no};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::interrupt::Interrupt;
-use crate::watchdog::{KeepAlive, Registration};
+use crate::watchdog::{KeepAlive, Registration, Ticket};
 
 /// The operations of the Java `AbstractLock` this library grew from, with Rust guards.
 ///
@@ -91,6 +91,9 @@ pub(crate) struct Holding {
     pub(crate) lease: Lease,
     /// A renewal or extension found the lock gone.
     pub(crate) lost: bool,
+    /// Its place in the watchdog's schedule (watchdog-renewed holds only): dropped with
+    /// the hold, which ends the renewals.
+    _renewal: Option<Ticket>,
     /// The lost-lock signal, made on the first [`lost_signal`](Holding::lost_signal):
     /// the sender is dropped when the hold ends (lost or released), so that its
     /// receivers disconnect. Most holds never ask, and pay nothing for it.
@@ -279,7 +282,7 @@ impl DistributedLock {
         let mut subscribed = false;
         let mut attempt: u32 = 0;
         let mut failing_since: Option<Instant> = None;
-        let ttl = self.lease.unwrap_or(client.watchdog.timeout);
+        let ttl = self.lease.unwrap_or(client.watchdog.config().timeout);
         // The next attempt follows a wake-up of ours.
         let mut woken = false;
         // A real attempt was made (every call makes at least one).
@@ -447,6 +450,16 @@ impl DistributedLock {
                 self.shared.name
             );
         }
+        // Scheduled under the state mutex: the hold and its ticket appear together.
+        let renewal = if self.lease.is_none() {
+            self.shared.client.watchdog.register(Registration {
+                lock: Arc::downgrade(&self.shared),
+                generation,
+                acquired: Instant::now(),
+            })
+        } else {
+            None
+        };
         state.holding = Some(Holding {
             thread: thread_no(),
             count: 1,
@@ -454,16 +467,10 @@ impl DistributedLock {
             token,
             lease,
             lost: false,
+            _renewal: renewal,
             signal: None,
         });
         drop(state);
-        if self.lease.is_none() {
-            self.shared.client.renew(Registration {
-                lock: Arc::downgrade(&self.shared),
-                generation,
-                acquired: Instant::now(),
-            });
-        }
         LockGuard::new(
             self.shared.clone(),
             self._keep_alive.clone(),

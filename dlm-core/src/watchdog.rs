@@ -1,6 +1,12 @@
 //! Lease renewal (Redisson's lock watchdog): one thread per client renews every lock
 //! acquired without an explicit lease, every `timeout / 3`.
 //!
+//! Holds are kept in a schedule shared with the thread. An acquisition adds its hold
+//! (a [`Ticket`]) and the end of the hold removes it, so the schedule holds only live
+//! holds. The thread is woken only when a new hold comes due before the time it already
+//! sleeps until: a stream of short holds wakes it about once per renewal period, not once
+//! per acquisition.
+//!
 //! The thread holds only `Weak` references to locks, and runs while the client is in use:
 //! it stops when the last `LockClient`, `DistributedLock` and `LockGuard` of the client
 //! are dropped (a dropped `KeepAlive` closes its stop channel), so the thread count returns
@@ -11,11 +17,16 @@
 //! apart from one that is still in use: it is renewed until the maximum hold time (set
 //! one if that matters) or until the process ends, after which the lock expires within
 //! one timeout.
+//!
+//! Lock order: a lock's state, then the schedule. The thread never waits for a lock's
+//! state while it holds the schedule.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, select};
+use parking_lot::Mutex;
 
 use crate::backend::{Lease, LockBackend};
 use crate::lock::LockShared;
@@ -59,56 +70,165 @@ impl Config {
     }
 }
 
-/// Starts the renewal thread; it runs until `stop` disconnects.
-pub(crate) fn spawn(
+/// The holds to renew, shared by the client and its renewal thread.
+pub(crate) struct Watchdog {
     backend: Arc<dyn LockBackend>,
     config: Config,
+    /// Disconnects when the last user-facing handle is gone: the thread stops.
     stop: Receiver<()>,
-) -> std::io::Result<Sender<Registration>> {
-    let (tx, rx) = crossbeam_channel::unbounded();
-    std::thread::Builder::new()
-        .name("dlm-watchdog".into())
-        .spawn(move || run(&*backend, config, &rx, &stop))?;
-    Ok(tx)
+    schedule: Mutex<Schedule>,
 }
 
-fn run(
-    backend: &dyn LockBackend,
-    config: Config,
-    jobs: &Receiver<Registration>,
-    stop: &Receiver<()>,
-) {
-    let mut entries: Vec<Entry> = Vec::new();
-    loop {
-        let next = entries.iter().map(|e| e.due).min();
-        let timer = next.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
-        select! {
-            recv(stop) -> _ => return,
-            recv(jobs) -> job => match job {
-                Ok(reg) => {
-                    let due = reg.acquired + config.period();
-                    entries.push(Entry { reg, due });
-                }
-                Err(_) => return,
-            },
-            recv(timer) -> _ => {}
-        }
-        let now = Instant::now();
-        entries.retain_mut(|e| e.due > now || renew(backend, config, e));
+#[derive(Default)]
+struct Schedule {
+    /// Live holds by ticket number (numbers are never reused).
+    entries: BTreeMap<u64, Entry>,
+    next_ticket: u64,
+    /// Wakes the thread; `None` until the first hold starts it.
+    wake: Option<Sender<()>>,
+    /// When the thread looks next on its own; `None`: not until woken.
+    wake_at: Option<Instant>,
+    /// Times the thread was woken by a new hold (for tests).
+    wakes: u64,
+}
+
+/// A hold's place in the schedule: dropping it (the hold ended, under the lock's state
+/// mutex) takes the hold out.
+pub(crate) struct Ticket {
+    watchdog: Arc<Watchdog>,
+    number: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.watchdog.schedule.lock().entries.remove(&self.number);
     }
 }
 
-/// Renews one due hold. Returns whether to keep renewing it.
-fn renew(backend: &dyn LockBackend, config: Config, entry: &mut Entry) -> bool {
+impl Watchdog {
+    pub(crate) fn new(backend: Arc<dyn LockBackend>, config: Config, stop: Receiver<()>) -> Self {
+        Watchdog {
+            backend,
+            config,
+            stop,
+            schedule: Mutex::new(Schedule::default()),
+        }
+    }
+
+    pub(crate) fn config(&self) -> Config {
+        self.config
+    }
+
+    /// Schedules the renewal of a fresh hold, starting the thread if needed. Called with
+    /// the lock's state mutex held; the ticket goes into the hold. `None` when the thread
+    /// cannot be started (logged): the lease is then not renewed.
+    pub(crate) fn register(self: &Arc<Self>, reg: Registration) -> Option<Ticket> {
+        let due = reg.acquired + self.config.period();
+        let mut s = self.schedule.lock();
+        if s.wake.is_none() {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let me = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name("dlm-watchdog".into())
+                .spawn(move || run(&me, &rx));
+            if let Err(e) = spawned {
+                log::error!(
+                    "cannot start the lock watchdog thread; leases will not be renewed: {e}"
+                );
+                return None;
+            }
+            s.wake = Some(tx);
+        }
+        let number = s.next_ticket;
+        s.next_ticket += 1;
+        s.entries.insert(number, Entry { reg, due });
+        if s.wake_at.is_none_or(|at| due < at) {
+            s.wake_at = Some(due);
+            s.wakes += 1;
+            if let Some(wake) = &s.wake {
+                // Full: a wake-up is already pending.
+                let _ = wake.try_send(());
+            }
+        }
+        drop(s);
+        Some(Ticket {
+            watchdog: self.clone(),
+            number,
+        })
+    }
+
+    /// How many holds are scheduled, and how many times a new hold woke the thread.
+    #[cfg(test)]
+    pub(crate) fn counts(&self) -> (usize, u64) {
+        let s = self.schedule.lock();
+        (s.entries.len(), s.wakes)
+    }
+
+    /// Puts a renewed hold back, due again at `due`. Called with the lock's state mutex
+    /// held and the hold still current, so its ticket has not been dropped.
+    fn reschedule(&self, number: u64, entry: Entry) {
+        let mut s = self.schedule.lock();
+        if s.wake_at.is_none_or(|at| entry.due < at) {
+            s.wake_at = Some(entry.due);
+        }
+        s.entries.insert(number, entry);
+    }
+}
+
+/// The renewal thread. It holds the watchdog weakly: the client's handles own it.
+fn run(watchdog: &Weak<Watchdog>, wake: &Receiver<()>) {
+    loop {
+        let Some(w) = watchdog.upgrade() else { return };
+        let next = {
+            let mut s = w.schedule.lock();
+            // A time set by a new hold stands even if that hold has ended meanwhile: the
+            // holds after it come due later and need not wake the thread again.
+            let now = Instant::now();
+            let promised = s.wake_at.filter(|at| *at > now);
+            s.wake_at = s.entries.values().map(|e| e.due).chain(promised).min();
+            s.wake_at
+        };
+        let timer = next.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+        let stop = w.stop.clone();
+        drop(w);
+        select! {
+            recv(stop) -> _ => return,
+            recv(wake) -> msg => if msg.is_err() { return },
+            recv(timer) -> _ => {}
+        }
+        let Some(w) = watchdog.upgrade() else { return };
+        let now = Instant::now();
+        let due: Vec<(u64, Entry)> = {
+            let mut s = w.schedule.lock();
+            let numbers: Vec<u64> = s
+                .entries
+                .iter()
+                .filter(|(_, e)| e.due <= now)
+                .map(|(n, _)| *n)
+                .collect();
+            numbers
+                .into_iter()
+                .filter_map(|n| s.entries.remove(&n).map(|e| (n, e)))
+                .collect()
+        };
+        for (number, entry) in due {
+            renew(&w, number, entry);
+        }
+    }
+}
+
+/// Renews one due hold and, unless the hold is over, schedules the next renewal.
+fn renew(w: &Watchdog, number: u64, mut entry: Entry) {
+    let config = w.config;
     let Some(lock) = entry.reg.lock.upgrade() else {
-        return false;
+        return;
     };
     let generation = entry.reg.generation;
     let token = {
         let state = lock.state.lock();
         match state.holding.as_ref() {
             Some(h) if h.generation == generation && !h.lost => h.token,
-            _ => return false, // released, or already lost
+            _ => return, // released, or already lost
         }
     };
     if config
@@ -119,11 +239,11 @@ fn renew(backend: &dyn LockBackend, config: Config, entry: &mut Entry) -> bool {
             "lock {:?}: maximum hold time reached; no more renewals, the lease runs out",
             lock.name
         );
-        return false;
+        return;
     }
     // No state lock across the request: the holder can release meanwhile; the result is
     // applied only if the hold is still the same.
-    let result = backend.extend(&lock.name, &token, config.timeout);
+    let result = w.backend.extend(&lock.name, &token, config.timeout);
     let now = Instant::now();
     let mut state = lock.state.lock();
     let Some(holding) = state
@@ -131,7 +251,7 @@ fn renew(backend: &dyn LockBackend, config: Config, entry: &mut Entry) -> bool {
         .as_mut()
         .filter(|h| h.generation == generation && !h.lost)
     else {
-        return false;
+        return;
     };
     match result {
         Ok(Some(lease)) => {
@@ -141,12 +261,11 @@ fn renew(backend: &dyn LockBackend, config: Config, entry: &mut Entry) -> bool {
                 None => renewed,
             };
             entry.due = now + config.period();
-            true
         }
         Ok(None) => {
             log::warn!("lock {:?}: lost (renewal found it gone)", lock.name);
             holding.mark_lost();
-            false
+            return;
         }
         Err(e) if now < holding.lease.valid_until() => {
             log::warn!("lock {:?}: renewal failed, retrying: {e}", lock.name);
@@ -155,7 +274,6 @@ fn renew(backend: &dyn LockBackend, config: Config, entry: &mut Entry) -> bool {
                 + (config.period() / 4)
                     .min(left / 2)
                     .max(Duration::from_millis(1));
-            true
         }
         Err(e) => {
             log::warn!(
@@ -163,7 +281,89 @@ fn renew(backend: &dyn LockBackend, config: Config, entry: &mut Entry) -> bool {
                 lock.name
             );
             holding.mark_lost();
-            false
+            return;
         }
+    }
+    // Still under the state mutex with the hold current: its ticket is alive.
+    w.reschedule(number, entry);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Acquire, LockName, OwnerToken};
+    use crate::error::BackendError;
+    use crate::{Lock, LockClient};
+
+    /// Grants every request at once: only the front's own work is left.
+    #[derive(Debug)]
+    struct Grant;
+
+    impl LockBackend for Grant {
+        fn try_acquire(
+            &self,
+            _: &LockName,
+            _: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<Acquire, BackendError> {
+            Ok(Acquire::Acquired(Lease::new(Instant::now() + ttl)))
+        }
+        fn extend(
+            &self,
+            _: &LockName,
+            _: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<Option<Lease>, BackendError> {
+            Ok(Some(Lease::new(Instant::now() + ttl)))
+        }
+        fn release(&self, _: &LockName, _: &OwnerToken) -> Result<bool, BackendError> {
+            Ok(true)
+        }
+        fn force_release(&self, _: &LockName) -> Result<bool, BackendError> {
+            Ok(true)
+        }
+        fn inspect(&self, _: &LockName) -> Result<Option<Duration>, BackendError> {
+            Ok(None)
+        }
+    }
+
+    #[test]
+    fn ended_holds_leave_the_schedule_and_do_not_wake_the_thread() {
+        let client = LockClient::new(Grant);
+        let watchdog = client.shared.watchdog.clone();
+        let locks: Vec<_> = (0..8)
+            .map(|i| client.get_lock(&format!("l{i}")).unwrap())
+            .collect();
+        for i in 0..10_000 {
+            let guard = locks[i % locks.len()].lock().unwrap();
+            assert_eq!(watchdog.counts().0, 1, "the live hold is scheduled");
+            drop(guard);
+        }
+        let (scheduled, wakes) = watchdog.counts();
+        assert_eq!(scheduled, 0, "released holds stayed in the schedule");
+        // The first hold starts the thread and wakes it; later holds come due after the
+        // time it already sleeps until (the default period is 10 s).
+        assert_eq!(wakes, 1, "holds woke the renewal thread");
+
+        let held: Vec<_> = locks.iter().map(|l| l.lock().unwrap()).collect();
+        assert_eq!(watchdog.counts().0, locks.len());
+        drop(held);
+        assert_eq!(watchdog.counts().0, 0);
+    }
+
+    #[test]
+    fn a_hold_due_sooner_than_the_thread_sleeps_wakes_it() {
+        let slow = LockClient::builder(Arc::new(Grant))
+            .watchdog_timeout(Duration::from_secs(3600))
+            .build();
+        let watchdog = slow.shared.watchdog.clone();
+        let a = slow.get_lock("a").unwrap().lock().unwrap();
+        assert_eq!(watchdog.counts(), (1, 1));
+        // Pretend the thread sleeps until later than a new hold's renewal.
+        watchdog.schedule.lock().wake_at = Some(Instant::now() + Duration::from_secs(7200));
+        let b = slow.get_lock("b").unwrap().lock().unwrap();
+        assert_eq!(watchdog.counts(), (2, 2));
+        drop((a, b));
+        assert_eq!(watchdog.counts().0, 0);
     }
 }
