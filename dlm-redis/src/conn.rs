@@ -7,6 +7,8 @@ use std::time::Duration;
 use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
 use redis::{ConnectionAddr, ConnectionLike, ErrorKind, ServerErrorKind};
 
+use crate::wire::Wire;
+
 /// Settings shared by every connection to one server.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timeouts {
@@ -59,6 +61,7 @@ impl Endpoint {
         }
     }
 
+    /// A connection of the `redis` crate (for pub/sub), with the same timeouts.
     pub(crate) fn connect(&self, t: Timeouts) -> Result<redis::Connection, BackendError> {
         let con = self
             .client
@@ -86,12 +89,13 @@ impl fmt::Debug for Endpoint {
 /// A pooled connection that remembers when it can no longer be trusted: after a timeout
 /// or I/O error a late reply may still be in flight, so the connection is discarded.
 pub(crate) struct Conn {
-    pub(crate) con: redis::Connection,
+    pub(crate) con: Wire,
     pub(crate) broken: bool,
 }
 
 /// The r2d2 manager: connects with a connect timeout and sets read and write timeouts
 /// (the redis crate's own manager sets none, so a paused server hangs a checkout forever).
+/// Lock connections are [`Wire`]s.
 #[derive(Debug)]
 pub(crate) struct Manager {
     pub(crate) endpoint: Endpoint,
@@ -103,10 +107,10 @@ impl r2d2::ManageConnection for Manager {
     type Error = BackendError;
 
     fn connect(&self) -> Result<Conn, BackendError> {
-        Ok(Conn {
-            con: self.endpoint.connect(self.timeouts)?,
-            broken: false,
-        })
+        let t = self.timeouts;
+        let con = Wire::connect(self.endpoint.client.get_connection_info(), t.connect, t.io)
+            .map_err(|e| map_error(&e, &self.endpoint.display))?;
+        Ok(Conn { con, broken: false })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), BackendError> {

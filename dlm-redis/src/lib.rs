@@ -42,6 +42,7 @@ mod node;
 mod options;
 mod redlock;
 mod single;
+mod wire;
 
 pub use fenced::{FencedWriteError, fenced_get, fenced_set};
 pub use redlock::{Redlock, RedlockBuilder, quorum};

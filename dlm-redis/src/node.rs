@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use redis::Script;
 
 use crate::conn::{Conn, Endpoint, Manager, Timeouts, map_error};
+use crate::wire::Wire;
 
 struct Scripts {
     acquire: Script,
@@ -141,39 +142,36 @@ pub(crate) struct Call {
 
 impl Call {
     /// Writes the request.
-    pub(crate) fn send(&self, con: &mut redis::Connection) -> redis::RedisResult<()> {
-        con.send_packed_command(&self.bytes)
+    pub(crate) fn send(&self, con: &mut Wire) -> redis::RedisResult<()> {
+        con.send(&self.bytes)
     }
 
     /// Reads the replies to a request sent with [`send`](Self::send): one value, or an
     /// array of one value per pipelined command (errors kept as values, so that every
     /// reply is read). A script the server does not know is loaded and the call re-run.
-    pub(crate) fn receive(&self, con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
+    pub(crate) fn receive(&self, con: &mut Wire) -> redis::RedisResult<redis::Value> {
         match self.shape {
-            Shape::Script(script) => {
-                match con.recv_response().and_then(redis::Value::extract_error) {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        script.load(con)?;
-                        self.send(con)?;
-                        con.recv_response().and_then(redis::Value::extract_error)
-                    }
-                    other => other,
+            Shape::Script(script) => match con.receive().and_then(redis::Value::extract_error) {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.load(con)?;
+                    self.send(con)?;
+                    con.receive().and_then(redis::Value::extract_error)
                 }
-            }
-            Shape::SetGet => con.recv_response(),
+                other => other,
+            },
+            Shape::SetGet => con.receive(),
             Shape::SetGetFence => {
-                let set = con.recv_response()?;
-                let fence = con.recv_response()?;
+                let set = con.receive()?;
+                let fence = con.receive()?;
                 Ok(redis::Value::Array(vec![set, fence]))
             }
         }
     }
 
     /// Sends the request and reads its replies.
-    pub(crate) fn execute(&self, con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
+    pub(crate) fn execute(&self, con: &mut Wire) -> redis::RedisResult<redis::Value> {
         self.send(con)?;
         self.receive(con)
     }
@@ -309,7 +307,7 @@ impl Node {
     /// discarded: a late reply could otherwise answer the next command.
     fn run<T>(
         &self,
-        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        f: impl FnOnce(&mut Wire) -> redis::RedisResult<T>,
     ) -> Result<T, BackendError> {
         let mut conn = self.pool.get().map_err(|e| {
             let kind = match self.last_connect_error.0.lock().take() {
@@ -333,7 +331,7 @@ impl Node {
 
     /// Fencing tokens are only as durable as the counters: warns once when the server
     /// would lose them on a restart (needs `appendonly yes` and `appendfsync always`).
-    fn check_durability(&self, con: &mut redis::Connection) {
+    fn check_durability(&self, con: &mut Wire) {
         let config: redis::RedisResult<Vec<String>> =
             redis::cmd("CONFIG").arg("GET").arg("append*").query(con);
         match config {

@@ -14,7 +14,7 @@ use dlm_testkit::redis_server::{
 /// machine must not turn a healthy server into a spurious failure.
 pub const CALM: Duration = Duration::from_millis(500);
 
-fn require() {
+pub fn require() {
     require_redis_server().expect(
         "redis-server not found: install it (apt-get install redis-server) or set DLM_REDIS_SERVER",
     );

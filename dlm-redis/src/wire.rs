@@ -1,0 +1,443 @@
+//! The lock connections' transport: a socket with a reused read buffer and a small RESP2
+//! reader.
+//!
+//! Every lock request is encoded by `node.rs` straight into bytes; this reads the
+//! replies. The `redis` crate's reader zeroes an 8 KiB buffer and runs a general parser
+//! combinator for every reply, which was about half of the client's instructions per lock
+//! cycle. The replies here are few and small (status, integer, bulk string, short arrays),
+//! so a direct reader is short. It still yields `redis::Value` and `redis::RedisError`, so
+//! error classification is shared with the rest of the crate, and it implements
+//! `redis::ConnectionLike` for the rare commands built with `redis::cmd` (script loads,
+//! `INFO`, `CONFIG GET`). Pub/sub connections (`hints.rs`) use the `redis` crate as they
+//! are.
+//!
+//! The connection speaks RESP2 (no `HELLO`), authenticates with `AUTH` and selects the
+//! URL's database. Any I/O error, timeout or malformed reply closes it for good: a late
+//! reply could otherwise answer the next request.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, RedisResult, Value};
+
+/// The largest bulk reply accepted (Redis's own limit for a string).
+const MAX_BULK: usize = 512 * 1024 * 1024;
+/// Nesting deeper than any reply of ours is a protocol error, not a reason to recurse.
+const MAX_DEPTH: usize = 8;
+/// The read buffer's starting size; it grows for larger replies (`INFO`) and stays.
+const BUFFER: usize = 4096;
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(bytes),
+            Stream::Unix(s) => s.write_all(bytes),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_timeouts(&self, io: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(Some(io))?;
+                s.set_write_timeout(Some(io))
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(io))?;
+                s.set_write_timeout(Some(io))
+            }
+        }
+    }
+}
+
+/// One connection to one server.
+pub(crate) struct Wire {
+    stream: Stream,
+    /// Received bytes not yet parsed are `buf[start..end]`.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    db: i64,
+    open: bool,
+}
+
+impl Wire {
+    /// Connects (each resolved address in turn, within `connect` each), sets the I/O
+    /// timeouts, authenticates and selects the database.
+    pub(crate) fn connect(
+        info: &ConnectionInfo,
+        connect: Duration,
+        io: Duration,
+    ) -> RedisResult<Wire> {
+        let stream = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let mut last = None;
+                let mut stream = None;
+                for addr in (host.as_str(), *port).to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&addr, connect) {
+                        Ok(s) => {
+                            stream = Some(s);
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                let s = match (stream, last) {
+                    (Some(s), _) => s,
+                    (None, Some(e)) => return Err(e.into()),
+                    (None, None) => {
+                        return Err(RedisError::from((
+                            ErrorKind::InvalidClientConfig,
+                            "the host name resolved to no address",
+                        )));
+                    }
+                };
+                s.set_nodelay(true)?;
+                Stream::Tcp(s)
+            }
+            ConnectionAddr::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
+            _ => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "only redis:// and unix:// addresses are supported",
+                )));
+            }
+        };
+        stream.set_timeouts(io)?;
+        let settings = info.redis_settings();
+        let mut wire = Wire {
+            stream,
+            buf: vec![0; BUFFER],
+            start: 0,
+            end: 0,
+            db: settings.db(),
+            open: true,
+        };
+        // AUTH and SELECT in one round trip; every reply is read before any error counts.
+        let mut hello = Vec::new();
+        let mut replies = 0;
+        if let Some(password) = settings.password() {
+            match settings.username() {
+                Some(user) => encode(&mut hello, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
+                None => encode(&mut hello, &[b"AUTH", password.as_bytes()]),
+            }
+            replies += 1;
+        }
+        if settings.db() != 0 {
+            encode(
+                &mut hello,
+                &[b"SELECT", settings.db().to_string().as_bytes()],
+            );
+            replies += 1;
+        }
+        if replies > 0 {
+            wire.send(&hello)?;
+            let mut first_error = None;
+            for _ in 0..replies {
+                if let Err(e) = wire.receive()?.extract_error() {
+                    first_error.get_or_insert(e);
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
+        }
+        Ok(wire)
+    }
+
+    /// Changes the read timeout (a deadline nearer than the usual timeout).
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> RedisResult<()> {
+        Ok(self.stream.set_read_timeout(t)?)
+    }
+
+    /// Writes one or more encoded requests.
+    pub(crate) fn send(&mut self, bytes: &[u8]) -> RedisResult<()> {
+        self.check_open()?;
+        self.stream
+            .write_all(bytes)
+            .map_err(|e| self.fail(e.into()))
+    }
+
+    /// Reads one reply. A server error is a value (`Value::ServerError`), so that the
+    /// replies to pipelined requests can all be read; anything else that goes wrong
+    /// closes the connection.
+    pub(crate) fn receive(&mut self) -> RedisResult<Value> {
+        self.check_open()?;
+        loop {
+            match parse(&self.buf[self.start..self.end], MAX_DEPTH) {
+                Ok(Some((value, used))) => {
+                    self.start += used;
+                    if self.start == self.end {
+                        self.start = 0;
+                        self.end = 0;
+                    }
+                    return Ok(value);
+                }
+                Ok(None) => self.fill()?,
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+    }
+
+    /// Reads more bytes, making room first.
+    fn fill(&mut self) -> RedisResult<()> {
+        if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else {
+                let len = self.buf.len() * 2;
+                self.buf.resize(len, 0);
+            }
+        }
+        match self.stream.read(&mut self.buf[self.end..]) {
+            Ok(0) => Err(self.fail(
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection",
+                )
+                .into(),
+            )),
+            Ok(n) => {
+                self.end += n;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(self.fail(e.into())),
+        }
+    }
+
+    fn check_open(&self) -> RedisResult<()> {
+        if self.open {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the connection was closed after an error",
+            )
+            .into())
+        }
+    }
+
+    fn fail(&mut self, e: RedisError) -> RedisError {
+        self.open = false;
+        e
+    }
+}
+
+impl redis::ConnectionLike for Wire {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.send(cmd)?;
+        self.receive()
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.send(cmd)?;
+        let mut values = Vec::with_capacity(count);
+        for i in 0..offset + count {
+            let value = self.receive()?;
+            if i >= offset {
+                values.push(value);
+            }
+        }
+        Ok(values)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        matches!(
+            self.req_packed_command(b"*1\r\n$4\r\nPING\r\n"),
+            Ok(Value::SimpleString(_))
+        )
+    }
+
+    fn is_open(&self) -> bool {
+        self.open
+    }
+}
+
+/// Appends one request in RESP.
+fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn protocol_error(what: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::Parse, what))
+}
+
+/// One reply from the start of `b`, and the bytes it took; `None` when `b` holds only
+/// part of it.
+fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
+    // A line never holds a CR of its own: the first one ends it.
+    let Some(eol) = b.iter().position(|&c| c == b'\r') else {
+        return Ok(None);
+    };
+    match b.get(eol + 1) {
+        None => return Ok(None),
+        Some(b'\n') => {}
+        Some(_) => return Err(protocol_error("CR without LF in a reply line")),
+    }
+    let line = &b[1..eol];
+    let next = eol + 2;
+    let value = match b[0] {
+        b'+' if line == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(String::from_utf8_lossy(line).into_owned()),
+        // The redis crate knows the error codes: let it build the error value.
+        b'-' => redis::parse_redis_value(&b[..next])?,
+        b':' => Value::Int(integer(line)?),
+        b'$' => {
+            let len = integer(line)?;
+            if len == -1 {
+                return Ok(Some((Value::Nil, next)));
+            }
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|n| *n <= MAX_BULK)
+                .ok_or_else(|| protocol_error("invalid bulk string length"))?;
+            if b.len() < next + len + 2 {
+                return Ok(None);
+            }
+            if &b[next + len..next + len + 2] != b"\r\n" {
+                return Err(protocol_error("bulk string not terminated by CRLF"));
+            }
+            return Ok(Some((
+                Value::BulkString(b[next..next + len].to_vec()),
+                next + len + 2,
+            )));
+        }
+        b'*' => {
+            let n = integer(line)?;
+            if n == -1 {
+                return Ok(Some((Value::Nil, next)));
+            }
+            let n = usize::try_from(n).map_err(|_| protocol_error("invalid array length"))?;
+            if depth == 0 {
+                return Err(protocol_error("reply nested too deeply"));
+            }
+            let mut items = Vec::with_capacity(n.min(16));
+            let mut at = next;
+            for _ in 0..n {
+                match parse(&b[at..], depth - 1)? {
+                    Some((item, used)) => {
+                        items.push(item);
+                        at += used;
+                    }
+                    None => return Ok(None),
+                }
+            }
+            return Ok(Some((Value::Array(items), at)));
+        }
+        _ => return Err(protocol_error("unexpected reply type")),
+    };
+    Ok(Some((value, next)))
+}
+
+fn integer(digits: &[u8]) -> RedisResult<i64> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| protocol_error("invalid integer"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(b: &[u8]) -> Value {
+        let (v, used) = parse(b, MAX_DEPTH).unwrap().expect("complete");
+        assert_eq!(used, b.len(), "consumed all of {b:?}");
+        v
+    }
+
+    #[test]
+    fn parses_every_reply_type_we_meet() {
+        assert_eq!(whole(b"+OK\r\n"), Value::Okay);
+        assert_eq!(whole(b"+PONG\r\n"), Value::SimpleString("PONG".into()));
+        assert_eq!(whole(b":-42\r\n"), Value::Int(-42));
+        assert_eq!(whole(b"$-1\r\n"), Value::Nil);
+        assert_eq!(whole(b"*-1\r\n"), Value::Nil);
+        assert_eq!(whole(b"$0\r\n\r\n"), Value::BulkString(vec![]));
+        assert_eq!(
+            whole(b"$4\r\na\r\nb\r\n"),
+            Value::BulkString(b"a\r\nb".to_vec())
+        );
+        assert_eq!(
+            whole(b"*2\r\n:1\r\n*1\r\n$1\r\nx\r\n"),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Array(vec![Value::BulkString(b"x".to_vec())])
+            ])
+        );
+        let e = whole(b"-NOSCRIPT No matching script\r\n")
+            .extract_error()
+            .unwrap_err();
+        assert_eq!(e.code(), Some("NOSCRIPT"));
+        let e = whole(b"-WRONGPASS invalid username-password pair\r\n")
+            .extract_error()
+            .unwrap_err();
+        assert_eq!(e.code(), Some("WRONGPASS"));
+    }
+
+    #[test]
+    fn a_partial_reply_asks_for_more_and_the_rest_is_left() {
+        let full = b"*2\r\n$3\r\nabc\r\n:7\r\n+OK\r\n";
+        for cut in 0..full.len() - 5 {
+            assert!(
+                parse(&full[..cut], MAX_DEPTH).unwrap().is_none(),
+                "cut at {cut}"
+            );
+        }
+        let (_, used) = parse(full, MAX_DEPTH).unwrap().unwrap();
+        assert_eq!(&full[used..], b"+OK\r\n");
+    }
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        for bad in [
+            &b"?x\r\n"[..],
+            b":12a\r\n",
+            b"$-2\r\n",
+            b"$3\r\nabcd\r\n",
+            b"*-5\r\n",
+            b"$99999999999\r\n",
+        ] {
+            assert!(parse(bad, MAX_DEPTH).is_err(), "{bad:?} accepted");
+        }
+        let deep = b"*1\r\n".repeat(MAX_DEPTH + 1);
+        assert!(parse(&deep, MAX_DEPTH).is_err(), "unbounded nesting");
+    }
+}

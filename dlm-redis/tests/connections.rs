@@ -1,0 +1,64 @@
+//! Lock connections honour the URL: its user and password, and its database.
+mod common;
+
+use std::time::Duration;
+
+use dlm_core::{Lock, LockClient};
+use dlm_redis::RedisBackend;
+use dlm_testkit::redis_server::RedisServer;
+
+/// How many keys database `db` holds, and the lease left on `key` there (ms; -2: none).
+fn look(server: &RedisServer, db: i64, key: &str) -> (u64, i64) {
+    let mut admin = server.connection();
+    let _: () = redis::cmd("SELECT").arg(db).query(&mut admin).unwrap();
+    let size: u64 = redis::cmd("DBSIZE").query(&mut admin).unwrap();
+    let pttl: i64 = redis::cmd("PTTL").arg(key).query(&mut admin).unwrap();
+    (size, pttl)
+}
+
+#[test]
+fn the_urls_user_password_and_database_are_used() {
+    common::require();
+    let server = RedisServer::builder()
+        .password("admin-pw")
+        .acl_user("app", "on >app-pw ~* &* +@all")
+        .credentials("app", "app-pw")
+        .spawn();
+    let url = format!("{}5", server.url());
+    assert!(url.starts_with("redis://app:app-pw@"), "{url}");
+    let backend = RedisBackend::builder(&url)
+        .prefix("conn")
+        .io_timeout(common::CALM)
+        .build()
+        .unwrap();
+    let client = LockClient::new(backend);
+    let lock = client.get_lock("db-test").unwrap();
+    let guard = lock
+        .try_lock_timeout(Duration::ZERO)
+        .unwrap()
+        .expect("free");
+
+    let (size, pttl) = look(&server, 5, "conn:{db-test}");
+    assert!(
+        size >= 1 && pttl > 0,
+        "database 5: {size} keys, pttl {pttl}"
+    );
+    assert_eq!(
+        look(&server, 0, "conn:{db-test}"),
+        (0, -2),
+        "database 0 was written"
+    );
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(
+        clients
+            .lines()
+            .any(|l| l.contains(" user=app ") && l.contains(" db=5 ")),
+        "no connection of user app on database 5:\n{clients}"
+    );
+
+    guard.unlock().unwrap();
+    assert_eq!(look(&server, 5, "conn:{db-test}").1, -2, "not released");
+}
