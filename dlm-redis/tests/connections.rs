@@ -62,3 +62,13 @@ fn the_urls_user_password_and_database_are_used() {
     guard.unlock().unwrap();
     assert_eq!(look(&server, 5, "conn:{db-test}").1, -2, "not released");
 }
+
+#[test]
+fn tls_urls_are_refused_before_any_io() {
+    // Nothing listens on port 1: an attempt to connect would fail differently.
+    let err = RedisBackend::new("rediss://127.0.0.1:1/").expect_err("TLS is not supported");
+    assert!(
+        matches!(err, dlm_core::Error::InvalidArgument(_)),
+        "not an InvalidArgument: {err:?}"
+    );
+}
