@@ -90,6 +90,8 @@ struct Schedule {
     wake_at: Option<Instant>,
     /// Times the thread was woken by a new hold (for tests).
     wakes: u64,
+    /// Times the thread chose when to look next (for tests).
+    plans: u64,
 }
 
 /// A hold's place in the schedule: dropping it (the hold ended, under the lock's state
@@ -186,6 +188,7 @@ fn run(watchdog: &Weak<Watchdog>, wake: &Receiver<()>) {
             let now = Instant::now();
             let promised = s.wake_at.filter(|at| *at > now);
             s.wake_at = s.entries.values().map(|e| e.due).chain(promised).min();
+            s.plans += 1;
             s.wake_at
         };
         let timer = next.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
@@ -212,7 +215,13 @@ fn run(watchdog: &Weak<Watchdog>, wake: &Receiver<()>) {
                 .collect()
         };
         for (number, entry) in due {
-            renew(&w, number, entry);
+            // A panicking backend must not end the renewals of every other hold.
+            let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                renew(&w, number, entry);
+            }));
+            if renewed.is_err() {
+                log::error!("lock renewal panicked; that hold is no longer renewed");
+            }
         }
     }
 }
@@ -359,7 +368,17 @@ mod tests {
         let watchdog = slow.shared.watchdog.clone();
         let a = slow.get_lock("a").unwrap().lock().unwrap();
         assert_eq!(watchdog.counts(), (1, 1));
-        // Pretend the thread sleeps until later than a new hold's renewal.
+        // The thread plans once when it starts and once more for the wake-up that `a`
+        // sent; then it sleeps until `a` is due.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while watchdog.schedule.lock().plans < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the renewal thread never planned"
+            );
+            std::thread::yield_now();
+        }
+        // Pretend it sleeps until later than a new hold's renewal.
         watchdog.schedule.lock().wake_at = Some(Instant::now() + Duration::from_secs(7200));
         let b = slow.get_lock("b").unwrap().lock().unwrap();
         assert_eq!(watchdog.counts(), (2, 2));

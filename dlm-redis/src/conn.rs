@@ -35,13 +35,23 @@ impl Endpoint {
             ConnectionAddr::Tcp(host, port) => {
                 format!("{host}:{port}/{}", info.redis_settings().db())
             }
-            ConnectionAddr::TcpTls { host, port, .. } => {
-                format!("tls:{host}:{port}/{}", info.redis_settings().db())
-            }
             ConnectionAddr::Unix(path) => {
                 format!("unix:{}/{}", path.display(), info.redis_settings().db())
             }
-            _ => "unknown-address".to_owned(),
+            // Lock connections speak plain TCP or unix sockets (see wire.rs), whatever
+            // features of the redis crate another dependency enables.
+            ConnectionAddr::TcpTls { .. } => {
+                return Err(InvalidArgument::new(
+                    "url",
+                    "TLS (rediss://) is not supported; use redis:// or unix://",
+                ));
+            }
+            _ => {
+                return Err(InvalidArgument::new(
+                    "url",
+                    "only redis:// and unix:// addresses are supported",
+                ));
+            }
         };
         Ok(Endpoint { client, display })
     }
@@ -50,12 +60,10 @@ impl Endpoint {
     /// twice under different names. Unix sockets resolve to nothing here.
     pub(crate) fn socket_addrs(&self) -> Vec<String> {
         match self.client.get_connection_info().addr() {
-            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-                (host.as_str(), *port)
-                    .to_socket_addrs()
-                    .map(|a| a.map(|a: SocketAddr| a.to_string()).collect())
-                    .unwrap_or_default()
-            }
+            ConnectionAddr::Tcp(host, port) => (host.as_str(), *port)
+                .to_socket_addrs()
+                .map(|a| a.map(|a: SocketAddr| a.to_string()).collect())
+                .unwrap_or_default(),
             ConnectionAddr::Unix(path) => vec![format!("unix:{}", path.display())],
             _ => Vec::new(),
         }

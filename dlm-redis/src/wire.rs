@@ -26,8 +26,10 @@ use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, RedisResult, 
 const MAX_BULK: usize = 512 * 1024 * 1024;
 /// Nesting deeper than any reply of ours is a protocol error, not a reason to recurse.
 const MAX_DEPTH: usize = 8;
-/// The read buffer's starting size; it grows for larger replies (`INFO`) and stays.
+/// The read buffer's size; it grows for a larger reply ...
 const BUFFER: usize = 4096;
+/// ... and is put back to `BUFFER` after one beyond this.
+const BUFFER_KEPT: usize = 64 * 1024;
 
 enum Stream {
     Tcp(TcpStream),
@@ -133,34 +135,39 @@ impl Wire {
             db: settings.db(),
             open: true,
         };
-        // AUTH and SELECT in one round trip; every reply is read before any error counts.
-        let mut hello = Vec::new();
-        let mut replies = 0;
         if let Some(password) = settings.password() {
+            let mut auth = Vec::new();
             match settings.username() {
-                Some(user) => encode(&mut hello, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
-                None => encode(&mut hello, &[b"AUTH", password.as_bytes()]),
+                Some(user) => encode(&mut auth, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
+                None => encode(&mut auth, &[b"AUTH", password.as_bytes()]),
             }
-            replies += 1;
+            match wire.request(&auth)?.extract_error() {
+                Ok(Value::Okay) => {}
+                // A server older than 6.0 has no users: the password alone (as redis-rs).
+                Err(e)
+                    if settings.username().is_some()
+                        && e.detail().is_some_and(|d| {
+                            d.contains("wrong number of arguments for 'auth' command")
+                        }) =>
+                {
+                    auth.clear();
+                    encode(&mut auth, &[b"AUTH", password.as_bytes()]);
+                    if wire.request(&auth)? != Value::Okay {
+                        return Err(auth_failed());
+                    }
+                }
+                // Whatever the server said (WRONGPASS, "no password is set", Redis 5's
+                // "invalid password"), the credentials were refused: never retried.
+                _ => return Err(auth_failed()),
+            }
         }
         if settings.db() != 0 {
+            let mut select = Vec::new();
             encode(
-                &mut hello,
+                &mut select,
                 &[b"SELECT", settings.db().to_string().as_bytes()],
             );
-            replies += 1;
-        }
-        if replies > 0 {
-            wire.send(&hello)?;
-            let mut first_error = None;
-            for _ in 0..replies {
-                if let Err(e) = wire.receive()?.extract_error() {
-                    first_error.get_or_insert(e);
-                }
-            }
-            if let Some(e) = first_error {
-                return Err(e);
-            }
+            wire.request(&select)?.extract_error()?;
         }
         Ok(wire)
     }
@@ -173,9 +180,17 @@ impl Wire {
     /// Writes one or more encoded requests.
     pub(crate) fn send(&mut self, bytes: &[u8]) -> RedisResult<()> {
         self.check_open()?;
-        self.stream
-            .write_all(bytes)
-            .map_err(|e| self.fail(e.into()))
+        if self.start != self.end {
+            // Bytes nobody asked for would answer this request.
+            self.open = false;
+            return Err(protocol_error("unexpected data from the server"));
+        }
+        // Closed until the write completes: an error, or a panic midway, leaves it so
+        // (and the pool discards it).
+        self.open = false;
+        self.stream.write_all(bytes)?;
+        self.open = true;
+        Ok(())
     }
 
     /// Reads one reply. A server error is a value (`Value::ServerError`), so that the
@@ -183,20 +198,33 @@ impl Wire {
     /// closes the connection.
     pub(crate) fn receive(&mut self) -> RedisResult<Value> {
         self.check_open()?;
-        loop {
-            match parse(&self.buf[self.start..self.end], MAX_DEPTH) {
-                Ok(Some((value, used))) => {
+        // Closed until a whole reply is read: an error or a panic midway leaves it so.
+        self.open = false;
+        let value = loop {
+            match parse(&self.buf[self.start..self.end], MAX_DEPTH)? {
+                Some((value, used)) => {
                     self.start += used;
-                    if self.start == self.end {
-                        self.start = 0;
-                        self.end = 0;
-                    }
-                    return Ok(value);
+                    break value;
                 }
-                Ok(None) => self.fill()?,
-                Err(e) => return Err(self.fail(e)),
+                None => self.fill()?,
+            }
+        };
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > BUFFER_KEPT {
+                // A large reply grew the buffer: a pooled connection does not keep it.
+                self.buf = vec![0; BUFFER];
             }
         }
+        self.open = true;
+        Ok(value)
+    }
+
+    /// Sends one request and reads its reply.
+    fn request(&mut self, bytes: &[u8]) -> RedisResult<Value> {
+        self.send(bytes)?;
+        self.receive()
     }
 
     /// Reads more bytes, making room first.
@@ -211,20 +239,22 @@ impl Wire {
                 self.buf.resize(len, 0);
             }
         }
-        match self.stream.read(&mut self.buf[self.end..]) {
-            Ok(0) => Err(self.fail(
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the server closed the connection",
-                )
-                .into(),
-            )),
-            Ok(n) => {
-                self.end += n;
-                Ok(())
+        loop {
+            match self.stream.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the server closed the connection",
+                    )
+                    .into());
+                }
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
-            Err(e) => Err(self.fail(e.into())),
         }
     }
 
@@ -238,11 +268,6 @@ impl Wire {
             )
             .into())
         }
-    }
-
-    fn fail(&mut self, e: RedisError) -> RedisError {
-        self.open = false;
-        e
     }
 }
 
@@ -260,13 +285,20 @@ impl redis::ConnectionLike for Wire {
     ) -> RedisResult<Vec<Value>> {
         self.send(cmd)?;
         let mut values = Vec::with_capacity(count);
+        let mut skipped_error = None;
         for i in 0..offset + count {
             let value = self.receive()?;
             if i >= offset {
                 values.push(value);
+            } else if let Err(e) = value.extract_error() {
+                // e.g. a command MULTI refused to queue: the transaction did not run.
+                skipped_error.get_or_insert(e);
             }
         }
-        Ok(values)
+        match skipped_error {
+            Some(e) => Err(e),
+            None => Ok(values),
+        }
     }
 
     fn get_db(&self) -> i64 {
@@ -295,6 +327,13 @@ fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
+fn auth_failed() -> RedisError {
+    RedisError::from((
+        ErrorKind::AuthenticationFailed,
+        "the server refused the credentials",
+    ))
+}
+
 fn protocol_error(what: &'static str) -> RedisError {
     RedisError::from((ErrorKind::Parse, what))
 }
@@ -310,6 +349,9 @@ fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
         None => return Ok(None),
         Some(b'\n') => {}
         Some(_) => return Err(protocol_error("CR without LF in a reply line")),
+    }
+    if eol == 0 {
+        return Err(protocol_error("a reply line without a type"));
     }
     let line = &b[1..eol];
     let next = eol + 2;
@@ -429,6 +471,9 @@ mod tests {
     fn malformed_replies_are_errors() {
         for bad in [
             &b"?x\r\n"[..],
+            b"\r\n",
+            b"*1\r\n\r\n",
+            b"+a\rb\r\n",
             b":12a\r\n",
             b"$-2\r\n",
             b"$3\r\nabcd\r\n",

@@ -72,3 +72,29 @@ fn tls_urls_are_refused_before_any_io() {
         "not an InvalidArgument: {err:?}"
     );
 }
+
+#[test]
+fn a_password_the_server_does_not_expect_is_an_auth_error() {
+    common::require();
+    let server = RedisServer::spawn(); // no password set
+    let url = server.url().replacen("redis://", "redis://:not-needed@", 1);
+    let backend = RedisBackend::builder(&url)
+        .io_timeout(common::CALM)
+        .build()
+        .unwrap();
+    let client = LockClient::new(backend);
+    let err = client
+        .get_lock("auth")
+        .unwrap()
+        .try_lock()
+        .expect_err("the server refuses AUTH");
+    match &err {
+        dlm_core::Error::Backend(e) => assert_eq!(
+            e.kind(),
+            dlm_core::BackendErrorKind::Auth,
+            "{err}: refused credentials must not look transient"
+        ),
+        other => panic!("not a backend error: {other:?}"),
+    }
+    assert!(!err.to_string().contains("not-needed"), "password in {err}");
+}
