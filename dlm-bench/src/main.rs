@@ -121,6 +121,8 @@ struct Row {
     commands_per_cycle: Option<f64>,
     new_connections_per_cycle: Option<f64>,
     ping_rtt_us: Option<f64>,
+    /// Cycles per second of each round (the spread behind `cycles_per_sec`).
+    round_rates: Vec<f64>,
 }
 
 fn us(d: Duration) -> f64 {
@@ -152,6 +154,8 @@ struct Tally {
     per_thread: [u64; CONTENDERS],
     /// Uncontended attempts that failed.
     failures: u64,
+    /// Cycles per second of each round, in round order.
+    round_rates: Vec<f64>,
 }
 
 /// A scenario: how one round of one system is run.
@@ -183,9 +187,16 @@ impl Scenario {
     }
 
     fn run(self, system: &dyn LockSystem, run_for: Duration, tally: &mut Tally) {
+        let (cycles, elapsed) = (tally.cycles, tally.elapsed);
         match self {
             Scenario::Uncontended { threads } => uncontended(system, threads, run_for, tally),
             Scenario::Contended { pause } => contended(system, pause, run_for, tally),
+        }
+        let secs = (tally.elapsed - elapsed).as_secs_f64();
+        if secs > 0.0 {
+            tally
+                .round_rates
+                .push((tally.cycles - cycles) as f64 / secs);
         }
     }
 
@@ -200,6 +211,7 @@ impl Scenario {
             cycles_per_sec: (secs > 0.0).then(|| t.cycles as f64 / secs),
             p50_us: percentile(&t.samples, 0.5),
             p99_us: percentile(&t.samples, 0.99),
+            round_rates: std::mem::take(&mut t.round_rates),
             ..Row::default()
         };
         if let Scenario::Uncontended { .. } = self {
@@ -561,6 +573,23 @@ fn ratio(v: Option<f64>, base: Option<f64>) -> String {
     }
 }
 
+/// The lowest and highest ratio of `rates` to `base` over rounds run side by side
+/// (round k of one system against round k of the other).
+fn round_ratios(rates: &[f64], base: &[f64]) -> String {
+    let ratios: Vec<f64> = rates
+        .iter()
+        .zip(base)
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(r, b)| r / b)
+        .collect();
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if ratios.len() < 2 {
+        return "-".into();
+    }
+    format!("{lo:.2}-{hi:.2}")
+}
+
 fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.digits$}"))
 }
@@ -569,13 +598,16 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads; by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
     );
     let _ = writeln!(
         out,
-        "| system | scenario | nodes | threads | cycles/s | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | commands/node/cycle | new conns/cycle |"
+        "| system | scenario | nodes | threads | cycles/s | by round | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | commands/node/cycle | new conns/cycle |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        out,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for r in rows {
         let base = rows.iter().find(|b| {
             b.system == "minimal"
@@ -585,13 +617,17 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
         });
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {}{} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}{} | {} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} |",
             r.system,
             r.scenario,
             r.nodes,
             r.threads,
             num(r.cycles_per_sec, 0),
             ratio(r.cycles_per_sec, base.and_then(|b| b.cycles_per_sec)),
+            base.filter(|b| b.system != r.system).map_or_else(
+                || "-".into(),
+                |b| round_ratios(&r.round_rates, &b.round_rates)
+            ),
             num(r.p50_us, 1),
             ratio(r.p50_us, base.and_then(|b| b.p50_us)),
             num(r.p99_us, 1),
@@ -616,7 +652,7 @@ fn json(rows: &[Row]) -> String {
     for (i, r) in rows.iter().enumerate() {
         let _ = writeln!(
             out,
-            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"commands_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"ping_rtt_us\": {}}}{}",
+            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"commands_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"ping_rtt_us\": {}, \"cycles_per_sec_rounds\": [{}]}}{}",
             r.system,
             r.scenario,
             r.nodes,
@@ -631,6 +667,11 @@ fn json(rows: &[Row]) -> String {
             f(r.commands_per_cycle),
             f(r.new_connections_per_cycle),
             f(r.ping_rtt_us),
+            r.round_rates
+                .iter()
+                .map(|v| format!("{v:.3}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             if i + 1 < rows.len() { "," } else { "" }
         );
     }
