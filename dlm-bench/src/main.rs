@@ -50,6 +50,8 @@ struct Opts {
     only: Option<String>,
     /// Only this scenario.
     scenario: Option<String>,
+    /// Only this many Redis nodes (1 or 5).
+    nodes: Option<usize>,
 }
 
 impl Opts {
@@ -60,6 +62,7 @@ impl Opts {
             json: None,
             only: None,
             scenario: None,
+            nodes: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -72,10 +75,17 @@ impl Opts {
                 "--scenario" => {
                     opts.scenario = Some(args.next().expect("--scenario needs a name"));
                 }
+                "--nodes" => {
+                    opts.nodes = args.next().and_then(|n| n.parse().ok());
+                    if !matches!(opts.nodes, Some(1 | 5)) {
+                        eprintln!("--nodes needs 1 or 5");
+                        std::process::exit(2);
+                    }
+                }
                 "--bench" => {} // passed by `cargo bench`
                 other => {
                     eprintln!(
-                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff]"
+                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff] [--nodes 1|5]"
                     );
                     std::process::exit(2);
                 }
@@ -510,6 +520,9 @@ fn main() {
     }
 
     for (nodes, urls) in [(1, vec![single.url()]), (5, five.urls())] {
+        if opts.nodes.is_some_and(|n| n != nodes) {
+            continue;
+        }
         let servers: Vec<&RedisServer> = if nodes == 1 {
             vec![&single]
         } else {
