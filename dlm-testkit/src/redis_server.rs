@@ -17,7 +17,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex, MutexGuard, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -446,7 +446,7 @@ impl RedisServer {
         for attempt in 1..=START_ATTEMPTS {
             self.port = port.unwrap_or_else(pick_port);
             let log_offset = fs::metadata(self.dir().join(LOG_FILE)).map_or(0, |m| m.len());
-            let child = self.command().spawn().unwrap_or_else(|e| {
+            let child = spawn_child(self.command()).unwrap_or_else(|e| {
                 panic!("spawning {}: {e}", self.binary.display());
             });
             self.pid = child.id();
@@ -482,7 +482,14 @@ impl RedisServer {
             .append(true)
             .open(dir.join(STDERR_FILE))
             .expect("opening redis-server's stderr file");
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = match &*SETPRIV {
+            Some(setpriv) => {
+                let mut cmd = Command::new(setpriv);
+                cmd.args(["--pdeathsig", "KILL", "--"]).arg(&self.binary);
+                cmd
+            }
+            None => Command::new(&self.binary),
+        };
         cmd.arg("--port").arg(self.port.to_string());
         cmd.args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"]);
         cmd.args(["--protected-mode", "no"]);
@@ -562,6 +569,53 @@ fn connect(url: &str, timeout: Duration) -> redis::RedisResult<redis::Connection
     con.set_read_timeout(Some(timeout))?;
     con.set_write_timeout(Some(timeout))?;
     Ok(con)
+}
+
+/// `setpriv` (util-linux), if it is there and can set a parent-death signal: servers are
+/// started through it (it `exec`s redis-server, so the pid stays the server's) so that
+/// the kernel kills them when this process dies without running destructors (SIGKILL, a
+/// harness's timeout, a crash). Without it, only `Drop` stops them.
+static SETPRIV: LazyLock<Option<PathBuf>> = LazyLock::new(|| {
+    let works = Command::new("setpriv")
+        .args(["--pdeathsig", "KILL", "--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        log::warn!(
+            "setpriv --pdeathsig is not available: a killed test process leaves its redis-servers running"
+        );
+    }
+    works.then(|| PathBuf::from("setpriv"))
+});
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Forks every server from one thread that lives as long as the process: a parent-death
+/// signal fires when the *thread* that forked the child ends, and a server restarted from
+/// a short-lived helper thread must not die with that thread.
+fn spawn_child(cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: LazyLock<Mutex<mpsc::Sender<SpawnRequest>>> = LazyLock::new(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        thread::Builder::new()
+            .name("redis-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("starting the redis-server spawner thread");
+        Mutex::new(tx)
+    });
+    let (reply, result) = mpsc::channel();
+    registry(&SPAWNER)
+        .send((cmd, reply))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    result
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
 }
 
 /// Sends `SIG<sig>` to `pid` with the `kill` command (no `unsafe` needed).

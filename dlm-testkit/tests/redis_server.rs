@@ -239,3 +239,36 @@ fn restart_panics_when_port_taken() {
     assert!(msg.contains("Address already in use"), "{msg}");
     assert!(!server.is_running());
 }
+
+/// A process killed outright (no destructors run) takes its servers with it: they are
+/// started with a parent-death signal. `with-redis` stands in for a test binary.
+#[test]
+fn a_killed_process_leaves_no_server_running() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    require_redis_server().unwrap();
+    let mut runner = Command::new(env!("CARGO_BIN_EXE_with-redis"))
+        // `exec cat` ends when our end of its stdin closes: nothing outlives the test.
+        .args(["1", "sh", "-c", "echo {urls}; exec cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(runner.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line.trim().to_owned();
+    assert!(pong(&url), "the server at {url:?} is not up");
+    runner.kill().unwrap(); // SIGKILL: with-redis's Drop never runs
+    runner.wait().unwrap();
+    drop(runner.stdin.take());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client(&url, Duration::from_millis(200)).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server at {url} outlived the process that started it"
+        );
+        std::thread::yield_now();
+    }
+}
