@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use redis::Script;
 
 use crate::conn::{Conn, Endpoint, Manager, Timeouts, map_error};
-use crate::wire::Wire;
+use crate::wire::{Resp, Wire, decimal_digits};
 
 struct Scripts {
     acquire: Script,
@@ -53,49 +53,7 @@ impl Fencing {
     }
 }
 
-/// One request in the Redis protocol (RESP), written straight into bytes: no
-/// intermediate argument lists or key strings.
-struct Resp(Vec<u8>);
-
 impl Resp {
-    fn new() -> Resp {
-        Resp(Vec::with_capacity(192))
-    }
-
-    /// Starts a command of `argc` arguments (its name included).
-    fn command(&mut self, argc: usize) -> &mut Resp {
-        self.0.push(b'*');
-        self.decimal(argc as u64);
-        self.0.extend_from_slice(b"\r\n");
-        self
-    }
-
-    fn arg(&mut self, arg: &[u8]) -> &mut Resp {
-        self.arg_parts(&[arg])
-    }
-
-    /// One argument made of several parts.
-    fn arg_parts(&mut self, parts: &[&[u8]]) -> &mut Resp {
-        self.0.push(b'$');
-        self.decimal(parts.iter().map(|p| p.len() as u64).sum());
-        self.0.extend_from_slice(b"\r\n");
-        for p in parts {
-            self.0.extend_from_slice(p);
-        }
-        self.0.extend_from_slice(b"\r\n");
-        self
-    }
-
-    fn arg_u64(&mut self, n: u64) -> &mut Resp {
-        let mut digits = [0u8; 20];
-        self.arg(decimal_digits(n, &mut digits))
-    }
-
-    fn decimal(&mut self, n: u64) {
-        let mut digits = [0u8; 20];
-        self.0.extend_from_slice(decimal_digits(n, &mut digits));
-    }
-
     /// `EVALSHA sha numkeys keys... args...`: the start of a script call with `keys`
     /// keys and `args` further arguments.
     fn evalsha(script: &Script, keys: usize, args: usize) -> Resp {
@@ -106,20 +64,6 @@ impl Resp {
             .arg_u64(keys as u64);
         r
     }
-}
-
-/// `n` in decimal, written into the end of `buf`.
-fn decimal_digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &buf[i..]
 }
 
 /// How a call's replies are read and what they mean.

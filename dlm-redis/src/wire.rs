@@ -136,12 +136,13 @@ impl Wire {
             open: true,
         };
         if let Some(password) = settings.password() {
-            let mut auth = Vec::new();
+            let mut auth = Resp::new();
             match settings.username() {
-                Some(user) => encode(&mut auth, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
-                None => encode(&mut auth, &[b"AUTH", password.as_bytes()]),
+                Some(user) => auth.command(3).arg(b"AUTH").arg(user.as_bytes()),
+                None => auth.command(2).arg(b"AUTH"),
             }
-            match wire.request(&auth)?.extract_error() {
+            .arg(password.as_bytes());
+            match wire.request(&auth.0)?.extract_error() {
                 Ok(Value::Okay) => {}
                 // A server older than 6.0 has no users: the password alone (as redis-rs).
                 Err(e)
@@ -150,9 +151,9 @@ impl Wire {
                             d.contains("wrong number of arguments for 'auth' command")
                         }) =>
                 {
-                    auth.clear();
-                    encode(&mut auth, &[b"AUTH", password.as_bytes()]);
-                    if wire.request(&auth)? != Value::Okay {
+                    let mut auth = Resp::new();
+                    auth.command(2).arg(b"AUTH").arg(password.as_bytes());
+                    if wire.request(&auth.0)? != Value::Okay {
                         return Err(auth_failed());
                     }
                 }
@@ -162,12 +163,12 @@ impl Wire {
             }
         }
         if settings.db() != 0 {
-            let mut select = Vec::new();
-            encode(
-                &mut select,
-                &[b"SELECT", settings.db().to_string().as_bytes()],
-            );
-            wire.request(&select)?.extract_error()?;
+            let mut select = Resp::new();
+            select
+                .command(2)
+                .arg(b"SELECT")
+                .arg(settings.db().to_string().as_bytes());
+            wire.request(&select.0)?.extract_error()?;
         }
         Ok(wire)
     }
@@ -317,14 +318,62 @@ impl redis::ConnectionLike for Wire {
     }
 }
 
-/// Appends one request in RESP.
-fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+/// One request in the Redis protocol (RESP), written straight into bytes: no
+/// intermediate argument lists or key strings.
+pub(crate) struct Resp(pub(crate) Vec<u8>);
+
+impl Resp {
+    pub(crate) fn new() -> Resp {
+        Resp(Vec::with_capacity(192))
     }
+
+    /// Starts a command of `argc` arguments (its name included).
+    pub(crate) fn command(&mut self, argc: usize) -> &mut Resp {
+        self.0.push(b'*');
+        self.decimal(argc as u64);
+        self.0.extend_from_slice(b"\r\n");
+        self
+    }
+
+    pub(crate) fn arg(&mut self, arg: &[u8]) -> &mut Resp {
+        self.arg_parts(&[arg])
+    }
+
+    /// One argument made of several parts.
+    pub(crate) fn arg_parts(&mut self, parts: &[&[u8]]) -> &mut Resp {
+        self.0.push(b'$');
+        self.decimal(parts.iter().map(|p| p.len() as u64).sum());
+        self.0.extend_from_slice(b"\r\n");
+        for p in parts {
+            self.0.extend_from_slice(p);
+        }
+        self.0.extend_from_slice(b"\r\n");
+        self
+    }
+
+    pub(crate) fn arg_u64(&mut self, n: u64) -> &mut Resp {
+        let mut digits = [0u8; 20];
+        self.arg(decimal_digits(n, &mut digits))
+    }
+
+    fn decimal(&mut self, n: u64) {
+        let mut digits = [0u8; 20];
+        self.0.extend_from_slice(decimal_digits(n, &mut digits));
+    }
+}
+
+/// `n` in decimal, written into the end of `buf`.
+pub(crate) fn decimal_digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[i..]
 }
 
 fn auth_failed() -> RedisError {
