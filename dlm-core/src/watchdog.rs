@@ -166,14 +166,11 @@ impl Watchdog {
         (s.entries.len(), s.wakes)
     }
 
-    /// Puts a renewed hold back, due again at `due`. Called with the lock's state mutex
-    /// held and the hold still current, so its ticket has not been dropped.
+    /// Puts a renewed hold back, due again at `entry.due`. Called by the thread itself
+    /// (which plans its next look from the entries before it sleeps), with the lock's
+    /// state mutex held and the hold still current, so its ticket has not been dropped.
     fn reschedule(&self, number: u64, entry: Entry) {
-        let mut s = self.schedule.lock();
-        if s.wake_at.is_none_or(|at| entry.due < at) {
-            s.wake_at = Some(entry.due);
-        }
-        s.entries.insert(number, entry);
+        self.schedule.lock().entries.insert(number, entry);
     }
 }
 
