@@ -52,6 +52,8 @@ struct Opts {
     scenario: Option<String>,
     /// Only this many Redis nodes (1 or 5).
     nodes: Option<usize>,
+    /// Rounds per scenario, instead of the mode's.
+    rounds: Option<usize>,
 }
 
 impl Opts {
@@ -63,6 +65,7 @@ impl Opts {
             only: None,
             scenario: None,
             nodes: None,
+            rounds: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -82,10 +85,17 @@ impl Opts {
                         std::process::exit(2);
                     }
                 }
+                "--rounds" => {
+                    opts.rounds = args.next().and_then(|n| n.parse().ok()).filter(|n| *n > 0);
+                    if opts.rounds.is_none() {
+                        eprintln!("--rounds needs a positive count");
+                        std::process::exit(2);
+                    }
+                }
                 "--bench" => {} // passed by `cargo bench`
                 other => {
                     eprintln!(
-                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff] [--nodes 1|5]"
+                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff] [--nodes 1|5] [--rounds N]"
                     );
                     std::process::exit(2);
                 }
@@ -106,11 +116,12 @@ impl Opts {
 
     /// How many rounds each scenario runs, and how long each system runs per round.
     fn rounds(&self) -> (usize, Duration) {
-        match self.mode {
+        let (rounds, run_for) = match self.mode {
             Mode::Smoke => (1, Duration::from_millis(300)),
             Mode::Quick => (3, Duration::from_millis(500)),
             Mode::Full => (5, Duration::from_secs(1)),
-        }
+        };
+        (self.rounds.unwrap_or(rounds), run_for)
     }
 }
 
