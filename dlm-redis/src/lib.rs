@@ -13,9 +13,10 @@
 //! fencing counter `dlm:{n}:fence` (no TTL) and its release channel `dlm:{n}:released`:
 //! one hash tag, one cluster slot. Lock names travel only in KEYS. Taking a free lock is a
 //! plain `SET key token NX PX ms GET` (Redis 7.0 or later; older servers are detected and
-//! get the acquire script), except the single-instance acquisition with fencing, which is
-//! a script because the `INCR` must be atomic with the SET. Everything else is a Lua
-//! script (`src/lua/`: acquire, extend, release, force release, inspect, commit), run
+//! get the acquire script); the single-instance acquisition with fencing sends it with an
+//! `INCR` of the counter in one `MULTI`/`EXEC` transaction, so that nothing runs between
+//! them (an attempt that finds the lock taken counts too: tokens increase, with gaps).
+//! Everything else is a Lua script (`src/lua/`: acquire, extend, release, force release, inspect, commit), run
 //! with EVALSHA and reloaded on NOSCRIPT. An uncontended lock + unlock is two round trips
 //! per node on pooled connections (three for Redlock with fencing).
 //!
@@ -27,10 +28,12 @@
 //!
 //! ## Minimal ACL
 //! With the default prefix: `+eval +evalsha +script|load +ping +info +get +set +pexpire
-//! +pttl +incr +append +del +publish +psubscribe ~dlm:* &dlm:*` (the scripts' commands are checked
-//! too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still works and waiters
-//! poll instead of being woken. Without `+get`, a free lock can still be taken, but
-//! releasing it fails with a permission error (it then ends with its lease). A waiter
+//! +pttl +incr +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*` (the scripts'
+//! commands are checked too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still
+//! works and waiters poll instead of being woken. Without `+multi +exec`, the first fenced
+//! acquisition notices the refusal and later ones use the acquire script. Without `+get`,
+//! or without the script commands, a free lock can still be taken (it needs no script),
+//! but releasing it fails with a permission error (it then ends with its lease). A waiter
 //! marks the key it waits for with `APPEND` (so that the holder's release announces
 //! itself; an uncontended release publishes nothing).
 #![deny(missing_docs)]

@@ -75,6 +75,9 @@ enum Shape {
     SetGet,
     /// `SET key token NX PX ms GET` and `GET fence`, pipelined: two replies.
     SetGetFence,
+    /// `MULTI`, `SET key token NX PX ms GET`, `INCR fence`, `EXEC`: four replies, kept as
+    /// they are (what they mean depends on which were refused: see `parse_acquire`).
+    SetIncrFence,
 }
 
 /// One request prepared for one node: encoded before it is sent, so that a caller can
@@ -110,6 +113,13 @@ impl Call {
                 let set = con.receive()?;
                 let fence = con.receive()?;
                 Ok(redis::Value::Array(vec![set, fence]))
+            }
+            Shape::SetIncrFence => {
+                let mut replies = Vec::with_capacity(4);
+                for _ in 0..4 {
+                    replies.push(con.receive()?);
+                }
+                Ok(redis::Value::Array(replies))
             }
         }
     }
@@ -191,6 +201,9 @@ pub(crate) struct Node {
     durability_checked: AtomicBool,
     /// Set when the server turned out to be older than 7.0: acquire with the script.
     scripts_only: AtomicBool,
+    /// Set when the server refused `MULTI` (an ACL without it): the single-instance fenced
+    /// acquisition uses the script.
+    no_multi: AtomicBool,
     io_timeout: Duration,
 }
 
@@ -243,6 +256,7 @@ impl Node {
             last_connect_error,
             durability_checked: AtomicBool::new(!fencing),
             scripts_only: AtomicBool::new(false),
+            no_multi: AtomicBool::new(false),
             io_timeout: timeouts.io,
         }
     }
@@ -313,11 +327,14 @@ impl Node {
         )
     }
 
-    /// The first request of an acquisition. Without fencing, or with the counter only
-    /// read (Redlock round 1), it is the plain `SET key token NX PX ms GET` (and a pipelined
-    /// `GET` of the counter): the server runs no script on the uncontended path. The
-    /// single-instance `INCR` must be atomic with the SET, so it stays in the script, as
-    /// does everything on servers older than 7.0 (no `SET ... NX GET`).
+    /// The first request of an acquisition: the plain `SET key token NX PX ms GET`, so that
+    /// the server runs no script on the uncontended path. With the counter read (Redlock
+    /// round 1) a `GET` of it is pipelined; with the counter incremented (single instance)
+    /// the SET and an `INCR` go in one `MULTI`/`EXEC` transaction: nothing runs between
+    /// them, so tokens follow the order of acquisitions. The INCR also runs when the SET
+    /// finds the lock taken (tokens then skip a number; they still only increase).
+    /// Servers older than 7.0 (no `SET ... NX GET`), and fenced acquisitions where `MULTI`
+    /// is refused, use the acquire script.
     pub(crate) fn acquire_call(
         &self,
         name: &LockName,
@@ -325,11 +342,16 @@ impl Node {
         ttl: Duration,
         fencing: Fencing,
     ) -> Call {
-        if fencing == Fencing::Increment || self.scripts_only.load(Ordering::Relaxed) {
+        if self.scripts_only.load(Ordering::Relaxed)
+            || (fencing == Fencing::Increment && self.no_multi.load(Ordering::Relaxed))
+        {
             return self.acquire_script_call(name, owner, ttl, fencing);
         }
         let token = owner.encoded();
         let mut r = Resp::new();
+        if fencing == Fencing::Increment {
+            r.command(1).arg(b"MULTI");
+        }
         r.command(7).arg(b"SET");
         self.keys.arg(&mut r, name, LOCK);
         r.arg(token.as_bytes())
@@ -337,12 +359,19 @@ impl Node {
             .arg(b"PX")
             .arg_u64(millis(ttl))
             .arg(b"GET");
-        let shape = if fencing == Fencing::Read {
-            r.command(2).arg(b"GET");
-            self.keys.arg(&mut r, name, FENCE);
-            Shape::SetGetFence
-        } else {
-            Shape::SetGet
+        let shape = match fencing {
+            Fencing::Off => Shape::SetGet,
+            Fencing::Read => {
+                r.command(2).arg(b"GET");
+                self.keys.arg(&mut r, name, FENCE);
+                Shape::SetGetFence
+            }
+            Fencing::Increment => {
+                r.command(2).arg(b"INCR");
+                self.keys.arg(&mut r, name, FENCE);
+                r.command(1).arg(b"EXEC");
+                Shape::SetIncrFence
+            }
         };
         Call { bytes: r.0, shape }
     }
@@ -388,11 +417,20 @@ impl Node {
                 }
                 other => return Err(self.protocol("SET + GET", &other)),
             },
+            Shape::SetIncrFence => match reply {
+                redis::Value::Array(v) if v.len() == 4 => {
+                    let [multi, set, incr, exec]: [redis::Value; 4] = v
+                        .try_into()
+                        .unwrap_or_else(|_| unreachable!("four replies"));
+                    self.transaction(multi, set, incr, exec)?
+                }
+                other => return Err(self.protocol("MULTI", &other)),
+            },
         };
         match set {
             redis::Value::Nil => {
                 let fence = match fence {
-                    Some(value) => self.parse_counter(value)?,
+                    Some(value) => self.parse_counter(name, value)?,
                     None => 0,
                 };
                 Ok(Step::Done(NodeAcquire::Acquired { fence }))
@@ -434,6 +472,7 @@ impl Node {
             }),
             -1 => Err(self.unexpected_key(name, "is not a string")),
             -2 => Err(self.unexpected_key(name, "has no expiry")),
+            -3 => Err(self.foreign_counter(name)),
             other => Err(BackendError::new(
                 BackendErrorKind::Protocol,
                 format!("{}: acquire script returned {other}", self.endpoint),
@@ -441,16 +480,75 @@ impl Node {
         }
     }
 
-    /// The fencing counter as `GET` returns it.
-    fn parse_counter(&self, value: redis::Value) -> Result<u64, BackendError> {
+    /// The SET's and the INCR's replies out of the four replies of the fenced
+    /// transaction.
+    fn transaction(
+        &self,
+        multi: redis::Value,
+        set: redis::Value,
+        incr: redis::Value,
+        exec: redis::Value,
+    ) -> Result<(redis::Value, Option<redis::Value>), BackendError> {
+        if let redis::Value::ServerError(e) = &multi {
+            // No transaction: the SET and the INCR ran on their own, right after each
+            // other, and their replies are the answer. Safe for this once (a later holder's
+            // SET can only come between them if our key vanished, and then our lease's
+            // validity is gone before the reply arrives); later acquisitions use the
+            // script.
+            if !self.no_multi.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "{}: MULTI refused ({}): fenced acquisitions use the acquire script (allow +multi +exec for the faster path)",
+                    self.endpoint,
+                    e.details().unwrap_or_default()
+                );
+            }
+            return Ok((set, Some(incr)));
+        }
+        // A command refused while queueing (an ACL denial) aborts the transaction: that
+        // refusal is the answer, and nothing ran.
+        if let Some(refused) = [set, incr]
+            .into_iter()
+            .find(|r| matches!(r, redis::Value::ServerError(_)))
+        {
+            return Ok((refused, None));
+        }
+        match exec {
+            redis::Value::Array(mut v) if v.len() == 2 => {
+                let incr = v.pop();
+                Ok((v.pop().unwrap_or_default(), incr))
+            }
+            other => Err(self.protocol("EXEC", &other)),
+        }
+    }
+
+    /// The fencing counter as `GET` or `INCR` returns it. A counter that is not a number
+    /// (or not a string) was not written by dlm.
+    fn parse_counter(&self, name: &LockName, value: redis::Value) -> Result<u64, BackendError> {
+        let foreign = || self.foreign_counter(name);
         match value {
             redis::Value::Nil => Ok(0),
             redis::Value::ServerError(e) => {
                 let e: redis::RedisError = e.into();
+                if e.code() == Some("WRONGTYPE")
+                    || e.detail().is_some_and(|d| d.contains("not an integer"))
+                {
+                    return Err(foreign());
+                }
                 Err(map_error(&e, &self.endpoint.to_string()))
             }
-            other => self.parse(other),
+            other => self.parse(other).map_err(|_| foreign()),
         }
+    }
+
+    fn foreign_counter(&self, name: &LockName) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::UnexpectedKey,
+            format!(
+                "{}: the fencing counter {} is not a number; it was not written by dlm",
+                self.endpoint,
+                self.keys.key(name, FENCE)
+            ),
+        )
     }
 
     fn protocol(&self, what: &str, reply: &redis::Value) -> BackendError {

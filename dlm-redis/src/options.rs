@@ -174,8 +174,9 @@ macro_rules! option_setters {
         }
 
         /// Whether acquisitions carry fencing tokens. Single instance: an `INCR` of a
-        /// counter key that never expires, inside the acquire script (without fencing,
-        /// a plain `SET NX` takes the lock). Redlock: the counters are read with the
+        /// counter key that never expires, in one `MULTI`/`EXEC` transaction with the
+        /// `SET NX` that takes the lock (tokens increase, skipping the numbers of attempts
+        /// that found the lock taken). Redlock: the counters are read with the
         /// `SET`, and a second round commits `max(counters of the acquired quorum) + 1`
         /// to those nodes (one more request per node). Defaults to `true`.
         pub fn fencing(mut self, on: bool) -> Self {

@@ -17,7 +17,8 @@ use crate::options::{Options, invalid, option_setters};
 ///
 /// Safe while that one server keeps its data: a failover to a replica or a restart without
 /// persistence can lose a lock that is held (see the README's "Semantics and caveats").
-/// Fencing tokens come from a counter key next to each lock (`INCR` in the acquire script).
+/// Fencing tokens come from a counter key next to each lock (`INCR` in one transaction with
+/// the `SET NX` that takes it).
 ///
 /// ```no_run
 /// use dlm_core::{Lock, LockClient};

@@ -7,17 +7,44 @@ use dlm_core::{Lock, LockClient};
 
 /// `calls` and `failed_calls` of `command` in `INFO commandstats`.
 fn calls(server: &dlm_testkit::redis_server::RedisServer, command: &str) -> (u64, u64) {
-    let stats = server.info("commandstats");
-    let line = stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .unwrap_or("");
-    let field = |name: &str| {
-        line.split(',')
-            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
-            .map_or(0, |v| v.parse().unwrap())
-    };
-    (field("calls"), field("failed_calls"))
+    (
+        common::command_stat(server, command, "calls"),
+        common::command_stat(server, command, "failed_calls"),
+    )
+}
+
+/// Twenty rounds on the names `name(i)`: client a takes the lock, client b (same backend)
+/// is refused, a releases. Returns a's fencing tokens.
+fn take_turns(
+    server: &dlm_testkit::redis_server::RedisServer,
+    fencing: bool,
+    name: impl Fn(usize) -> String,
+) -> Vec<Option<u64>> {
+    let backend = dlm_redis::RedisBackend::builder(&server.url())
+        .fencing(fencing)
+        .io_timeout(common::CALM)
+        .build()
+        .unwrap();
+    let (a, b) = (LockClient::new(backend.clone()), LockClient::new(backend));
+    (0..20)
+        .map(|i| {
+            let name = name(i);
+            let guard = a
+                .get_lock(&name)
+                .unwrap()
+                .try_lock()
+                .unwrap()
+                .expect("free");
+            assert!(
+                b.get_lock(&name).unwrap().try_lock().unwrap().is_none(),
+                "mutual exclusion on Redis 6"
+            );
+            assert!(guard.is_held());
+            let token = guard.fencing_token().map(|t| t.get());
+            guard.unlock().unwrap();
+            token
+        })
+        .collect()
 }
 
 #[test]
@@ -30,27 +57,7 @@ fn a_single_redis_6_is_detected_once_and_locked_with_the_script() {
         server.info("server").contains("redis_version:6."),
         "not a Redis 6 server"
     );
-    let backend = dlm_redis::RedisBackend::builder(&server.url())
-        .fencing(false)
-        .io_timeout(common::CALM)
-        .build()
-        .unwrap();
-    let (a, b) = (LockClient::new(backend.clone()), LockClient::new(backend));
-    for i in 0..20 {
-        let name = format!("legacy-{i}");
-        let guard = a
-            .get_lock(&name)
-            .unwrap()
-            .try_lock()
-            .unwrap()
-            .expect("free");
-        assert!(
-            b.get_lock(&name).unwrap().try_lock().unwrap().is_none(),
-            "mutual exclusion on Redis 6"
-        );
-        assert!(guard.is_held());
-        guard.unlock().unwrap();
-    }
+    take_turns(server, false, |i| format!("legacy-{i}"));
     // The one refused SET is the detection (then the same acquisition ran the script);
     // every other acquisition went straight to the script: 20 by a, 20 contended by b,
     // 20 releases. The two failed EVALSHA are the first use of each script (NOSCRIPT,
@@ -69,4 +76,58 @@ fn a_single_redis_6_is_detected_once_and_locked_with_the_script() {
         20 + 20 + 20,
         "acquisitions and releases"
     );
+}
+
+#[test]
+fn a_fenced_single_redis_6_is_detected_once_and_its_tokens_increase() {
+    let Some(fixture) = common::Single::legacy() else {
+        return;
+    };
+    let server = &fixture.server;
+    let tokens: Vec<u64> = take_turns(server, true, |i| format!("legacy-fenced-{}", i % 2))
+        .into_iter()
+        .map(|t| t.expect("fenced"))
+        .collect();
+    for parity in 0..2 {
+        let own: Vec<u64> = tokens.iter().skip(parity).step_by(2).copied().collect();
+        assert!(
+            own.windows(2).all(|w| w[0] < w[1]),
+            "tokens of one name must increase: {own:?}"
+        );
+    }
+    // Only the first acquisition sent the transaction (its SET ... NX GET was refused
+    // inside it); every later one went straight to the script.
+    assert_eq!(calls(server, "multi").0, 1, "MULTI after the detection");
+    assert_eq!(
+        calls(server, "set").1,
+        1,
+        "exactly one SET ... NX GET was refused"
+    );
+
+    // The script's answer for a fencing counter that is not a number: reported, and the
+    // lock it had just taken is not kept.
+    let mut admin = server.connection();
+    let name = "legacy-badfence";
+    let _: () = redis::cmd("SET")
+        .arg(format!("dlm:{{{name}}}:fence"))
+        .arg("not-a-number")
+        .query(&mut admin)
+        .unwrap();
+    let client = LockClient::new(
+        dlm_redis::RedisBackend::builder(&server.url())
+            .io_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    );
+    let e = client.get_lock(name).unwrap().try_lock().unwrap_err();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(dlm_core::BackendErrorKind::UnexpectedKey),
+        "{e}"
+    );
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut admin)
+        .unwrap();
+    assert!(!exists, "a lock without a token was kept");
 }

@@ -479,7 +479,8 @@ fn foreign_keys_are_reported(client: &LockClient, admin: &mut redis::Connection)
     let len: i64 = query(admin, redis::cmd("LLEN").arg(lock_key(&list)));
     assert_eq!(len, 1, "the foreign list was modified");
     assert_eq!(pttl(admin, &lock_key(&list)), -1);
-    assert!(!exists(admin, &fence_key(&list)), "a fence was issued");
+    // (The counter next to it may have counted the refused attempts: it is dlm's own key,
+    // and no token was handed out.)
 
     // A string without expiry (not written by dlm).
     let plain = unique_name("plain");
@@ -626,6 +627,7 @@ fn acl_denials_are_reported_as_permission_errors() {
             .acl_user("noload", "on >pw3 ~* &* +@all -script")
             .acl_user("noget", "on >pw4 ~* &* +@all -get")
             .acl_user("noset", "on >pw5 ~* &* +@all -set")
+            .acl_user("noincr", "on >pw6 ~* &* +@all -incr")
             .credentials("noeval", "pw1"),
     );
     let port = server.port();
@@ -633,26 +635,52 @@ fn acl_denials_are_reported_as_permission_errors() {
     assert_eq!(server.url(), url("noeval", "pw1"));
     let mut admin = server.connection();
 
-    // Scripts not loaded yet: the NOSCRIPT fallback (SCRIPT LOAD) is denied.
-    let c = client(&url("noload", "pw3"));
-    let lock = c.get_lock(&unique_name("perm")).unwrap();
-    let start = Instant::now();
-    let r = lock.try_lock_timeout(Duration::from_secs(5));
-    checks.kind(r, BackendErrorKind::Permission, "SCRIPT LOAD denied");
-    checks.prompt(start, "SCRIPT LOAD denied");
-
-    // EVALSHA and EVAL denied (checked by the server before the script runs).
-    let c = client(&server.url());
-    let lock = c.get_lock(&unique_name("perm")).unwrap();
-    let start = Instant::now();
-    let r = lock.try_lock_timeout(Duration::from_secs(5));
-    checks.kind(r, BackendErrorKind::Permission, "EVALSHA denied");
-    checks.prompt(start, "EVALSHA denied");
-    checks.kind(
-        lock.is_locked(),
-        BackendErrorKind::Permission,
-        "is_locked, EVALSHA denied",
-    );
+    // Scripts denied (not loaded yet and the NOSCRIPT fallback, SCRIPT LOAD, denied; or
+    // EVALSHA and EVAL denied, checked by the server before the script runs), or GET
+    // denied (in the scripts that read the holder). Taking a free lock needs neither (SET
+    // and INCR in MULTI/EXEC), so it succeeds; the denial shows at the first call that
+    // needs one (inspect, release): it is reported at once, and the key keeps its lease,
+    // so nothing is left behind for good.
+    for (user, pw, what) in [
+        ("noload", "pw3", "SCRIPT LOAD denied"),
+        ("noeval", "pw1", "EVALSHA denied"),
+        ("noget", "pw4", "GET denied"),
+    ] {
+        let name = unique_name("perm");
+        let c = client(&url(user, pw));
+        let lock = c
+            .get_lock(&name)
+            .unwrap()
+            .with_lease(Duration::from_secs(30))
+            .unwrap();
+        match lock.try_lock_timeout(Duration::from_secs(5)) {
+            Ok(Some(guard)) => {
+                checks.check(
+                    guard.fencing_token().is_some(),
+                    format!("{what}: no fencing token"),
+                );
+                checks.kind(
+                    lock.is_locked(),
+                    BackendErrorKind::Permission,
+                    &format!("is_locked, {what}"),
+                );
+                let start = Instant::now();
+                checks.kind(
+                    guard.unlock(),
+                    BackendErrorKind::Permission,
+                    &format!("unlock, {what}"),
+                );
+                checks.prompt(start, &format!("unlock, {what}"));
+                let ttl: i64 = query(&mut admin, redis::cmd("PTTL").arg(lock_key(&name)));
+                checks.check(
+                    (1..=30_000).contains(&ttl),
+                    format!("{what}: the unreleasable key must keep its lease, PTTL {ttl}"),
+                );
+                let _: i64 = query(&mut admin, redis::cmd("DEL").arg(lock_key(&name)));
+            }
+            other => checks.0.push(format!("{what}: a free lock: got {other:?}")),
+        }
+    }
 
     // Keys outside the user's patterns (checked against KEYS before the script runs).
     let c = client(&url("otherkeys", "pw2"));
@@ -669,86 +697,82 @@ fn acl_denials_are_reported_as_permission_errors() {
     let r = lock.force_unlock();
     checks.kind(r, BackendErrorKind::Permission, "force_unlock, keys denied");
 
-    // A command inside a script denied: GET. Taking a free lock reads nothing (a plain
-    // SET NX, or the acquire script's SET), so it succeeds; every operation that must
-    // read the holder (release, inspect) reports Permission at once, and the key carries
-    // its lease, so nothing is left behind for good.
+    // SET or INCR denied: refused while the transaction is queued, so nothing runs.
     let name = unique_name("perm");
-    let c = client(&url("noget", "pw4"));
-    let lock = c
-        .get_lock(&name)
-        .unwrap()
-        .with_lease(Duration::from_secs(30))
-        .unwrap();
-    match lock.try_lock_timeout(Duration::from_secs(5)) {
-        Ok(Some(guard)) => {
-            checks.kind(
-                lock.is_locked(),
-                BackendErrorKind::Permission,
-                "is_locked, GET denied",
-            );
-            let start = Instant::now();
-            checks.kind(
-                guard.unlock(),
-                BackendErrorKind::Permission,
-                "unlock, GET denied inside the release script",
-            );
-            checks.prompt(start, "unlock, GET denied");
-            let ttl: i64 = query(&mut admin, redis::cmd("PTTL").arg(lock_key(&name)));
-            checks.check(
-                (1..=30_000).contains(&ttl),
-                format!("the unreleasable key must keep its lease, PTTL {ttl}"),
-            );
-            let _: i64 = query(&mut admin, redis::cmd("DEL").arg(lock_key(&name)));
-        }
-        other => checks
-            .0
-            .push(format!("a free lock without GET rights: got {other:?}")),
+    for (user, pw, what) in [
+        ("noset", "pw5", "SET denied"),
+        ("noincr", "pw6", "INCR denied"),
+    ] {
+        let c = client(&url(user, pw));
+        let lock = c.get_lock(&name).unwrap();
+        let start = Instant::now();
+        let r = lock.try_lock_timeout(Duration::from_secs(5));
+        checks.kind(r, BackendErrorKind::Permission, what);
+        checks.prompt(start, what);
+        checks.check(
+            !exists(&mut admin, &lock_key(&name)),
+            format!("{what}: a denied acquisition left a lock key"),
+        );
     }
-    // ... and SET (run with redis.call in the acquire script).
-    let c = client(&url("noset", "pw5"));
-    let lock = c.get_lock(&name).unwrap();
-    let start = Instant::now();
-    let r = lock.try_lock_timeout(Duration::from_secs(5));
-    checks.kind(
-        r,
-        BackendErrorKind::Permission,
-        "SET denied inside the script",
-    );
-    checks.prompt(start, "SET denied inside the script");
-    checks.check(
-        !exists(&mut admin, &lock_key(&name)),
-        "a denied acquisition left a lock key".to_owned(),
-    );
     checks.finish();
 }
 
-#[test]
-fn the_documented_minimal_acl_is_enough_to_lock() {
-    // dlm-redis/src/lib.rs, "Minimal ACL", with the default prefix.
+/// dlm-redis/src/lib.rs, "Minimal ACL", with the default prefix.
+const MINIMAL_ACL: &str = "+eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +incr +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*";
+
+/// Locks and unlocks one name four times as a user with `rules`, another client trying
+/// each time; returns the tokens and how many MULTI the server refused.
+fn lock_as_user_with(rules: &str) -> (Vec<u64>, u64) {
     let server = spawn(
         RedisServer::builder()
-            .acl_user(
-                "minimal",
-                "on >pw +eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +incr +append +del +publish +psubscribe ~dlm:* &dlm:*",
-            )
-            .credentials("minimal", "pw"),
+            .acl_user("user", &format!("on >pw {rules}"))
+            .credentials("user", "pw"),
     );
     let url = server.url();
     let (c1, c2) = (client(&url), client(&url));
     let name = unique_name("perm");
     let lock = c1.get_lock(&name).unwrap();
-    let guard = lock
-        .try_lock()
-        .expect("the documented minimal ACL must be enough to lock")
-        .expect("free");
-    assert_eq!(guard.fencing_token().map(|t| t.get()), Some(1));
-    assert!(lock.is_locked().unwrap());
-    assert!(c2.get_lock(&name).unwrap().try_lock().unwrap().is_none());
-    guard.unlock().unwrap();
-    assert!(!lock.is_locked().unwrap());
+    let mut tokens = Vec::new();
+    for round in 0..4 {
+        let guard = lock
+            .try_lock()
+            .unwrap_or_else(|e| panic!("{rules}: must be enough to lock: {e}"))
+            .expect("free");
+        tokens.push(guard.fencing_token().expect("fenced").get());
+        assert!(lock.is_locked().unwrap());
+        assert!(
+            c2.get_lock(&name).unwrap().try_lock().unwrap().is_none(),
+            "round {round}: two holders"
+        );
+        guard.unlock().unwrap();
+        assert!(!lock.is_locked().unwrap());
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens must increase: {tokens:?}"
+    );
     let mut admin = server.connection();
     assert!(!exists(&mut admin, &lock_key(&name)));
+    (
+        tokens,
+        common::command_stat(&server, "multi", "rejected_calls"),
+    )
+}
+
+#[test]
+fn the_documented_minimal_acl_is_enough_to_lock() {
+    let (tokens, refused) = lock_as_user_with(MINIMAL_ACL);
+    assert_eq!(tokens[0], 1);
+    assert_eq!(refused, 0, "the fenced transaction ran");
+}
+
+#[test]
+fn an_acl_without_multi_still_locks_with_fencing() {
+    // The documented ACL before fenced acquisitions used MULTI/EXEC: each client tries
+    // MULTI once, then uses the script.
+    let older = MINIMAL_ACL.replace(" +multi +exec", "");
+    let (_, refused) = lock_as_user_with(&older);
+    assert_eq!(refused, 2);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1068,7 +1092,8 @@ fn waiters_hold_no_pooled_connection_so_the_holder_can_release() {
     let (acquired, waited, saw_unlock, token) = waiter.join().unwrap();
     assert!(acquired.unwrap(), "B did not get the lock within 3 s");
     assert!(saw_unlock, "B acquired before A released");
-    assert_eq!(token, Some(2));
+    // A had 1; B's refused attempts counted too.
+    assert!(token.is_some_and(|t| t >= 2), "B's token {token:?}");
     assert!(waited < Duration::from_secs(3), "B waited {waited:?}");
 }
 
@@ -1111,7 +1136,8 @@ fn odd_names_lock_unlock_and_never_collide() {
             .try_lock()
             .unwrap_or_else(|e| panic!("{name:?}: {e:?}"))
             .unwrap_or_else(|| panic!("{name:?}: not acquired"));
-        assert_eq!(guard.fencing_token().map(|t| t.get()), Some(1), "{name:?}");
+        let first = guard.fencing_token().map(|t| t.get());
+        assert_eq!(first, Some(1), "{name:?}");
         let key = lock_key(name);
         let ttl = pttl(&mut admin, &key);
         assert!(ttl > 0, "{name:?}: key {key:?} has PTTL {ttl}");
@@ -1123,7 +1149,8 @@ fn odd_names_lock_unlock_and_never_collide() {
         assert!(!exists(&mut admin, &key), "{name:?}: key left behind");
         assert!(!lock.is_locked().unwrap(), "{name:?}");
         let g = other.try_lock().unwrap().expect("free after unlock");
-        assert_eq!(g.fencing_token().map(|t| t.get()), Some(2), "{name:?}");
+        // The refused attempt above counted too: 2 went to it.
+        assert_eq!(g.fencing_token().map(|t| t.get()), Some(3), "{name:?}");
         g.unlock().unwrap();
     }
     let canary: Option<String> = query(&mut admin, redis::cmd("GET").arg("canary"));
@@ -1248,6 +1275,41 @@ fn lock_keys_have_ttls_fence_keys_do_not_and_tokens_count_up() {
     assert!(!exists(&mut admin, &lock_key(&plain)));
 }
 
+#[test]
+fn a_fence_counter_that_is_not_a_number_is_reported_and_no_lock_is_kept() {
+    let server = spawn(RedisServer::builder());
+    let mut admin = server.connection();
+    let c = client(&server.url());
+    for (what, value) in [
+        ("a word", "not-a-number"),
+        ("too large", "18446744073709551616"),
+    ] {
+        let name = unique_name("badfence");
+        let _: () = query(
+            &mut admin,
+            redis::cmd("SET").arg(fence_key(&name)).arg(value),
+        );
+        let lock = c.get_lock(&name).unwrap();
+        let start = Instant::now();
+        expect_kind(
+            lock.try_lock_timeout(Duration::from_secs(5)),
+            BackendErrorKind::UnexpectedKey,
+            what,
+        );
+        assert!(
+            start.elapsed() < PROMPT,
+            "{what}: took {:?}",
+            start.elapsed()
+        );
+        assert!(
+            !exists(&mut admin, &lock_key(&name)),
+            "{what}: a lock without a token was kept"
+        );
+        let kept: String = query(&mut admin, redis::cmd("GET").arg(fence_key(&name)));
+        assert_eq!(kept, value, "{what}: the foreign counter was changed");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 15. A leftover key with a TTL only delays
 // ---------------------------------------------------------------------------------------
@@ -1286,7 +1348,13 @@ fn a_leftover_key_with_a_ttl_only_delays_the_acquisition() {
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
     let value: String = query(&mut admin, redis::cmd("GET").arg(lock_key(&name)));
     assert_ne!(value, "other");
-    assert_eq!(guard.fencing_token().map(|t| t.get()), Some(1));
+    // The attempts that found the leftover key counted too (their INCR ran in the same
+    // transaction as their refused SET): the token is the counter's latest value.
+    let counter: String = query(&mut admin, redis::cmd("GET").arg(fence_key(&name)));
+    assert_eq!(
+        guard.fencing_token().map(|t| t.get().to_string()),
+        Some(counter)
+    );
     guard.unlock().unwrap();
     assert!(!exists(&mut admin, &lock_key(&name)));
 }

@@ -50,7 +50,8 @@ fn stat(admin: &mut redis::Connection, field: &str) -> u64 {
 enum Fence {
     /// A plain `SET NX PX GET`, then the release script.
     Off,
-    /// Single instance: the acquire script (SET, INCR inside), then the release script.
+    /// Single instance: `SET NX PX GET` and `INCR` of the counter in one `MULTI`/`EXEC`
+    /// (one round trip), then the release script.
     Increment,
     /// Redlock: `SET NX PX GET` + `GET` of the counter in one round trip, the commit
     /// script, the release script.
@@ -85,9 +86,11 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
         Fence::Increment => (
             2,
             &[
-                ("evalsha", 2),
+                ("multi", 1),
                 ("set", 1),
                 ("incr", 1),
+                ("exec", 1),
+                ("evalsha", 1),
                 ("get", 1),
                 ("del", 1),
             ],

@@ -7,13 +7,23 @@
 --                   value gets a '~' suffix, which tells the holder's release to PUBLISH
 --                   because someone waits),
 --         {-1, 0}   a key of another type is at the lock name,
---         {-2, 0}   the key has no expiry (not written by dlm).
+--         {-2, 0}   the key has no expiry (not written by dlm),
+--         {-3, 0}   the fence counter is not a number (not written by dlm; the lock is
+--                   not kept).
 -- The free case comes first and costs one SET (plus the counter): every server call in a
 -- script is paid for on each uncontended acquisition. SET NX does not look at the type of
 -- an existing key; the GET below does.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '1' then
-    return {1, redis.call('INCR', KEYS[2])}
+    local n = redis.pcall('INCR', KEYS[2])
+    if type(n) == 'table' then
+      redis.call('DEL', KEYS[1]) -- no token, no lock
+      if string.find(n.err, 'not an integer', 1, true) or string.find(n.err, 'WRONGTYPE', 1, true) then
+        return {-3, 0}
+      end
+      return n -- any other error (e.g. an ACL denial) is raised to the client
+    end
+    return {1, n}
   elseif ARGV[3] == '2' then
     return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
   end

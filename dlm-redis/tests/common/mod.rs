@@ -108,3 +108,16 @@ impl dlm_testkit::Fixture for Cluster {
         Arc::new(self.redlock())
     }
 }
+
+/// A field (`calls`, `failed_calls`, `rejected_calls`) of `command`'s line in the server's
+/// `INFO commandstats`; 0 when the command never ran.
+pub fn command_stat(server: &RedisServer, command: &str, field: &str) -> u64 {
+    let stats = server.info("commandstats");
+    let line = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+        .unwrap_or("");
+    line.split(',')
+        .find_map(|f| f.strip_prefix(field)?.strip_prefix('='))
+        .map_or(0, |v| v.parse().unwrap())
+}
