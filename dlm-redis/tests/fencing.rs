@@ -5,6 +5,7 @@ mod common;
 
 use dlm_core::{FencedResource, FencingToken, Lock, LockClient, StaleToken};
 use dlm_redis::{FencedWriteError, RedisBackend, Redlock, fenced_get, fenced_set};
+use dlm_testkit::history::History;
 use dlm_testkit::redis_server::{RedisNodes, RedisServer};
 use dlm_testkit::unique_name;
 
@@ -132,15 +133,24 @@ fn an_early_expiry_gives_two_holders_but_the_resource_accepts_only_the_newer() {
     let name = unique_name("jump");
     let a = redlock(&urls).get_lock(&name).unwrap();
     let b = redlock(&urls).get_lock(&name).unwrap();
+    let history = History::new();
     let ga = a.lock().unwrap();
+    let hold_a = history.begin("A", &ga);
     for i in 0..2 {
         cluster.nodes.get(i).expire_now(&format!("dlm:{{{name}}}"));
     }
     let gb = b.try_lock().unwrap().expect("B got no quorum");
+    let hold_b = history.begin("B", &gb);
     assert!(
         ga.is_held() && gb.is_held(),
         "the negative control needs two clients that both believe they hold the lock"
     );
+    history.end(hold_a, &ga);
+    history.end(hold_b, &gb);
+    // The checker flags the double grant; the tokens are still in order.
+    let report = history.check();
+    assert!(report.has_overlap(), "{:?}", report.violations);
+    assert!(!report.has_token_disorder(), "{:?}", report.violations);
     let (ta, tb) = (ga.fencing_token().unwrap(), gb.fencing_token().unwrap());
     assert!(tb > ta, "token {tb} after {ta}");
     let resource = FencedResource::new(Vec::new());

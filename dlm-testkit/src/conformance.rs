@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::RecvTimeoutError;
 use dlm_core::{Error, Lock, LockClient, LockName, OwnerToken, RetryPolicy, interrupt_pair};
 
+use crate::history::History;
 use crate::{CountingBackend, Fixture, unique_name};
 
 /// Generous bound for "returns promptly" on a loaded CI machine.
@@ -37,7 +38,8 @@ fn assert_still_blocked<T>(rx: &crossbeam_channel::Receiver<T>, within: Duration
 }
 
 /// 4 clients x 2 threads increment a counter with a separate read and write (lost updates
-/// appear without mutual exclusion), and a flag detects overlapping critical sections.
+/// appear without mutual exclusion), a flag detects overlapping critical sections, and the
+/// [`History`] checker finds no overlapping holds and no token out of order.
 pub fn mutual_exclusion_no_lost_updates(f: &dyn Fixture) {
     const CLIENTS: usize = 4;
     const THREADS_PER_CLIENT: usize = 2;
@@ -46,16 +48,23 @@ pub fn mutual_exclusion_no_lost_updates(f: &dyn Fixture) {
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(CLIENTS * THREADS_PER_CLIENT));
+    let history = Arc::new(History::new());
     let mut handles = Vec::new();
-    for _ in 0..CLIENTS {
+    for c in 0..CLIENTS {
         let lock = client(f).get_lock(&name).unwrap();
-        for _ in 0..THREADS_PER_CLIENT {
-            let (lock, counter, inside, start) =
-                (lock.clone(), counter.clone(), inside.clone(), start.clone());
+        for t in 0..THREADS_PER_CLIENT {
+            let (lock, counter, inside, start, history) = (
+                lock.clone(),
+                counter.clone(),
+                inside.clone(),
+                start.clone(),
+                history.clone(),
+            );
             handles.push(thread::spawn(move || {
                 start.wait();
                 for _ in 0..ROUNDS {
                     let guard = lock.lock().unwrap();
+                    let hold = history.begin(format!("client {c} thread {t}"), &guard);
                     assert!(
                         !inside.swap(true, Ordering::SeqCst),
                         "two holders inside the critical section"
@@ -64,6 +73,7 @@ pub fn mutual_exclusion_no_lost_updates(f: &dyn Fixture) {
                     thread::yield_now();
                     counter.store(v + 1, Ordering::SeqCst);
                     inside.store(false, Ordering::SeqCst);
+                    history.end(hold, &guard);
                     guard.unlock().unwrap();
                 }
             }));
@@ -77,6 +87,12 @@ pub fn mutual_exclusion_no_lost_updates(f: &dyn Fixture) {
         (CLIENTS * THREADS_PER_CLIENT) as u64 * ROUNDS,
         "lost updates: mutual exclusion failed"
     );
+    let report = history.check();
+    assert_eq!(
+        report.holds as u64,
+        (CLIENTS * THREADS_PER_CLIENT) as u64 * ROUNDS
+    );
+    report.assert_clean();
 }
 
 /// `try_lock` on a held lock returns `Ok(None)` at once.
