@@ -137,19 +137,6 @@ fn command_calls(con: &mut redis::Connection, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Polls `cond` every 10 ms until it holds; panics with `what` after `limit`.
-#[track_caller]
-fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?}: {what}"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Collects failed expectations so that one run reports every one of them, then fails.
 #[derive(Default)]
 struct Checks(Vec<String>);
@@ -582,7 +569,7 @@ fn a_read_only_replica_is_reported_as_read_only() {
         &mut admin,
         redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master.port()),
     );
-    wait_until(Duration::from_secs(10), "replica link up", || {
+    common::wait_until(Duration::from_secs(10), "replica link up", || {
         let info: String = query(&mut admin, redis::cmd("INFO").arg("replication"));
         info_field(&info, "master_link_status").as_deref() == Some("up")
     });
@@ -606,7 +593,7 @@ fn a_read_only_replica_is_reported_as_read_only() {
         .unwrap()
         .unwrap();
     let on_replica = client.get_lock(&name).unwrap();
-    wait_until(Duration::from_secs(5), "replicated lock", || {
+    common::wait_until(Duration::from_secs(5), "replicated lock", || {
         on_replica.is_locked().unwrap()
     });
     guard.unlock().unwrap();
@@ -802,7 +789,7 @@ fn a_server_busy_with_a_long_script_is_reported_as_busy_and_recovers() {
             .arg(0)
             .query::<()>(&mut looper)
     });
-    wait_until(Duration::from_secs(10), "PING answered BUSY", || {
+    common::wait_until(Duration::from_secs(10), "PING answered BUSY", || {
         let reply = redis::cmd("PING").query::<String>(&mut probe);
         reply.is_err_and(|e| e.code() == Some("BUSY"))
     });
@@ -824,7 +811,7 @@ fn a_server_busy_with_a_long_script_is_reported_as_busy_and_recovers() {
     let _: () = query(&mut admin, redis::cmd("SCRIPT").arg("KILL"));
     let outcome = script.join().expect("the script thread");
     assert!(outcome.is_err(), "the killed script must end with an error");
-    wait_until(Duration::from_secs(5), "PONG after SCRIPT KILL", || {
+    common::wait_until(Duration::from_secs(5), "PONG after SCRIPT KILL", || {
         redis::cmd("PING").query::<String>(&mut probe).is_ok()
     });
 
@@ -1073,7 +1060,7 @@ fn waiters_hold_no_pooled_connection_so_the_holder_can_release() {
         })
     };
     // B has tried at least twice: it found the lock held and is in its wait loop.
-    wait_until(Duration::from_secs(2), "B's attempts", || {
+    common::wait_until(Duration::from_secs(2), "B's attempts", || {
         command_calls(&mut admin, "evalsha") >= before + 2
     });
     let start = Instant::now();

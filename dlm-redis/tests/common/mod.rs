@@ -121,3 +121,16 @@ pub fn command_stat(server: &RedisServer, command: &str, field: &str) -> u64 {
         .find_map(|f| f.strip_prefix(field)?.strip_prefix('='))
         .map_or(0, |v| v.parse().unwrap())
 }
+
+/// Waits until `cond` holds, checking every 10 ms; panics with `what` after `limit`.
+#[track_caller]
+pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {limit:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
