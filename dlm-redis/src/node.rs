@@ -207,15 +207,31 @@ pub(crate) struct Node {
     io_timeout: Duration,
 }
 
-/// r2d2 keeps only the text of the last connect error; this keeps its kind, so that a
-/// failed checkout reports `Auth` (never retried) rather than a transient `Unavailable`.
+/// What the pool's connection attempts have shown. r2d2 keeps only the text of the last
+/// connect error; this keeps its kind, so that a failed checkout reports `Auth` (never
+/// retried) rather than a transient `Unavailable`. And whether the server is down: its
+/// last connection attempt failed and none has succeeded since.
 #[derive(Debug, Default, Clone)]
-struct LastConnectError(Arc<Mutex<Option<BackendErrorKind>>>);
+struct LastConnectError(Arc<ConnectState>);
+
+#[derive(Debug, Default)]
+struct ConnectState {
+    kind: Mutex<Option<BackendErrorKind>>,
+    down: AtomicBool,
+}
 
 impl r2d2::HandleError<BackendError> for LastConnectError {
     fn handle_error(&self, error: BackendError) {
         log::debug!("redis connection failed: {error}");
-        *self.0.lock() = Some(error.kind());
+        *self.0.kind.lock() = Some(error.kind());
+        self.0.down.store(true, Ordering::Release);
+    }
+}
+
+impl r2d2::HandleEvent for LastConnectError {
+    fn handle_acquire(&self, _: r2d2::event::AcquireEvent) {
+        self.0.down.store(false, Ordering::Release);
+        *self.0.kind.lock() = None;
     }
 }
 
@@ -247,6 +263,7 @@ impl Node {
             .test_on_check_out(false)
             .connection_timeout(timeouts.connect)
             .error_handler(Box::new(last_connect_error.clone()))
+            .event_handler(Box::new(last_connect_error.clone()))
             .thread_pool(thread_pool)
             .build_unchecked(manager);
         Node {
@@ -267,8 +284,11 @@ impl Node {
         &self,
         f: impl FnOnce(&mut Wire) -> redis::RedisResult<T>,
     ) -> Result<T, BackendError> {
+        if let Some(e) = self.down() {
+            return Err(e);
+        }
         let mut conn = self.pool.get().map_err(|e| {
-            let kind = match self.last_connect_error.0.lock().take() {
+            let kind = match *self.last_connect_error.0.kind.lock() {
                 Some(kind @ (BackendErrorKind::Auth | BackendErrorKind::Permission)) => kind,
                 Some(BackendErrorKind::Timeout) => BackendErrorKind::Timeout,
                 _ => BackendErrorKind::Unavailable,
@@ -693,6 +713,30 @@ impl Node {
     /// An idle pooled connection, if one is ready (never connects, never waits).
     pub(crate) fn idle_connection(&self) -> Option<r2d2::PooledConnection<Manager>> {
         self.pool.try_get()
+    }
+
+    /// An error at once, without waiting, when the server is down: its last connection
+    /// attempt failed (refused, timed out, or refused the credentials), none has
+    /// succeeded since, and no connection is idle. The pool keeps trying to connect in
+    /// the background (every half connect timeout at most), and the first success ends
+    /// this; meanwhile a call costs nothing instead of a whole connect timeout.
+    pub(crate) fn down(&self) -> Option<BackendError> {
+        if !self.last_connect_error.0.down.load(Ordering::Acquire)
+            || self.pool.state().idle_connections > 0
+        {
+            return None;
+        }
+        let kind = match *self.last_connect_error.0.kind.lock() {
+            Some(kind @ (BackendErrorKind::Auth | BackendErrorKind::Permission)) => kind,
+            _ => BackendErrorKind::Unavailable,
+        };
+        Some(BackendError::new(
+            kind,
+            format!(
+                "{}: down (the last connection attempt failed; retrying in the background)",
+                self.endpoint
+            ),
+        ))
     }
 
     /// The I/O timeout of this node's connections.

@@ -213,14 +213,28 @@ impl Redlock {
         parse: impl Fn(&Node, &Call, redis::Value) -> Result<T, BackendError> + Send + Sync + 'static,
     ) -> Replies<T> {
         let nodes = &self.inner.nodes;
-        let wanted = |i: usize| targets.is_none_or(|t| t[i]);
+        // A node that is down (refusing connections) answers at once and is not asked.
+        let mut down: Vec<Option<BackendError>> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                if targets.is_none_or(|t| t[i]) {
+                    n.down()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let wanted: Vec<bool> = (0..nodes.len())
+            .map(|i| targets.is_none_or(|t| t[i]) && down[i].is_none())
+            .collect();
         let calls: Vec<Option<Call>> = nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| wanted(i).then(|| make(n)))
+            .map(|(i, n)| wanted[i].then(|| make(n)))
             .collect();
-        if let Some(replies) = pipelined(nodes, deadline, &calls) {
-            return Replies {
+        let mut replies = match pipelined(nodes, deadline, &calls) {
+            Some(replies) => Replies {
                 replies: replies
                     .into_iter()
                     .zip(nodes)
@@ -230,12 +244,18 @@ impl Redlock {
                         r.map(|r| r.and_then(|v| parse(node, call, v)))
                     })
                     .collect(),
-            };
+            },
+            None => self.fan_out_to(deadline, Some(&wanted), move |node| {
+                let call = make(node);
+                node.execute(&call).and_then(|v| parse(node, &call, v))
+            }),
+        };
+        for (reply, down) in replies.replies.iter_mut().zip(&mut down) {
+            if let Some(e) = down.take() {
+                *reply = Some(Err(e));
+            }
         }
-        self.fan_out_to(deadline, targets, move |node| {
-            let call = make(node);
-            node.execute(&call).and_then(|v| parse(node, &call, v))
-        })
+        replies
     }
 
     fn deadline(&self, start: Instant) -> Instant {

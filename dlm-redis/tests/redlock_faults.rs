@@ -211,7 +211,9 @@ fn servers(cluster: &Cluster, which: impl Fn(usize) -> bool) -> Vec<&RedisServer
 }
 
 /// A fresh `n`-node cluster with the nodes `killed` killed: a client built before and one
-/// built after the kill acquire and release, each call within the per-node deadline.
+/// built after the kill acquire and release, each call within the per-node deadline;
+/// once a refused connection has shown a node down, it costs no waiting at all; and
+/// restarted, the nodes take part again.
 fn killed_minority(n: usize, killed: &[usize]) {
     let what = format!("{n} nodes, {killed:?} killed");
     let mut cluster = Cluster::new(n);
@@ -235,6 +237,47 @@ fn killed_minority(n: usize, killed: &[usize]) {
         &up,
         &format!("{what}, client built while they were down"),
     );
+
+    // A node known to be down is not waited for: 40 cycles, each of which would wait a
+    // connect timeout (100 ms) per call for it otherwise, take less than a second.
+    let lock = rl.get_lock(&unique_name("down")).unwrap();
+    let (_, elapsed) = timed(|| {
+        for _ in 0..40 {
+            lock.try_lock()
+                .unwrap_or_else(|e| panic!("{what}: try_lock: {e:?}"))
+                .expect("free")
+                .unlock()
+                .unwrap_or_else(|e| panic!("{what}: unlock: {e:?}"));
+        }
+    });
+    assert!(
+        elapsed < MARGIN,
+        "{what}: 40 cycles took {elapsed:?}: the dead nodes were waited for"
+    );
+
+    // Restarted, the nodes take part again (the pools reconnect in the background).
+    for &i in killed {
+        cluster.nodes.get_mut(i).restart();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let name = unique_name("restarted");
+        let guard = rl
+            .get_lock(&name)
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .expect("free");
+        let back = killed.iter().all(|&i| exists(cluster.nodes.get(i), &name));
+        guard.unlock().unwrap();
+        if back {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the restarted nodes did not all take part in an acquisition within 5 s"
+        );
+    }
 }
 
 /// A fresh `n`-node cluster with the nodes `paused` stopped (SIGSTOP: they keep their

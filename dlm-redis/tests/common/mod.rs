@@ -10,6 +10,8 @@ use dlm_testkit::redis_server::{
     RedisNodes, RedisServer, require_legacy_redis_server, require_redis_server,
 };
 
+pub mod soak;
+
 /// Generous I/O timeouts for tests that are not about timeouts: a loaded 2-core CI
 /// machine must not turn a healthy server into a spurious failure.
 pub const CALM: Duration = Duration::from_millis(500);

@@ -1,0 +1,175 @@
+//! The soak harness: clients x threads taking hot locks in a loop while a test injects
+//! faults, every hold recorded for the history checker.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dlm_core::{Lock, LockBackend, LockClient};
+use dlm_testkit::history::History;
+use parking_lot::Mutex;
+
+/// Threads that lock and unlock `locks` hot names until stopped.
+pub struct Soak {
+    history: Arc<History>,
+    holds: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    /// Set once the last fault has healed; holds beginning after it count per thread.
+    healed: Arc<Mutex<Option<Instant>>>,
+    after: Arc<Vec<AtomicU64>>,
+    workers: Vec<thread::JoinHandle<()>>,
+}
+
+/// What a finished soak did.
+pub struct Outcome {
+    pub holds: u64,
+    pub errors: u64,
+}
+
+impl Soak {
+    /// Starts `clients` clients (one backend from `backend()` each, watchdog leases of
+    /// `lease`) with `threads` threads each. A failed call must be transient (it may only
+    /// happen while a fault lasts); a panic in a worker fails [`Soak::finish`].
+    pub fn start(
+        clients: usize,
+        threads: usize,
+        locks: u64,
+        lease: Duration,
+        backend: impl Fn() -> Arc<dyn LockBackend>,
+    ) -> Soak {
+        let history = Arc::new(History::new());
+        let holds = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let healed: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+        let after: Arc<Vec<AtomicU64>> =
+            Arc::new((0..clients * threads).map(|_| AtomicU64::new(0)).collect());
+        let mut workers = Vec::new();
+        for c in 0..clients {
+            let client = LockClient::builder(backend())
+                .watchdog_timeout(lease)
+                .build();
+            for t in 0..threads {
+                let id = c * threads + t;
+                let (client, history, holds, errors, stop, healed, after) = (
+                    client.clone(),
+                    history.clone(),
+                    holds.clone(),
+                    errors.clone(),
+                    stop.clone(),
+                    healed.clone(),
+                    after.clone(),
+                );
+                workers.push(thread::spawn(move || {
+                    // xorshift64: each thread its own sequence of names.
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (id as u64 + 1);
+                    while !stop.load(Ordering::Relaxed) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let lock = client.get_lock(&format!("soak-{}", x % locks)).unwrap();
+                        let guard = match lock.try_lock_timeout(Duration::from_secs(3)) {
+                            Ok(Some(guard)) => guard,
+                            Ok(None) => continue,
+                            Err(e) => {
+                                assert!(
+                                    e.backend().is_some_and(|b| b.is_transient()),
+                                    "thread {id}: {e}"
+                                );
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        };
+                        let hold = history.begin(format!("client {c} thread {t}"), &guard);
+                        let began = Instant::now();
+                        thread::yield_now();
+                        history.end(hold, &guard);
+                        if guard.unlock().is_err() {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        holds.fetch_add(1, Ordering::Relaxed);
+                        if healed.lock().is_some_and(|h| began > h) {
+                            after[id].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }));
+            }
+        }
+        Soak {
+            history,
+            holds,
+            errors,
+            stop,
+            healed,
+            after,
+            workers,
+        }
+    }
+
+    /// Waits (at most 30 s) for `n` more holds.
+    pub fn progress(&self, n: u64, what: &str) {
+        let target = self.holds.load(Ordering::Relaxed) + n;
+        super::wait_until(Duration::from_secs(30), what, || {
+            self.holds.load(Ordering::Relaxed) >= target
+        });
+    }
+
+    /// Marks the faults healed: from now on every thread must get locks again.
+    pub fn healed(&self) {
+        *self.healed.lock() = Some(Instant::now());
+    }
+
+    /// Waits (at most 30 s) until every thread has made `per_thread` holds since
+    /// [`Soak::healed`], stops the threads, and checks the history: no overlapping holds,
+    /// no token out of order.
+    pub fn finish(self, per_thread: u64) -> Outcome {
+        super::wait_until(
+            Duration::from_secs(30),
+            "every thread getting locks after the faults healed",
+            || {
+                self.after
+                    .iter()
+                    .all(|a| a.load(Ordering::Relaxed) >= per_thread)
+            },
+        );
+        self.stop.store(true, Ordering::Relaxed);
+        for w in self.workers {
+            w.join().unwrap();
+        }
+        let report = self.history.check();
+        let holds = self.holds.load(Ordering::Relaxed);
+        assert_eq!(report.holds as u64, holds);
+        report.assert_clean();
+        Outcome {
+            holds,
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The threads of this process, for the before/after comparison.
+pub fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Waits (at most 5 s) for the thread count to fall back to `baseline`.
+pub fn assert_threads_back_to(baseline: usize) {
+    super::wait_until(Duration::from_secs(5), "threads back to baseline", || {
+        threads() <= baseline
+    });
+}
+
+/// After a soak: no lock key left (a release that failed during a fault leaves a key
+/// with its lease, gone within it) and no connection but the admin's.
+pub fn assert_nothing_left(admin: &mut redis::Connection, lease: Duration) {
+    super::wait_until(lease * 2, "lock keys gone", || {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("dlm:*").query(admin).unwrap();
+        keys.iter().all(|k| k.ends_with(":fence"))
+    });
+    super::wait_until(Duration::from_secs(5), "connections closed", || {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();
+        list.lines().count() == 1
+    });
+}
