@@ -40,6 +40,11 @@ impl Inner {
         for i in 0..self.waiters.len() {
             match self.waiters[i].tx.try_send(()) {
                 Ok(()) => {
+                    // The hand-over is under way from now until the waiter's attempt is
+                    // over: set here, not when the waiter takes the wake-up from its
+                    // channel, or `wake_pending` would be false in between and a
+                    // newcomer could barge past it.
+                    self.waiters[i].trying.store(true, Ordering::Release);
                     // Rotate the woken waiter to the back: the next release wakes another.
                     if let Some(w) = self.waiters.remove(i) {
                         self.waiters.push_back(w);
@@ -214,6 +219,10 @@ mod tests {
         list.notify_one();
         assert!(list.wake_pending());
         a.receiver().try_recv().unwrap();
+        assert!(
+            list.wake_pending(),
+            "taken from the channel, before the waiter says it is trying"
+        );
         a.trying(true);
         assert!(list.wake_pending(), "taken, not yet tried");
         a.trying(false);

@@ -336,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wake_is_pending_until_the_waiter_takes_it() {
+    fn a_wake_is_pending_until_the_waiters_attempt_is_over() {
         let s = shared();
         let a = subscribe(&s, "dlm:{x}:released");
         let _other = subscribe(&s, "dlm:{y}:released");
@@ -345,6 +345,11 @@ mod tests {
         assert!(s.wake_pending(|| "dlm:{x}:released".into()));
         assert!(!s.wake_pending(|| "dlm:{y}:released".into()), "per lock");
         a.receiver().try_recv().unwrap();
+        assert!(
+            s.wake_pending(|| "dlm:{x}:released".into()),
+            "taken, the attempt not made yet"
+        );
+        a.trying(false);
         assert!(!s.wake_pending(|| "dlm:{x}:released".into()));
     }
 }
