@@ -196,7 +196,7 @@ pub(crate) struct Node {
     pub(crate) endpoint: Endpoint,
     pool: r2d2::Pool<Manager>,
     pub(crate) keys: Keys,
-    last_connect_error: LastConnectError,
+    connects: Connects,
     /// Set once the server's persistence was checked (fencing needs durable counters).
     durability_checked: AtomicBool,
     /// Set when the server turned out to be older than 7.0: acquire with the script.
@@ -207,12 +207,12 @@ pub(crate) struct Node {
     io_timeout: Duration,
 }
 
-/// What the pool's connection attempts have shown. r2d2 keeps only the text of the last
-/// connect error; this keeps its kind, so that a failed checkout reports `Auth` (never
-/// retried) rather than a transient `Unavailable`. And whether the server is down: its
-/// last connection attempt failed and none has succeeded since.
+/// What the pool's connection attempts have shown: whether the server is down (its last
+/// connection attempt failed and none has succeeded since), and the kind of that failure.
+/// r2d2 keeps only the text of the last connect error; the kind lets a failed checkout
+/// report `Auth` (never retried) rather than a transient `Unavailable`.
 #[derive(Debug, Default, Clone)]
-struct LastConnectError(Arc<ConnectState>);
+struct Connects(Arc<ConnectState>);
 
 #[derive(Debug, Default)]
 struct ConnectState {
@@ -220,7 +220,7 @@ struct ConnectState {
     down: AtomicBool,
 }
 
-impl r2d2::HandleError<BackendError> for LastConnectError {
+impl r2d2::HandleError<BackendError> for Connects {
     fn handle_error(&self, error: BackendError) {
         log::debug!("redis connection failed: {error}");
         *self.0.kind.lock() = Some(error.kind());
@@ -228,7 +228,20 @@ impl r2d2::HandleError<BackendError> for LastConnectError {
     }
 }
 
-impl r2d2::HandleEvent for LastConnectError {
+impl Connects {
+    /// The kind of error for a call that found no connection: the last connect failure's
+    /// kind when it was a refusal of the credentials or (if `timeouts` is set) a timeout,
+    /// otherwise `Unavailable`.
+    fn failure(&self, timeouts: bool) -> BackendErrorKind {
+        match *self.0.kind.lock() {
+            Some(kind @ (BackendErrorKind::Auth | BackendErrorKind::Permission)) => kind,
+            Some(BackendErrorKind::Timeout) if timeouts => BackendErrorKind::Timeout,
+            _ => BackendErrorKind::Unavailable,
+        }
+    }
+}
+
+impl r2d2::HandleEvent for Connects {
     fn handle_acquire(&self, _: r2d2::event::AcquireEvent) {
         self.0.down.store(false, Ordering::Release);
         *self.0.kind.lock() = None;
@@ -256,21 +269,21 @@ impl Node {
             endpoint: endpoint.clone(),
             timeouts,
         };
-        let last_connect_error = LastConnectError::default();
+        let connects = Connects::default();
         let pool = r2d2::Pool::builder()
             .max_size(pool_size)
             .min_idle(Some(0))
             .test_on_check_out(false)
             .connection_timeout(timeouts.connect)
-            .error_handler(Box::new(last_connect_error.clone()))
-            .event_handler(Box::new(last_connect_error.clone()))
+            .error_handler(Box::new(connects.clone()))
+            .event_handler(Box::new(connects.clone()))
             .thread_pool(thread_pool)
             .build_unchecked(manager);
         Node {
             endpoint,
             pool,
             keys,
-            last_connect_error,
+            connects,
             durability_checked: AtomicBool::new(!fencing),
             scripts_only: AtomicBool::new(false),
             no_multi: AtomicBool::new(false),
@@ -288,11 +301,7 @@ impl Node {
             return Err(e);
         }
         let mut conn = self.pool.get().map_err(|e| {
-            let kind = match *self.last_connect_error.0.kind.lock() {
-                Some(kind @ (BackendErrorKind::Auth | BackendErrorKind::Permission)) => kind,
-                Some(BackendErrorKind::Timeout) => BackendErrorKind::Timeout,
-                _ => BackendErrorKind::Unavailable,
-            };
+            let kind = self.connects.failure(true);
             BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
         })?;
         let conn: &mut Conn = &mut conn;
@@ -721,17 +730,12 @@ impl Node {
     /// the background (every half connect timeout at most), and the first success ends
     /// this; meanwhile a call costs nothing instead of a whole connect timeout.
     pub(crate) fn down(&self) -> Option<BackendError> {
-        if !self.last_connect_error.0.down.load(Ordering::Acquire)
-            || self.pool.state().idle_connections > 0
-        {
+        if !self.connects.0.down.load(Ordering::Acquire) || self.pool.state().idle_connections > 0 {
             return None;
         }
-        let kind = match *self.last_connect_error.0.kind.lock() {
-            Some(kind @ (BackendErrorKind::Auth | BackendErrorKind::Permission)) => kind,
-            _ => BackendErrorKind::Unavailable,
-        };
         Some(BackendError::new(
-            kind,
+            // A down server answers at once: no timeout to report.
+            self.connects.failure(false),
             format!(
                 "{}: down (the last connection attempt failed; retrying in the background)",
                 self.endpoint

@@ -214,24 +214,20 @@ impl Redlock {
     ) -> Replies<T> {
         let nodes = &self.inner.nodes;
         // A node that is down (refusing connections) answers at once and is not asked.
-        let mut down: Vec<Option<BackendError>> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                if targets.is_none_or(|t| t[i]) {
-                    n.down()
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let wanted: Vec<bool> = (0..nodes.len())
-            .map(|i| targets.is_none_or(|t| t[i]) && down[i].is_none())
-            .collect();
+        // Usually none is: nothing is allocated for them then.
+        let mut down: Vec<(usize, BackendError)> = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            if targets.is_none_or(|t| t[i])
+                && let Some(e) = node.down()
+            {
+                down.push((i, e));
+            }
+        }
+        let wanted = |i: usize| targets.is_none_or(|t| t[i]) && !down.iter().any(|(d, _)| *d == i);
         let calls: Vec<Option<Call>> = nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| wanted[i].then(|| make(n)))
+            .map(|(i, n)| wanted(i).then(|| make(n)))
             .collect();
         let mut replies = match pipelined(nodes, deadline, &calls) {
             Some(replies) => Replies {
@@ -245,15 +241,16 @@ impl Redlock {
                     })
                     .collect(),
             },
-            None => self.fan_out_to(deadline, Some(&wanted), move |node| {
-                let call = make(node);
-                node.execute(&call).and_then(|v| parse(node, &call, v))
-            }),
-        };
-        for (reply, down) in replies.replies.iter_mut().zip(&mut down) {
-            if let Some(e) = down.take() {
-                *reply = Some(Err(e));
+            None => {
+                let wanted: Vec<bool> = (0..nodes.len()).map(wanted).collect();
+                self.fan_out_to(deadline, Some(&wanted), move |node| {
+                    let call = make(node);
+                    node.execute(&call).and_then(|v| parse(node, &call, v))
+                })
             }
+        };
+        for (i, e) in down {
+            replies.replies[i] = Some(Err(e));
         }
         replies
     }
