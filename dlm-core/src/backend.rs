@@ -60,8 +60,9 @@ impl fmt::Display for LockName {
 }
 
 /// Identifies who holds a lock: 128 random bits drawn from the OS CSPRNG once per
-/// [`LockClient`](crate::LockClient), the holding thread, and (in non-re-entrant mode) a
-/// per-acquisition sequence number.
+/// [`LockClient`](crate::LockClient), the holding thread, and a sequence number: every
+/// acquisition that reaches the backend has a token of its own (re-entry is counted by the
+/// front and never reaches the backend).
 ///
 /// It is a secret: whoever knows it can release or extend the lock. `Debug` redacts it;
 /// only backends see it, through [`OwnerToken::encode`].

@@ -58,13 +58,12 @@ pub(crate) struct ClientShared {
 }
 
 impl ClientShared {
-    /// The owner token the calling thread uses for its next acquisition.
+    /// The owner token of the calling thread's next acquisition: unique to it (re-entry is
+    /// counted here and never reaches the backend), so that a request that arrives late at
+    /// a server, or a clean-up of a failed attempt, can only ever touch the key of the
+    /// acquisition that sent it, never a later one of the same thread.
     pub(crate) fn token_for_current_thread(&self) -> OwnerToken {
-        let seq = if self.reentrant {
-            0
-        } else {
-            self.seq.fetch_add(1, Ordering::Relaxed) + 1
-        };
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         OwnerToken::new(self.id, thread_no(), seq)
     }
 
