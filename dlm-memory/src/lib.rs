@@ -1,8 +1,9 @@
 //! # dlm-memory: the in-memory backend of dlm
 //!
-//! A real [`LockBackend`], not a mock: holders with expiries, a fencing counter per name
-//! (tokens 1, 2, 3, ...), release wake-ups through [`LockBackend::watch`], and the same
-//! semantics as the Redis backends. Locks are shared by every
+//! A real [`LockBackend`], not a mock: holders with expiries, fencing tokens from one
+//! counter per store (so they increase for every name, with gaps), release wake-ups
+//! through [`LockBackend::watch`], and the same semantics as the Redis backends. A name
+//! takes memory only while it is held or waited for. Locks are shared by every
 //! [`LockClient`](dlm_core::LockClient) (and every clone of the backend) in one process,
 //! never across processes.
 //!
@@ -50,15 +51,45 @@ pub struct MemoryBackend {
 struct Inner {
     clock: Arc<dyn Clock>,
     fencing: bool,
-    entries: Mutex<HashMap<LockName, Entry>>,
+    store: Mutex<Store>,
     faults: Faults,
+}
+
+#[derive(Default)]
+struct Store {
+    /// Names that are held or waited for (an entry is removed when neither).
+    entries: HashMap<LockName, Entry>,
+    /// The last fencing token issued, for any name: tokens of one name increase because
+    /// all tokens do, and a name needs no state of its own once it is free.
+    fence: u64,
+    /// Entries left by waiters that have gone are swept when the map has grown past this.
+    sweep_at: usize,
+}
+
+impl Store {
+    /// The entry of `name`, created if needed.
+    fn entry(&mut self, name: &LockName) -> &mut Entry {
+        if !self.entries.contains_key(name) {
+            self.entries.insert(name.clone(), Entry::default());
+        }
+        self.entries.get_mut(name).expect("inserted above")
+    }
+
+    /// Forgets `name` if nobody holds or waits for it; now and then, every such name.
+    fn tidy(&mut self, name: &LockName, now: Instant) {
+        if self.entries.get_mut(name).is_some_and(|e| e.is_idle(now)) {
+            self.entries.remove(name);
+        }
+        if self.entries.len() > self.sweep_at {
+            self.entries.retain(|_, e| !e.is_idle(now));
+            self.sweep_at = 2 * self.entries.len() + 64;
+        }
+    }
 }
 
 #[derive(Default)]
 struct Entry {
     holder: Option<Holder>,
-    /// The last fencing token issued for this name. Never reset.
-    fence: u64,
     waiters: WaitList,
 }
 
@@ -75,6 +106,11 @@ impl Entry {
             self.holder = None;
         }
         self.holder.as_mut()
+    }
+
+    /// Nobody holds it (or the holder's lease ran out) and nobody waits for it.
+    fn is_idle(&mut self, now: Instant) -> bool {
+        self.holder(now).is_none() && self.waiters.is_empty()
     }
 }
 
@@ -103,11 +139,14 @@ impl MemoryBackend {
         let Ok(name) = LockName::new(name) else {
             return false;
         };
-        let mut entries = self.inner.entries.lock();
-        entries
+        let mut store = self.inner.store.lock();
+        let held = store
+            .entries
             .get_mut(&name)
             .and_then(|e| e.holder.take())
-            .is_some()
+            .is_some();
+        store.tidy(&name, self.inner.clock.now());
+        held
     }
 
     /// How many waiters are subscribed to `name`'s release hints (to check that none is
@@ -116,24 +155,34 @@ impl MemoryBackend {
         let Ok(name) = LockName::new(name) else {
             return 0;
         };
-        let entries = self.inner.entries.lock();
-        entries.get(&name).map_or(0, |e| e.waiters.len())
+        let store = self.inner.store.lock();
+        store.entries.get(&name).map_or(0, |e| e.waiters.len())
     }
 
-    /// Runs the fault knobs, then `f` on the entry of `name`.
+    /// How many lock names the store keeps state for: those held or waited for (and a few
+    /// left by waiters that gave up, until the next sweep).
+    pub fn names(&self) -> usize {
+        self.inner.store.lock().entries.len()
+    }
+
+    /// Runs the fault knobs, then `f` on the entry of `name` (and the store's last
+    /// fencing token); forgets the entry afterwards if nobody holds or waits for it.
     fn with_entry<T>(
         &self,
         name: &LockName,
-        f: impl FnOnce(&mut Entry, Instant) -> T,
+        f: impl FnOnce(&mut Entry, &mut u64, Instant) -> T,
     ) -> Result<T, BackendError> {
         self.inner.faults.before_call()?;
         let now = self.inner.clock.now();
-        let mut entries = self.inner.entries.lock();
-        let entry = match entries.get_mut(name) {
+        let mut store = self.inner.store.lock();
+        let store = &mut *store;
+        let entry = match store.entries.get_mut(name) {
             Some(entry) => entry,
-            None => entries.entry(name.clone()).or_default(),
+            None => store.entries.entry(name.clone()).or_default(),
         };
-        Ok(f(entry, now))
+        let out = f(entry, &mut store.fence, now);
+        store.tidy(name, now);
+        Ok(out)
     }
 
     fn lease(&self, started: Instant, ttl: Duration, fence: Option<FencingToken>) -> Lease {
@@ -156,7 +205,7 @@ impl fmt::Debug for MemoryBackend {
         f.debug_struct("MemoryBackend")
             .field("clock", &self.inner.clock)
             .field("fencing", &self.inner.fencing)
-            .field("names", &self.inner.entries.lock().len())
+            .field("names", &self.inner.store.lock().entries.len())
             .finish_non_exhaustive()
     }
 }
@@ -170,7 +219,7 @@ impl LockBackend for MemoryBackend {
     ) -> Result<Acquire, BackendError> {
         let started = Instant::now();
         let fencing = self.inner.fencing;
-        self.with_entry(name, |entry, now| {
+        self.with_entry(name, |entry, last_fence, now| {
             let expires_at = now + ttl;
             if let Some(holder) = entry.holder(now) {
                 if holder.owner != *owner {
@@ -182,8 +231,8 @@ impl LockBackend for MemoryBackend {
                 return Acquire::Acquired(self.lease(started, ttl, holder.fence));
             }
             let fence = fencing.then(|| {
-                entry.fence += 1;
-                FencingToken::new(entry.fence)
+                *last_fence += 1;
+                FencingToken::new(*last_fence)
             });
             entry.holder = Some(Holder {
                 owner: *owner,
@@ -201,7 +250,7 @@ impl LockBackend for MemoryBackend {
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
         let started = Instant::now();
-        self.with_entry(name, |entry, now| match entry.holder(now) {
+        self.with_entry(name, |entry, _, now| match entry.holder(now) {
             Some(holder) if holder.owner == *owner => {
                 holder.expires_at = now + ttl;
                 Some(self.lease(started, ttl, holder.fence))
@@ -211,7 +260,7 @@ impl LockBackend for MemoryBackend {
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        self.with_entry(name, |entry, now| match entry.holder(now) {
+        self.with_entry(name, |entry, _, now| match entry.holder(now) {
             Some(holder) if holder.owner == *owner => {
                 entry.holder = None;
                 entry.waiters.notify_one();
@@ -222,7 +271,7 @@ impl LockBackend for MemoryBackend {
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
-        self.with_entry(name, |entry, now| {
+        self.with_entry(name, |entry, _, now| {
             let held = entry.holder(now).is_some();
             entry.holder = None;
             entry.waiters.notify_one();
@@ -231,19 +280,22 @@ impl LockBackend for MemoryBackend {
     }
 
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
-        self.with_entry(name, |entry, now| {
+        self.with_entry(name, |entry, _, now| {
             entry.holder(now).map(|h| h.expires_at - now)
         })
     }
 
     fn watch(&self, name: &LockName) -> Option<Watch> {
-        let mut entries = self.inner.entries.lock();
-        Some(entries.entry(name.clone()).or_default().waiters.subscribe())
+        let mut store = self.inner.store.lock();
+        Some(store.entry(name).waiters.subscribe())
     }
 
     fn wake_pending(&self, name: &LockName) -> bool {
-        let entries = self.inner.entries.lock();
-        entries.get(name).is_some_and(|e| e.waiters.wake_pending())
+        let store = self.inner.store.lock();
+        store
+            .entries
+            .get(name)
+            .is_some_and(|e| e.waiters.wake_pending())
     }
 }
 
@@ -262,7 +314,8 @@ impl MemoryBackendBuilder {
         self
     }
 
-    /// Whether acquisitions carry fencing tokens (1, 2, 3, ... per name). Defaults to
+    /// Whether acquisitions carry fencing tokens (1, 2, 3, ... for the whole store, so
+    /// each name's tokens increase, with gaps where other names took some). Defaults to
     /// `true`.
     pub fn fencing(mut self, on: bool) -> Self {
         self.fencing = on;
@@ -275,7 +328,7 @@ impl MemoryBackendBuilder {
             inner: Arc::new(Inner {
                 clock: self.clock,
                 fencing: self.fencing,
-                entries: Mutex::new(HashMap::new()),
+                store: Mutex::new(Store::default()),
                 faults: Faults::default(),
             }),
         }

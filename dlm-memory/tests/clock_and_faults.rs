@@ -4,7 +4,9 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlm_core::{BackendErrorKind, Error, Lock, LockClient, RetryPolicy, interrupt_pair};
+use dlm_core::{
+    BackendErrorKind, Error, Lock, LockBackend, LockClient, RetryPolicy, interrupt_pair,
+};
 use dlm_memory::{ManualClock, MemoryBackend};
 
 fn fast_retry() -> RetryPolicy {
@@ -44,7 +46,7 @@ fn manual_clock_expires_exactly_at_the_lease_end() {
 }
 
 #[test]
-fn fencing_tokens_count_per_name_and_can_be_switched_off() {
+fn fencing_tokens_come_from_one_counter_and_can_be_switched_off() {
     let backend = MemoryBackend::new();
     let c = LockClient::new(backend);
     let tokens: Vec<u64> = (0..3)
@@ -55,12 +57,78 @@ fn fencing_tokens_count_per_name_and_can_be_switched_off() {
         .collect();
     assert_eq!(tokens, [1, 2, 3]);
     let b = c.get_lock("b").unwrap().lock().unwrap();
-    assert_eq!(b.fencing_token().unwrap().get(), 1, "counters are per name");
+    assert_eq!(
+        b.fencing_token().unwrap().get(),
+        4,
+        "one counter for every name of the store"
+    );
     let plain = LockClient::new(MemoryBackend::builder().fencing(false).build());
     assert_eq!(
         plain.get_lock("a").unwrap().lock().unwrap().fencing_token(),
         None
     );
+}
+
+#[test]
+fn a_name_takes_memory_only_while_it_is_held_or_waited_for() {
+    // A batch job that locks each item once must not grow the store: 100,000 names, then
+    // nothing is left; tokens still increase for a name that comes back.
+    let backend = MemoryBackend::new();
+    let c = LockClient::builder(std::sync::Arc::new(backend.clone()))
+        .lease(Duration::from_secs(30))
+        .build();
+    let mut last = 0;
+    for i in 0..100_000 {
+        let g = c.get_lock(&format!("order:{i}")).unwrap().lock().unwrap();
+        let t = g.fencing_token().unwrap().get();
+        assert!(t > last);
+        last = t;
+    }
+    assert_eq!(backend.names(), 0, "released names left state behind");
+    let again = c.get_lock("order:7").unwrap().lock().unwrap();
+    assert!(again.fencing_token().unwrap().get() > last);
+    assert_eq!(backend.names(), 1);
+    drop(again);
+    // A waiter that gives up leaves its entry until the next look at that name or a sweep.
+    let held = c.get_lock("busy").unwrap().lock().unwrap();
+    let other = LockClient::new(backend.clone());
+    let waited = other
+        .get_lock("busy")
+        .unwrap()
+        .try_lock_timeout(Duration::from_millis(20))
+        .unwrap();
+    assert!(waited.is_none());
+    drop(held);
+    assert_eq!(backend.names(), 0);
+    // Leases that simply run out are forgotten too.
+    let clock = ManualClock::new();
+    let timed = MemoryBackend::builder().clock(clock.clone()).build();
+    let tc = LockClient::builder(std::sync::Arc::new(timed.clone()))
+        .lease(Duration::from_secs(1))
+        .build();
+    for i in 0..1000 {
+        tc.get_lock(&format!("expiring:{i}"))
+            .unwrap()
+            .lock()
+            .unwrap()
+            .into_hold();
+    }
+    assert_eq!(timed.names(), 1000);
+    clock.advance(Duration::from_secs(2));
+    // Each expired name goes when it is next looked at, and all of them when the store
+    // has grown to twice what it held at its last sweep (memory stays within twice the
+    // names held at once, plus 64).
+    let probe = dlm_core::LockName::new("expiring:3").unwrap();
+    assert_eq!(timed.inspect(&probe).unwrap(), None);
+    assert_eq!(timed.names(), 999);
+    for i in 0..1100 {
+        tc.get_lock(&format!("fresh:{i}"))
+            .unwrap()
+            .lock()
+            .unwrap()
+            .into_hold();
+    }
+    assert_eq!(timed.names(), 1100, "expired names were not swept");
 }
 
 #[test]
