@@ -6,6 +6,7 @@
 //! - [`redis_server`]: real `redis-server` processes on free 127.0.0.1 ports, with
 //!   controls to pause, kill and restart them; killed and reaped on drop.
 //! - [`history`]: a checker for recorded holds (mutual exclusion, fencing order).
+//! - [`logs`]: captures the process's log records, to check warnings and secrets.
 //! - [`CountingBackend`]: a wrapper that counts backend calls (to prove that bad input is
 //!   rejected before any I/O, or that a waiter sends nothing while it waits).
 #![deny(missing_docs)]
@@ -13,6 +14,7 @@
 pub mod conformance;
 mod counting;
 pub mod history;
+pub mod logs;
 pub mod redis_server;
 
 pub use counting::CountingBackend;
