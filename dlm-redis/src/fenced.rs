@@ -63,20 +63,25 @@ pub fn fenced_set(
     token: FencingToken,
     value: &[u8],
 ) -> Result<(), FencedWriteError> {
-    let (written, highest): (i64, i64) = FENCED_SET
+    let (written, highest): (i64, String) = FENCED_SET
         .key(key)
         .arg(token.get())
         .arg(value)
         .invoke(con)
         .map_err(|e| FencedWriteError::Backend(map_error(&e, "fenced_set")))?;
     if written == 1 {
-        Ok(())
-    } else {
-        Err(FencedWriteError::Stale(StaleToken {
-            presented: token,
-            highest: FencingToken::new(highest.max(0) as u64),
-        }))
+        return Ok(());
     }
+    let highest = highest.parse().map_err(|_| {
+        FencedWriteError::Backend(BackendError::new(
+            dlm_core::BackendErrorKind::UnexpectedKey,
+            format!("fenced_set: the token stored at the key is not a number: {highest:?}"),
+        ))
+    })?;
+    Err(FencedWriteError::Stale(StaleToken {
+        presented: token,
+        highest: FencingToken::new(highest),
+    }))
 }
 
 /// Reads a value written by [`fenced_set`], with the token of its last write.

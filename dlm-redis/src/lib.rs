@@ -45,8 +45,24 @@ mod node;
 mod options;
 mod redlock;
 mod single;
+mod slot;
 mod wire;
 
 pub use fenced::{FencedWriteError, fenced_get, fenced_set};
+
+/// The Redis keys and the channel of one lock, from [`RedisBackend::keys`] or
+/// [`Redlock::keys`]: for ACLs, monitoring and administration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LockKeys {
+    /// `prefix:{name}`: a string, the holder's owner token (with `~` appended once a
+    /// waiter has marked it), with an expiry.
+    pub lock: String,
+    /// `prefix:fence:{tag}`: the fencing stream of the lock's cluster slot, shared by the
+    /// names of that slot, with an expiry that every acquisition refreshes.
+    pub fencing_stream: String,
+    /// `prefix:{name}:released`: the channel a release is announced on.
+    pub channel: String,
+}
 pub use redlock::{Redlock, RedlockBuilder, quorum};
 pub use single::{RedisBackend, RedisBackendBuilder};

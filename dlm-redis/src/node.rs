@@ -31,15 +31,17 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     commit: Script::new(include_str!("lua/commit.lua")),
 });
 
-/// What an acquisition does with the fencing counter.
+/// What an acquisition does with the fencing stream of the lock's slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fencing {
     /// Nothing.
     Off,
-    /// `INCR` it (single instance: the new value is the token).
-    Increment,
-    /// Read it (Redlock round 1; the token is committed in round 2).
-    Read,
+    /// Single instance: the `SET` and the `XADD` go in one `MULTI`/`EXEC` transaction, and
+    /// the new stream ID is the token.
+    Single,
+    /// Redlock round 1: the `XADD` is pipelined after the `SET`; the new stream ID is this
+    /// node's draw, and round 2 commits the largest draw of the quorum, plus one.
+    Redlock,
 }
 
 impl Fencing {
@@ -47,10 +49,32 @@ impl Fencing {
     fn mode(self) -> &'static [u8] {
         match self {
             Fencing::Off => b"0",
-            Fencing::Increment => b"1",
-            Fencing::Read => b"2",
+            Fencing::Single | Fencing::Redlock => b"1",
         }
     }
+}
+
+/// How many sequence numbers one millisecond of a stream ID may hold in a token:
+/// `token = ms << SEQ_BITS | seq`. A server makes far fewer than 2^20 IDs per millisecond
+/// (a billion a second); a larger sequence number is refused, never wrapped.
+const SEQ_BITS: u32 = 20;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
+/// The fencing token of a stream ID `ms-seq`: `ms << 20 | seq`. The order of tokens is the
+/// order of the IDs, which a stream only ever increases.
+pub(crate) fn token_of_id(id: &[u8]) -> Option<u64> {
+    let id = std::str::from_utf8(id).ok()?;
+    let (ms, seq) = id.split_once('-')?;
+    let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
+    if seq > SEQ_MASK || ms >= 1 << (64 - SEQ_BITS) {
+        return None;
+    }
+    Some(ms << SEQ_BITS | seq)
+}
+
+/// The stream ID of a token (the inverse of [`token_of_id`]).
+pub(crate) fn id_of_token(token: u64) -> String {
+    format!("{}-{}", token >> SEQ_BITS, token & SEQ_MASK)
 }
 
 impl Resp {
@@ -73,11 +97,24 @@ enum Shape {
     Script(&'static Script),
     /// `SET key token NX PX ms GET`: one reply.
     SetGet,
-    /// `SET key token NX PX ms GET` and `GET fence`, pipelined: two replies.
-    SetGetFence,
-    /// `MULTI`, `SET key token NX PX ms GET`, `INCR fence`, `EXEC`: four replies, kept as
-    /// they are (what they mean depends on which were refused: see `parse_acquire`).
-    SetIncrFence,
+    /// `SET key token NX PX ms GET`, `XADD fence ...` and `PEXPIRE fence ...`, pipelined:
+    /// three replies.
+    SetDraw,
+    /// `MULTI`, `SET key token NX PX ms GET`, `XADD fence ...`, `PEXPIRE fence ...`,
+    /// `EXEC`: five replies, kept as they are (what they mean depends on which were
+    /// refused: see `parse_acquire`).
+    Transaction,
+}
+
+impl Shape {
+    /// How many replies the request gets.
+    fn replies(self) -> usize {
+        match self {
+            Shape::Script(_) | Shape::SetGet => 1,
+            Shape::SetDraw => 3,
+            Shape::Transaction => 5,
+        }
+    }
 }
 
 /// One request prepared for one node: encoded before it is sent, so that a caller can
@@ -109,14 +146,10 @@ impl Call {
                 other => other,
             },
             Shape::SetGet => con.receive(),
-            Shape::SetGetFence => {
-                let set = con.receive()?;
-                let fence = con.receive()?;
-                Ok(redis::Value::Array(vec![set, fence]))
-            }
-            Shape::SetIncrFence => {
-                let mut replies = Vec::with_capacity(4);
-                for _ in 0..4 {
+            Shape::SetDraw | Shape::Transaction => {
+                let n = self.shape.replies();
+                let mut replies = Vec::with_capacity(n);
+                for _ in 0..n {
                     replies.push(con.receive()?);
                 }
                 Ok(redis::Value::Array(replies))
@@ -131,20 +164,67 @@ impl Call {
     }
 }
 
-/// The key layout: one hash tag per lock, so the lock key, its fencing counter and its
-/// release channel share a cluster slot. Names go into KEYS only.
+/// The key layout: one hash tag per lock, so the lock key and its release channel share a
+/// cluster slot, and one fencing stream per slot (`prefix:fence:{tag}`, where the tag puts
+/// it in the lock key's slot). Names go into KEYS only.
 #[derive(Clone, Debug)]
 pub(crate) struct Keys {
     prefix: String,
+    /// `PEXPIRE` of a fencing stream, refreshed by every acquisition that uses it.
+    fence_ttl_ms: u64,
 }
 
 const LOCK: &str = "";
-const FENCE: &str = ":fence";
 const CHANNEL: &str = ":released";
 
 impl Keys {
-    pub(crate) fn new(prefix: String) -> Self {
-        Keys { prefix }
+    pub(crate) fn new(prefix: String, fence_ttl: Duration) -> Self {
+        Keys {
+            prefix,
+            fence_ttl_ms: millis(fence_ttl),
+        }
+    }
+
+    /// The hash slot of `prefix:{name}`, computed without building the key: the prefix
+    /// holds no braces, so the hashed part is the name up to its first `}`, or the whole
+    /// key when the name starts with one.
+    pub(crate) fn slot(&self, name: &LockName) -> u16 {
+        let n = name.as_str().as_bytes();
+        match n.iter().position(|&b| b == b'}') {
+            Some(0) => crate::slot::key_slot(self.lock(name).as_bytes()),
+            Some(end) => crate::slot::key_slot_of_tag(&n[..end]),
+            None => crate::slot::key_slot_of_tag(n),
+        }
+    }
+
+    /// `prefix:fence:{tag}`: the fencing stream of `name`'s slot.
+    pub(crate) fn fence(&self, name: &LockName) -> String {
+        format!(
+            "{}:fence:{{{}}}",
+            self.prefix,
+            crate::slot::tag(self.slot(name))
+        )
+    }
+
+    /// Writes the fencing stream's key of `name` as one argument.
+    fn fence_arg(&self, r: &mut Resp, name: &LockName) {
+        r.arg_parts(&[
+            self.prefix.as_bytes(),
+            b":fence:{",
+            crate::slot::tag(self.slot(name)).as_bytes(),
+            b"}",
+        ]);
+    }
+
+    /// `XADD fence MAXLEN 0 * f 1` and `PEXPIRE fence ttl`: a new ID (seeded from the
+    /// server's clock when the stream is new), kept for the fence TTL.
+    fn draw(&self, r: &mut Resp, name: &LockName) {
+        r.command(7).arg(b"XADD");
+        self.fence_arg(r, name);
+        r.arg(b"MAXLEN").arg(b"0").arg(b"*").arg(b"f").arg(b"1");
+        r.command(3).arg(b"PEXPIRE");
+        self.fence_arg(r, name);
+        r.arg_u64(self.fence_ttl_ms);
     }
 
     fn key(&self, name: &LockName, suffix: &str) -> String {
@@ -159,6 +239,15 @@ impl Keys {
     /// `prefix:{name}:released`
     pub(crate) fn channel(&self, name: &LockName) -> String {
         self.key(name, CHANNEL)
+    }
+
+    /// Every key and the channel of `name`.
+    pub(crate) fn all(&self, name: &LockName) -> crate::LockKeys {
+        crate::LockKeys {
+            lock: self.lock(name),
+            fencing_stream: self.fence(name),
+            channel: self.channel(name),
+        }
     }
 
     /// Writes `prefix:{name}suffix` as one argument.
@@ -176,7 +265,7 @@ impl Keys {
 /// What one server answered to an acquisition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NodeAcquire {
-    /// Ours now; the fencing counter's value (0 when fencing is off).
+    /// Ours now; the token drawn from the fencing stream (0 when fencing is off).
     Acquired { fence: u64 },
     /// Someone else's, for this much longer.
     Held { remaining: Duration },
@@ -197,8 +286,8 @@ pub(crate) struct Node {
     pool: r2d2::Pool<Manager>,
     pub(crate) keys: Keys,
     connects: Connects,
-    /// Set once the server's persistence was checked (fencing needs durable counters).
-    durability_checked: AtomicBool,
+    /// Set once the server's persistence and eviction settings were checked.
+    server_checked: AtomicBool,
     /// Set when the server turned out to be older than 7.0: acquire with the script.
     scripts_only: AtomicBool,
     /// Set when the server refused `MULTI` (an ACL without it): the single-instance fenced
@@ -262,7 +351,6 @@ impl Node {
         keys: Keys,
         timeouts: Timeouts,
         pool_size: u32,
-        fencing: bool,
         thread_pool: std::sync::Arc<scheduled_thread_pool::ScheduledThreadPool>,
     ) -> Node {
         let manager = Manager {
@@ -284,7 +372,7 @@ impl Node {
             pool,
             keys,
             connects,
-            durability_checked: AtomicBool::new(!fencing),
+            server_checked: AtomicBool::new(false),
             scripts_only: AtomicBool::new(false),
             no_multi: AtomicBool::new(false),
             io_timeout: timeouts.io,
@@ -305,8 +393,8 @@ impl Node {
             BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
         })?;
         let conn: &mut Conn = &mut conn;
-        if !self.durability_checked.swap(true, Ordering::Relaxed) {
-            self.check_durability(&mut conn.con);
+        if !self.server_checked.swap(true, Ordering::Relaxed) {
+            self.check_server(&mut conn.con);
         }
         f(&mut conn.con).map_err(|e| {
             if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
@@ -316,32 +404,48 @@ impl Node {
         })
     }
 
-    /// Fencing tokens are only as durable as the counters: warns once when the server
-    /// would lose them on a restart (needs `appendonly yes` and `appendfsync always`).
-    fn check_durability(&self, con: &mut Wire) {
-        let config: redis::RedisResult<Vec<String>> =
-            redis::cmd("CONFIG").arg("GET").arg("append*").query(con);
-        match config {
-            Ok(pairs) => {
-                let get = |k: &str| {
-                    pairs
-                        .chunks(2)
-                        .find(|p| p[0] == k)
-                        .map(|p| p[1].clone())
-                        .unwrap_or_default()
-                };
-                let (aof, fsync) = (get("appendonly"), get("appendfsync"));
-                if aof != "yes" || fsync != "always" {
-                    log::warn!(
-                        "{}: fencing tokens without durable counters (appendonly {aof}, appendfsync {fsync}): a restart can reissue old tokens; use appendonly yes + appendfsync always",
+    /// Warns once per server about settings that can lose locks: a restart without
+    /// `appendonly yes` + `appendfsync always` loses the locks held there, and an eviction
+    /// policy other than `noeviction` (with a `maxmemory`) can evict a lock key (every dlm
+    /// key has an expiry, so even the `volatile-*` policies may pick it). Fencing tokens
+    /// survive both: a lost stream is seeded again from the server's clock. Silently
+    /// skipped when the user may not run `CONFIG GET`.
+    fn check_server(&self, con: &mut Wire) {
+        let mut config = Vec::new();
+        for pattern in ["append*", "maxmemory*"] {
+            let pairs: redis::RedisResult<Vec<String>> =
+                redis::cmd("CONFIG").arg("GET").arg(pattern).query(con);
+            match pairs {
+                Ok(pairs) => config.extend(pairs),
+                Err(e) => {
+                    log::debug!(
+                        "{}: cannot read the server's settings ({e}); locks survive a restart only with appendonly yes + appendfsync always, and only maxmemory-policy noeviction never evicts them",
                         self.endpoint
                     );
+                    return;
                 }
             }
-            Err(e) => log::debug!(
-                "{}: cannot read the persistence settings ({e}); fencing tokens survive restarts only with appendonly yes + appendfsync always",
+        }
+        let get = |k: &str| {
+            config
+                .chunks(2)
+                .find(|p| p[0] == k)
+                .and_then(|p| p.get(1).cloned())
+                .unwrap_or_default()
+        };
+        let (aof, fsync) = (get("appendonly"), get("appendfsync"));
+        if aof != "yes" || fsync != "always" {
+            log::warn!(
+                "{}: appendonly {aof}, appendfsync {fsync}: a restart loses the locks held on this server, and they can be granted again (fencing tokens still increase: they follow the server's clock); use appendonly yes + appendfsync always",
                 self.endpoint
-            ),
+            );
+        }
+        let (maxmemory, policy) = (get("maxmemory"), get("maxmemory-policy"));
+        if maxmemory != "0" && !maxmemory.is_empty() && policy != "noeviction" {
+            log::warn!(
+                "{}: maxmemory {maxmemory} with maxmemory-policy {policy} can evict lock keys (all of them have an expiry), and an evicted lock can be granted again; use maxmemory-policy noeviction",
+                self.endpoint
+            );
         }
     }
 
@@ -357,13 +461,14 @@ impl Node {
     }
 
     /// The first request of an acquisition: the plain `SET key token NX PX ms GET`, so that
-    /// the server runs no script on the uncontended path. With the counter read (Redlock
-    /// round 1) a `GET` of it is pipelined; with the counter incremented (single instance)
-    /// the SET and an `INCR` go in one `MULTI`/`EXEC` transaction: nothing runs between
-    /// them, so tokens follow the order of acquisitions. The INCR also runs when the SET
-    /// finds the lock taken (tokens then skip a number; they still only increase).
-    /// Servers older than 7.0 (no `SET ... NX GET`), and fenced acquisitions where `MULTI`
-    /// is refused, use the acquire script.
+    /// the server runs no script on the uncontended path. With fencing, the slot's fencing
+    /// stream draws a new ID (`XADD ... MAXLEN 0 *`, which also refreshes its expiry): for
+    /// Redlock round 1 pipelined after the SET; for the single instance in one
+    /// `MULTI`/`EXEC` transaction with it, so that nothing runs between them and tokens
+    /// follow the order of acquisitions. The XADD also runs when the SET finds the lock
+    /// taken (tokens then skip IDs; they still only increase). Servers older than 7.0 (no
+    /// `SET ... NX GET`), and fenced acquisitions where `MULTI` is refused, use the acquire
+    /// script.
     pub(crate) fn acquire_call(
         &self,
         name: &LockName,
@@ -372,13 +477,13 @@ impl Node {
         fencing: Fencing,
     ) -> Call {
         if self.scripts_only.load(Ordering::Relaxed)
-            || (fencing == Fencing::Increment && self.no_multi.load(Ordering::Relaxed))
+            || (fencing == Fencing::Single && self.no_multi.load(Ordering::Relaxed))
         {
             return self.acquire_script_call(name, owner, ttl, fencing);
         }
         let token = owner.encoded();
         let mut r = Resp::new();
-        if fencing == Fencing::Increment {
+        if fencing == Fencing::Single {
             r.command(1).arg(b"MULTI");
         }
         r.command(7).arg(b"SET");
@@ -390,16 +495,14 @@ impl Node {
             .arg(b"GET");
         let shape = match fencing {
             Fencing::Off => Shape::SetGet,
-            Fencing::Read => {
-                r.command(2).arg(b"GET");
-                self.keys.arg(&mut r, name, FENCE);
-                Shape::SetGetFence
+            Fencing::Redlock => {
+                self.keys.draw(&mut r, name);
+                Shape::SetDraw
             }
-            Fencing::Increment => {
-                r.command(2).arg(b"INCR");
-                self.keys.arg(&mut r, name, FENCE);
+            Fencing::Single => {
+                self.keys.draw(&mut r, name);
                 r.command(1).arg(b"EXEC");
-                Shape::SetIncrFence
+                Shape::Transaction
             }
         };
         Call { bytes: r.0, shape }
@@ -415,12 +518,13 @@ impl Node {
         fencing: Fencing,
     ) -> Call {
         let script = &SCRIPTS.acquire;
-        let mut r = Resp::evalsha(script, 2, 3);
+        let mut r = Resp::evalsha(script, 2, 4);
         self.keys.arg(&mut r, name, LOCK);
-        self.keys.arg(&mut r, name, FENCE);
+        self.keys.fence_arg(&mut r, name);
         r.arg(owner.encoded().as_bytes())
             .arg_u64(millis(ttl))
-            .arg(fencing.mode());
+            .arg(fencing.mode())
+            .arg_u64(self.keys.fence_ttl_ms);
         Call {
             bytes: r.0,
             shape: Shape::Script(script),
@@ -436,30 +540,36 @@ impl Node {
         call: &Call,
         reply: redis::Value,
     ) -> Result<Step, BackendError> {
-        let (set, fence) = match call.shape {
+        let (set, draw) = match call.shape {
             Shape::Script(_) => return self.parse_acquire_script(name, reply).map(Step::Done),
             Shape::SetGet => (reply, None),
-            Shape::SetGetFence => match reply {
-                redis::Value::Array(mut v) if v.len() == 2 => {
-                    let fence = v.pop();
-                    (v.pop().unwrap_or_default(), fence)
-                }
-                other => return Err(self.protocol("SET + GET", &other)),
-            },
-            Shape::SetIncrFence => match reply {
-                redis::Value::Array(v) if v.len() == 4 => {
-                    let [multi, set, incr, exec]: [redis::Value; 4] = v
+            Shape::SetDraw => match reply {
+                redis::Value::Array(v) if v.len() == 3 => {
+                    let [set, draw, expire]: [redis::Value; 3] = v
                         .try_into()
-                        .unwrap_or_else(|_| unreachable!("four replies"));
-                    self.transaction(multi, set, incr, exec)?
+                        .unwrap_or_else(|_| unreachable!("three replies"));
+                    // A refused PEXPIRE (an ACL denial) is an error like any other.
+                    if let redis::Value::ServerError(e) = expire {
+                        return Err(map_error(&e.into(), &self.endpoint.to_string()));
+                    }
+                    (set, Some(draw))
+                }
+                other => return Err(self.protocol("SET + XADD", &other)),
+            },
+            Shape::Transaction => match reply {
+                redis::Value::Array(v) if v.len() == 5 => {
+                    let [multi, set, draw, expire, exec]: [redis::Value; 5] = v
+                        .try_into()
+                        .unwrap_or_else(|_| unreachable!("five replies"));
+                    self.transaction(multi, set, draw, expire, exec)?
                 }
                 other => return Err(self.protocol("MULTI", &other)),
             },
         };
         match set {
             redis::Value::Nil => {
-                let fence = match fence {
-                    Some(value) => self.parse_counter(name, value)?,
+                let fence = match draw {
+                    Some(value) => self.parse_draw(name, value)?,
                     None => 0,
                 };
                 Ok(Step::Done(NodeAcquire::Acquired { fence }))
@@ -491,17 +601,21 @@ impl Node {
         name: &LockName,
         reply: redis::Value,
     ) -> Result<NodeAcquire, BackendError> {
-        let (code, value): (i64, i64) = self.parse(reply)?;
+        let (code, value): (i64, redis::Value) = self.parse(reply)?;
         match code {
-            1 => Ok(NodeAcquire::Acquired {
-                fence: value.max(0) as u64,
-            }),
+            // The new stream ID with fencing, 0 without.
+            1 => match value {
+                redis::Value::Int(_) => Ok(NodeAcquire::Acquired { fence: 0 }),
+                draw => Ok(NodeAcquire::Acquired {
+                    fence: self.parse_draw(name, draw)?,
+                }),
+            },
             0 => Ok(NodeAcquire::Held {
-                remaining: Duration::from_millis(value.max(0) as u64),
+                remaining: Duration::from_millis(self.parse::<i64>(value)?.max(0) as u64),
             }),
             -1 => Err(self.unexpected_key(name, "is not a string")),
             -2 => Err(self.unexpected_key(name, "has no expiry")),
-            -3 => Err(self.foreign_counter(name)),
+            -3 => Err(self.foreign_fence(name)),
             other => Err(BackendError::new(
                 BackendErrorKind::Protocol,
                 format!("{}: acquire script returned {other}", self.endpoint),
@@ -509,21 +623,21 @@ impl Node {
         }
     }
 
-    /// The SET's and the INCR's replies out of the four replies of the fenced
-    /// transaction.
+    /// The SET's and the XADD's replies out of the five replies of the fenced transaction.
     fn transaction(
         &self,
         multi: redis::Value,
         set: redis::Value,
-        incr: redis::Value,
+        draw: redis::Value,
+        expire: redis::Value,
         exec: redis::Value,
     ) -> Result<(redis::Value, Option<redis::Value>), BackendError> {
         if let redis::Value::ServerError(e) = &multi {
-            // No transaction: the SET and the INCR ran on their own, right after each
-            // other, and their replies are the answer. Safe for this once (a later holder's
-            // SET can only come between them if our key vanished, and then our lease's
-            // validity is gone before the reply arrives); later acquisitions use the
-            // script.
+            // No transaction: the SET, the XADD and the PEXPIRE ran on their own, right
+            // after each other, and their replies are the answer. Safe for this once (a
+            // later holder's SET can only come between them if our key vanished, and then
+            // our lease's validity is gone before the reply arrives); later acquisitions
+            // use the script.
             if !self.no_multi.swap(true, Ordering::Relaxed) {
                 log::warn!(
                     "{}: MULTI refused ({}): fenced acquisitions use the acquire script (allow +multi +exec for the faster path)",
@@ -531,51 +645,62 @@ impl Node {
                     e.details().unwrap_or_default()
                 );
             }
-            return Ok((set, Some(incr)));
+            if let redis::Value::ServerError(e) = expire {
+                return Err(map_error(&e.into(), &self.endpoint.to_string()));
+            }
+            return Ok((set, Some(draw)));
         }
         // A command refused while queueing (an ACL denial) aborts the transaction: that
         // refusal is the answer, and nothing ran.
-        if let Some(refused) = [set, incr]
+        if let Some(refused) = [set, draw, expire]
             .into_iter()
             .find(|r| matches!(r, redis::Value::ServerError(_)))
         {
             return Ok((refused, None));
         }
         match exec {
-            redis::Value::Array(mut v) if v.len() == 2 => {
-                let incr = v.pop();
-                Ok((v.pop().unwrap_or_default(), incr))
+            redis::Value::Array(v) if v.len() == 3 => {
+                let [set, draw, _expire]: [redis::Value; 3] = v
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("three replies"));
+                Ok((set, Some(draw)))
             }
             other => Err(self.protocol("EXEC", &other)),
         }
     }
 
-    /// The fencing counter as `GET` or `INCR` returns it. A counter that is not a number
-    /// (or not a string) was not written by dlm.
-    fn parse_counter(&self, name: &LockName, value: redis::Value) -> Result<u64, BackendError> {
-        let foreign = || self.foreign_counter(name);
+    /// The fencing token of the ID the slot's stream drew (`XADD`). A key of another type
+    /// at the stream's name was not written by dlm.
+    fn parse_draw(&self, name: &LockName, value: redis::Value) -> Result<u64, BackendError> {
         match value {
-            redis::Value::Nil => Ok(0),
+            redis::Value::BulkString(id) => token_of_id(&id).ok_or_else(|| {
+                BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!(
+                        "{}: the fencing stream gave the ID {:?}, which makes no token",
+                        self.endpoint,
+                        String::from_utf8_lossy(&id)
+                    ),
+                )
+            }),
             redis::Value::ServerError(e) => {
                 let e: redis::RedisError = e.into();
-                if e.code() == Some("WRONGTYPE")
-                    || e.detail().is_some_and(|d| d.contains("not an integer"))
-                {
-                    return Err(foreign());
+                if e.code() == Some("WRONGTYPE") {
+                    return Err(self.foreign_fence(name));
                 }
                 Err(map_error(&e, &self.endpoint.to_string()))
             }
-            other => self.parse(other).map_err(|_| foreign()),
+            other => Err(self.protocol("XADD", &other)),
         }
     }
 
-    fn foreign_counter(&self, name: &LockName) -> BackendError {
+    fn foreign_fence(&self, name: &LockName) -> BackendError {
         BackendError::new(
             BackendErrorKind::UnexpectedKey,
             format!(
-                "{}: the fencing counter {} is not a number; it was not written by dlm",
+                "{}: the fencing stream {} is not a stream; it was not written by dlm",
                 self.endpoint,
-                self.keys.key(name, FENCE)
+                self.keys.fence(name)
             ),
         )
     }
@@ -673,15 +798,20 @@ impl Node {
         self.parse_flag(reply)
     }
 
-    /// Redlock fencing round 2: raises the counter to `token` if the lock is still ours.
+    /// Redlock fencing round 2: raises the slot's fencing stream to the ID of `token` if
+    /// the lock is still ours.
     pub(crate) fn commit_call(&self, name: &LockName, owner: &OwnerToken, token: u64) -> Call {
-        let mut t = [0u8; 20];
-        self.script_call(
-            &SCRIPTS.commit,
-            name,
-            Some(FENCE),
-            &[owner.encoded().as_bytes(), decimal_digits(token, &mut t)],
-        )
+        let script = &SCRIPTS.commit;
+        let mut r = Resp::evalsha(script, 2, 3);
+        self.keys.arg(&mut r, name, LOCK);
+        self.keys.fence_arg(&mut r, name);
+        r.arg(owner.encoded().as_bytes())
+            .arg(id_of_token(token).as_bytes())
+            .arg_u64(self.keys.fence_ttl_ms);
+        Call {
+            bytes: r.0,
+            shape: Shape::Script(script),
+        }
     }
 
     /// Releases if ours, publishing `release_id` on the lock's channel.

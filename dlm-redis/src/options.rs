@@ -20,8 +20,12 @@ pub(crate) struct Options {
     pub(crate) drift_factor: f64,
     pub(crate) retry_jitter: Duration,
     pub(crate) fencing: bool,
+    pub(crate) fence_ttl: Duration,
     pub(crate) hints: bool,
 }
+
+/// How long a slot's fencing stream is kept after the last acquisition that used it.
+pub(crate) const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 impl Options {
     pub(crate) fn single() -> Self {
@@ -33,6 +37,7 @@ impl Options {
             drift_factor: 0.01,
             retry_jitter: Duration::from_millis(20),
             fencing: true,
+            fence_ttl: DEFAULT_FENCE_TTL,
             hints: true,
         }
     }
@@ -61,6 +66,9 @@ impl Options {
         }
         if self.connect_timeout.is_zero() || self.io_timeout.is_zero() {
             return Err(InvalidArgument::new("timeout", "must be positive"));
+        }
+        if self.fence_ttl < Duration::from_secs(1) {
+            return Err(InvalidArgument::new("fence_ttl", "must be at least 1 s"));
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
             return Err(InvalidArgument::new("drift_factor", "must be in [0, 0.5)"));
@@ -116,10 +124,9 @@ impl Options {
                 );
                 Node::new(
                     e,
-                    Keys::new(self.prefix.clone()),
+                    Keys::new(self.prefix.clone(), self.fence_ttl),
                     self.timeouts(),
                     self.pool_size,
-                    self.fencing,
                     threads,
                 )
             })
@@ -173,14 +180,28 @@ macro_rules! option_setters {
             self
         }
 
-        /// Whether acquisitions carry fencing tokens. Single instance: an `INCR` of a
-        /// counter key that never expires, in one `MULTI`/`EXEC` transaction with the
-        /// `SET NX` that takes the lock (tokens increase, skipping the numbers of attempts
-        /// that found the lock taken). Redlock: the counters are read with the
-        /// `SET`, and a second round commits `max(counters of the acquired quorum) + 1`
-        /// to those nodes (one more request per node). Defaults to `true`.
+        /// Whether acquisitions carry fencing tokens. A token is an ID drawn from a Redis
+        /// stream (`XADD ... *`), one stream per cluster slot (`prefix:fence:{tag}`):
+        /// larger than every ID the stream gave before, and seeded from the server's clock
+        /// when the stream is new, so tokens keep increasing when the stream is lost (a
+        /// restart without persistence, an eviction, its expiry) as long as the server's
+        /// clock does not go back. Single instance: the draw is in one `MULTI`/`EXEC`
+        /// transaction with the `SET NX` that takes the lock (tokens increase, skipping the
+        /// IDs of attempts that found the lock taken). Redlock: every node draws with the
+        /// `SET`, and a second round commits `max(draws of the acquired quorum) + 1` to
+        /// those nodes (one more request per node). Defaults to `true`.
         pub fn fencing(mut self, on: bool) -> Self {
             self.options.fencing = on;
+            self
+        }
+
+        /// How long a fencing stream is kept after the last acquisition that used it
+        /// (each acquisition refreshes it). There is one stream per cluster slot whatever
+        /// the number of lock names: at most 16,384 keys of about 400 bytes per prefix.
+        /// A stream that expired is seeded again from the server's clock. At least 1 s.
+        /// Defaults to 24 h.
+        pub fn fence_ttl(mut self, ttl: std::time::Duration) -> Self {
+            self.options.fence_ttl = ttl;
             self
         }
 

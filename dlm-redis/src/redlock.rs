@@ -147,6 +147,14 @@ impl Redlock {
         Redlock::builder(urls).build()
     }
 
+    /// The Redis keys and the channel of the lock called `name`.
+    ///
+    /// # Errors
+    /// [`dlm_core::Error::InvalidArgument`] for a name that [`LockName::new`] rejects.
+    pub fn keys(&self, name: &str) -> dlm_core::Result<crate::LockKeys> {
+        Ok(self.inner.nodes[0].keys.all(&LockName::new(name)?))
+    }
+
     /// How many nodes there are.
     pub fn nodes(&self) -> usize {
         self.inner.nodes.len()
@@ -447,7 +455,11 @@ impl LockBackend for Redlock {
         let q = self.inner.quorum;
         let start = Instant::now();
         let fencing = self.inner.options.fencing;
-        let mode = if fencing { Fencing::Read } else { Fencing::Off };
+        let mode = if fencing {
+            Fencing::Redlock
+        } else {
+            Fencing::Off
+        };
         let steps = {
             let (name, owner) = (name.clone(), *owner);
             let name2 = name.clone();

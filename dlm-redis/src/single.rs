@@ -60,6 +60,14 @@ impl RedisBackend {
         RedisBackend::builder(url).build()
     }
 
+    /// The Redis keys and the channel of the lock called `name`.
+    ///
+    /// # Errors
+    /// [`dlm_core::Error::InvalidArgument`] for a name that [`LockName::new`] rejects.
+    pub fn keys(&self, name: &str) -> dlm_core::Result<crate::LockKeys> {
+        Ok(self.inner.node.keys.all(&LockName::new(name)?))
+    }
+
     /// Whether the release-hint listener is subscribed now (it starts with the first
     /// wait; `false` while its connection is down or when hints are off).
     pub fn release_hints_active(&self) -> bool {
@@ -100,7 +108,7 @@ impl LockBackend for RedisBackend {
         let node = &self.inner.node;
         let start = Instant::now();
         let fencing = if self.inner.options.fencing {
-            Fencing::Increment
+            Fencing::Single
         } else {
             Fencing::Off
         };

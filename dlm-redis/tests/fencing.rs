@@ -3,6 +3,9 @@
 //! expiry that lets two clients believe they hold the lock, and the Redis-side check.
 mod common;
 
+use std::thread;
+use std::time::Duration;
+
 use dlm_core::{FencedResource, FencingToken, Lock, LockClient, StaleToken};
 use dlm_redis::{FencedWriteError, RedisBackend, Redlock, fenced_get, fenced_set};
 use dlm_testkit::history::History;
@@ -44,46 +47,111 @@ fn single_instance_tokens_survive_a_restart_with_aof_always() {
     let mut server = RedisServer::builder().appendonly(true).spawn();
     let name = unique_name("aof");
     let c = single(&server.url());
-    assert_eq!([token(&c, &name), token(&c, &name)], [1, 2]);
+    let (t1, t2) = (token(&c, &name), token(&c, &name));
+    assert!(t2 > t1, "token {t2} after {t1}");
     server.kill();
     server.restart();
     let c = single(&server.url());
-    assert_eq!(
-        token(&c, &name),
-        3,
-        "the counter did not survive the restart"
+    let t3 = token(&c, &name);
+    assert!(
+        t3 > t2,
+        "token {t3} after {t2}: the stream did not survive the restart"
     );
 }
 
 #[test]
-fn without_persistence_a_restart_reissues_old_tokens_and_the_resource_refuses_them() {
-    // The documented limit: the counter is lost with the data. Fencing then fails safe
-    // (the resource refuses the reissued, older-looking tokens) rather than unsafe.
+fn a_restart_without_persistence_does_not_let_an_old_holder_write_after_a_newer_one() {
+    // The sequence that broke the counters of dlm 0.1: H2 holds token t2 and writes, then
+    // pauses; the server restarts empty; N1 and N2 take the lock in turn, N2 writes; H2
+    // wakes up and writes with t2. The new holders' tokens are drawn from a new stream,
+    // seeded from the server's clock, so they are larger than t2 and H2's late write is
+    // refused by every resource-side check.
     let _serial = SERIAL.lock();
     let mut fixture = common::Single::new();
     let name = unique_name("no-aof");
-    let resource = FencedResource::new(0);
-    let c = single(&fixture.server.url());
-    for _ in 0..2 {
-        let t = FencingToken::new(token(&c, &name));
-        resource.write(t, |v| *v += 1).unwrap();
-    }
+    let resource = FencedResource::new(Vec::new());
+    let key = format!("resource:{name}");
+    let h = single(&fixture.server.url());
+    let h1 = token(&h, &name);
+    let h2 = token(&h, &name);
+    assert!(h2 > h1);
+    resource
+        .write(FencingToken::new(h2), |w| w.push("H2"))
+        .unwrap();
     fixture.server.kill();
-    fixture.server.restart();
+    fixture.server.restart(); // no AOF: the lock, the stream and the resource key are gone
     let c = single(&fixture.server.url());
-    let reissued = FencingToken::new(token(&c, &name));
-    assert_eq!(
-        reissued.get(),
-        1,
-        "tokens restarted from 1 after losing the data"
+    let n1 = token(&c, &name);
+    let n2 = token(&c, &name);
+    assert!(
+        h2 < n1 && n1 < n2,
+        "tokens after the restart: {n1}, {n2}, after {h2} before it"
     );
+    let mut con = fixture.server.connection();
+    resource
+        .write(FencingToken::new(n2), |w| w.push("N2"))
+        .unwrap();
+    fenced_set(&mut con, &key, FencingToken::new(n2), b"N2").unwrap();
+    // H2 resumes.
+    let late = FencingToken::new(h2);
+    assert!(matches!(
+        resource.write(late, |w| w.push("H2 late")),
+        Err(StaleToken { .. })
+    ));
+    assert!(matches!(
+        fenced_set(&mut con, &key, late, b"H2 late"),
+        Err(FencedWriteError::Stale(_))
+    ));
+    assert_eq!(resource.read(|w| w.clone()), ["H2", "N2"]);
     assert_eq!(
-        resource.write(reissued, |v| *v += 1),
-        Err(StaleToken {
-            presented: reissued,
-            highest: FencingToken::new(2)
-        })
+        fenced_get(&mut con, &key).unwrap(),
+        Some((b"N2".to_vec(), FencingToken::new(n2)))
     );
+}
+
+#[test]
+fn a_redlock_node_that_restarts_empty_does_not_let_tokens_go_back() {
+    // The sequence that broke the counters of dlm 0.1: three nodes without persistence, A
+    // commits on nodes {0, 1} (node 2 is down); node 1 restarts empty three leases later;
+    // B's quorum is {1, 2} (node 0 is down). B's round 1 draws from node 1's new stream,
+    // seeded from node 1's clock, which is past A's token (the nodes' clocks agree).
+    let _serial = SERIAL.lock();
+    let mut cluster = common::Cluster::new(3);
+    let urls = cluster.nodes.urls();
+    let name = unique_name("restart");
+    let lease = Duration::from_millis(300);
+    let client = |urls: &[String]| {
+        LockClient::builder(std::sync::Arc::new(
+            Redlock::builder(urls)
+                .io_timeout(common::CALM)
+                .connect_timeout(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        ))
+        .lease(lease)
+        .build()
+    };
+    let history = History::new();
+    cluster.nodes.get_mut(2).kill();
+    let a = client(&urls);
+    let ga = a.get_lock(&name).unwrap().lock().unwrap();
+    let hold = history.begin("A", &ga);
+    history.end(hold, &ga);
+    let ta = ga.fencing_token().unwrap();
+    ga.into_hold(); // A never releases: its lease runs out
+    cluster.nodes.get_mut(2).restart();
+    thread::sleep(lease * 3);
+    let node = cluster.nodes.get_mut(1);
+    node.kill();
+    node.restart();
+    cluster.nodes.get_mut(0).kill();
+    let b = client(&urls);
+    let gb = b.get_lock(&name).unwrap().lock().unwrap();
+    let hold = history.begin("B", &gb);
+    history.end(hold, &gb);
+    let tb = gb.fencing_token().unwrap();
+    assert!(tb > ta, "token {tb} after {ta}");
+    history.check().assert_clean();
 }
 
 #[test]
@@ -192,6 +260,20 @@ fn fenced_set_accepts_newer_or_equal_tokens_and_refuses_older_ones() {
         fenced_get(&mut con, &key).unwrap(),
         Some((b"nine".to_vec(), t(9)))
     );
+    // Tokens drawn from streams are above 2^53, where Lua's numbers (doubles) cannot tell
+    // neighbours apart: the script compares them as decimal strings.
+    let big = (1u64 << 60) + 1;
+    fenced_set(&mut con, &key, t(big), b"big").unwrap();
+    match fenced_set(&mut con, &key, t(big - 1), b"just older") {
+        Err(FencedWriteError::Stale(e)) => assert_eq!(e.highest, t(big)),
+        other => panic!("expected a stale token, got {other:?}"),
+    }
+    fenced_set(&mut con, &key, t(u64::MAX), b"max").unwrap();
+    assert!(fenced_set(&mut con, &key, t(u64::MAX - 1), b"older").is_err());
+    assert_eq!(
+        fenced_get(&mut con, &key).unwrap(),
+        Some((b"max".to_vec(), t(u64::MAX)))
+    );
 }
 
 #[test]
@@ -205,11 +287,7 @@ fn fencing_can_be_switched_off() {
     );
     let g = c.get_lock("plain").unwrap().lock().unwrap();
     assert_eq!(g.fencing_token(), None);
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg("dlm:{plain}:fence")
-        .query(&mut fixture.server.connection())
-        .unwrap();
-    assert_eq!(exists, 0);
+    assert_eq!(common::fence_keys(&fixture.server), Vec::<String>::new());
 }
 
 #[test]
@@ -266,14 +344,15 @@ fn a_commit_round_without_a_quorum_releases_everywhere() {
             .unwrap();
         assert_eq!(exists, 0, "a key was left on {}", server.url());
     }
-    // Round 2 did run: it committed on the open node and was refused on the others.
-    let counter = |server: &RedisServer| -> Option<u64> {
-        redis::cmd("GET")
-            .arg(format!("dlm:{{{name}}}:fence"))
-            .query(&mut server.connection())
-            .unwrap()
-    };
-    assert_eq!(counter(&open), Some(1));
-    assert_eq!(counter(&restricted[0]), None);
-    assert_eq!(counter(&restricted[1]), None);
+    // Round 2 did run: it committed on the open node and was refused on the others. The
+    // draws of round 1 (plain XADDs) happened everywhere; only the open node's stream was
+    // raised past them.
+    let stream = Redlock::new(&urls)
+        .unwrap()
+        .keys(&name)
+        .unwrap()
+        .fencing_stream;
+    let last = |server: &RedisServer| -> u64 { common::last_fence_token(server, &stream) };
+    let committed = last(&open);
+    assert!(committed > last(&restricted[0]) && committed > last(&restricted[1]));
 }

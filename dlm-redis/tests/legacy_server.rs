@@ -104,21 +104,20 @@ fn a_fenced_single_redis_6_is_detected_once_and_its_tokens_increase() {
         "exactly one SET ... NX GET was refused"
     );
 
-    // The script's answer for a fencing counter that is not a number: reported, and the
+    // The script's answer for a fencing stream that is not a stream: reported, and the
     // lock it had just taken is not kept.
     let mut admin = server.connection();
     let name = "legacy-badfence";
+    let backend = dlm_redis::RedisBackend::builder(&server.url())
+        .io_timeout(common::CALM)
+        .build()
+        .unwrap();
     let _: () = redis::cmd("SET")
-        .arg(format!("dlm:{{{name}}}:fence"))
-        .arg("not-a-number")
+        .arg(backend.keys(name).unwrap().fencing_stream)
+        .arg("not-a-stream")
         .query(&mut admin)
         .unwrap();
-    let client = LockClient::new(
-        dlm_redis::RedisBackend::builder(&server.url())
-            .io_timeout(common::CALM)
-            .build()
-            .unwrap(),
-    );
+    let client = LockClient::new(backend);
     let e = client.get_lock(name).unwrap().try_lock().unwrap_err();
     assert_eq!(
         e.backend().map(|b| b.kind()),

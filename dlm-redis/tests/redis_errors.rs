@@ -4,7 +4,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -54,8 +54,13 @@ fn lock_key(name: &str) -> String {
     format!("dlm:{{{name}}}")
 }
 
+/// The fencing stream of `name`'s slot, with the default prefix.
 fn fence_key(name: &str) -> String {
-    format!("dlm:{{{name}}}:fence")
+    RedisBackend::new("redis://127.0.0.1:1/")
+        .unwrap()
+        .keys(name)
+        .unwrap()
+        .fencing_stream
 }
 
 fn kind(e: &Error) -> Option<BackendErrorKind> {
@@ -184,43 +189,6 @@ impl Checks {
     }
 }
 
-/// Records every log line of this test process, so that secrets can be looked for.
-struct CaptureLogs;
-
-static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-impl log::Log for CaptureLogs {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        let mut logs = LOGS.lock().unwrap_or_else(|e| e.into_inner());
-        if logs.len() < 200_000 {
-            logs.push(format!(
-                "{} {}: {}",
-                record.level(),
-                record.target(),
-                record.args()
-            ));
-        }
-    }
-
-    fn flush(&self) {}
-}
-
-fn capture_logs() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        log::set_logger(&CaptureLogs).expect("no other logger in this test binary");
-        log::set_max_level(log::LevelFilter::Trace);
-    });
-}
-
-fn captured_logs() -> Vec<String> {
-    LOGS.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
 // ---------------------------------------------------------------------------------------
 // 1. Bad URLs and settings: InvalidArgument, before any I/O
 // ---------------------------------------------------------------------------------------
@@ -303,7 +271,7 @@ fn malformed_urls_and_bad_settings_are_invalid_arguments_without_io() {
 
 #[test]
 fn passwords_never_appear_in_errors_debug_output_or_logs() {
-    capture_logs();
+    let mark = dlm_testkit::logs::capture();
     const RIGHT: &str = "s3ntinel-pw-XYZ";
     const WRONG: &str = "wrong-s3ntinel";
     let mut checks = Checks::default();
@@ -378,7 +346,7 @@ fn passwords_never_appear_in_errors_debug_output_or_logs() {
     guard.unlock().unwrap();
     assert!(!lock.is_locked().unwrap());
 
-    let logs = captured_logs();
+    let logs = mark.lines();
     // The capture works: this test's server and its failed connections were logged.
     assert!(
         logs.iter().any(|l| l.contains(&port.to_string())),
@@ -523,7 +491,9 @@ fn out_of_memory_is_reported_as_out_of_memory() {
     let name = unique_name("oom");
     let lock = client.get_lock(&name).unwrap();
     // Warm up: the connection exists before memory runs out.
-    lock.try_lock().unwrap().expect("free").unlock().unwrap();
+    let warm = lock.try_lock().unwrap().expect("free");
+    let first = warm.fencing_token().expect("fenced");
+    warm.unlock().unwrap();
 
     let _: () = query(
         &mut admin,
@@ -538,7 +508,7 @@ fn out_of_memory_is_reported_as_out_of_memory() {
         !exists(&mut admin, &lock_key(&name)),
         "a lock key was written"
     );
-    // A fresh name as well (no fence counter yet).
+    // A name in another slot as well (its fencing stream does not exist yet).
     let fresh = client.get_lock(&unique_name("oom")).unwrap();
     expect_kind(
         fresh.try_lock(),
@@ -551,7 +521,10 @@ fn out_of_memory_is_reported_as_out_of_memory() {
         redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"),
     );
     let guard = lock.try_lock().unwrap().expect("free again after the OOM");
-    assert_eq!(guard.fencing_token().map(|t| t.get()), Some(2));
+    assert!(
+        guard.fencing_token() > Some(first),
+        "tokens go on increasing"
+    );
     guard.unlock().unwrap();
 }
 
@@ -614,7 +587,7 @@ fn acl_denials_are_reported_as_permission_errors() {
             .acl_user("noload", "on >pw3 ~* &* +@all -script")
             .acl_user("noget", "on >pw4 ~* &* +@all -get")
             .acl_user("noset", "on >pw5 ~* &* +@all -set")
-            .acl_user("noincr", "on >pw6 ~* &* +@all -incr")
+            .acl_user("noxadd", "on >pw6 ~* &* +@all -xadd")
             .credentials("noeval", "pw1"),
     );
     let port = server.port();
@@ -625,7 +598,7 @@ fn acl_denials_are_reported_as_permission_errors() {
     // Scripts denied (not loaded yet and the NOSCRIPT fallback, SCRIPT LOAD, denied; or
     // EVALSHA and EVAL denied, checked by the server before the script runs), or GET
     // denied (in the scripts that read the holder). Taking a free lock needs neither (SET
-    // and INCR in MULTI/EXEC), so it succeeds; the denial shows at the first call that
+    // and XADD in MULTI/EXEC), so it succeeds; the denial shows at the first call that
     // needs one (inspect, release): it is reported at once, and the key keeps its lease,
     // so nothing is left behind for good.
     for (user, pw, what) in [
@@ -684,11 +657,11 @@ fn acl_denials_are_reported_as_permission_errors() {
     let r = lock.force_unlock();
     checks.kind(r, BackendErrorKind::Permission, "force_unlock, keys denied");
 
-    // SET or INCR denied: refused while the transaction is queued, so nothing runs.
+    // SET or XADD denied: refused while the transaction is queued, so nothing runs.
     let name = unique_name("perm");
     for (user, pw, what) in [
         ("noset", "pw5", "SET denied"),
-        ("noincr", "pw6", "INCR denied"),
+        ("noxadd", "pw6", "XADD denied"),
     ] {
         let c = client(&url(user, pw));
         let lock = c.get_lock(&name).unwrap();
@@ -705,7 +678,7 @@ fn acl_denials_are_reported_as_permission_errors() {
 }
 
 /// dlm-redis/src/lib.rs, "Minimal ACL", with the default prefix.
-const MINIMAL_ACL: &str = "+eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +incr +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*";
+const MINIMAL_ACL: &str = "+eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +xadd +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*";
 
 /// Locks and unlocks one name four times as a user with `rules`, another client trying
 /// each time; returns the tokens and how many MULTI the server refused.
@@ -748,8 +721,7 @@ fn lock_as_user_with(rules: &str) -> (Vec<u64>, u64) {
 
 #[test]
 fn the_documented_minimal_acl_is_enough_to_lock() {
-    let (tokens, refused) = lock_as_user_with(MINIMAL_ACL);
-    assert_eq!(tokens[0], 1);
+    let (_, refused) = lock_as_user_with(MINIMAL_ACL);
     assert_eq!(refused, 0, "the fenced transaction ran");
 }
 
@@ -778,7 +750,9 @@ fn a_server_busy_with_a_long_script_is_reported_as_busy_and_recovers() {
     let name = unique_name("busy");
     let lock = client.get_lock(&name).unwrap();
     // Warm up the pool, and open the admin and probe connections before the server blocks.
-    lock.try_lock().unwrap().expect("free").unlock().unwrap();
+    let warm = lock.try_lock().unwrap().expect("free");
+    let first = warm.fencing_token().expect("fenced");
+    warm.unlock().unwrap();
     let mut admin = server.connection();
     let mut probe = server.connection();
     let mut looper = server.connection();
@@ -819,7 +793,7 @@ fn a_server_busy_with_a_long_script_is_reported_as_busy_and_recovers() {
         .try_lock_timeout(Duration::from_secs(5))
         .unwrap()
         .expect("free after the script was killed");
-    assert_eq!(guard.fencing_token().map(|t| t.get()), Some(2));
+    assert!(guard.fencing_token() > Some(first));
     guard.unlock().unwrap();
     assert!(!lock.is_locked().unwrap());
 }
@@ -886,7 +860,6 @@ fn a_paused_server_fails_calls_within_the_deadline_and_recovers_cleanly() {
     let lock = client.get_lock(&name).unwrap();
     let guard = lock.try_lock().unwrap().expect("free");
     let mut last_token = guard.fencing_token().unwrap().get();
-    assert_eq!(last_token, 1);
     guard.unlock().unwrap();
 
     server.pause();
@@ -948,11 +921,13 @@ fn a_paused_server_fails_calls_within_the_deadline_and_recovers_cleanly() {
     // reply (an array for an integer, another name's token) would show.
     let other = LockClient::builder(backend).build();
     let fresh = other.get_lock(&unique_name("pause")).unwrap();
-    for expected in 1..=5u64 {
+    for _ in 0..5 {
         assert!(!fresh.is_locked().unwrap());
         assert_eq!(fresh.remaining_lease().unwrap(), None);
         let guard = fresh.try_lock().unwrap().expect("free");
-        assert_eq!(guard.fencing_token().map(|t| t.get()), Some(expected));
+        let token = guard.fencing_token().unwrap().get();
+        assert!(token > last_token, "token {token} after {last_token}");
+        last_token = token;
         let remaining = fresh.remaining_lease().unwrap().expect("held");
         assert!(remaining <= Duration::from_secs(30) && remaining > Duration::from_secs(20));
         guard.unlock().unwrap();
@@ -1012,7 +987,7 @@ fn a_server_down_at_construction_fails_calls_not_construction() {
         .try_lock_timeout(Duration::from_secs(5))
         .unwrap()
         .expect("free once the server is up");
-    assert_eq!(guard.fencing_token().map(|t| t.get()), Some(1));
+    assert!(guard.fencing_token().is_some());
     guard.unlock().unwrap();
 }
 
@@ -1123,8 +1098,7 @@ fn odd_names_lock_unlock_and_never_collide() {
             .try_lock()
             .unwrap_or_else(|e| panic!("{name:?}: {e:?}"))
             .unwrap_or_else(|| panic!("{name:?}: not acquired"));
-        let first = guard.fencing_token().map(|t| t.get());
-        assert_eq!(first, Some(1), "{name:?}");
+        let first = guard.fencing_token().expect("fenced");
         let key = lock_key(name);
         let ttl = pttl(&mut admin, &key);
         assert!(ttl > 0, "{name:?}: key {key:?} has PTTL {ttl}");
@@ -1136,8 +1110,12 @@ fn odd_names_lock_unlock_and_never_collide() {
         assert!(!exists(&mut admin, &key), "{name:?}: key left behind");
         assert!(!lock.is_locked().unwrap(), "{name:?}");
         let g = other.try_lock().unwrap().expect("free after unlock");
-        // The refused attempt above counted too: 2 went to it.
-        assert_eq!(g.fencing_token().map(|t| t.get()), Some(3), "{name:?}");
+        // The refused attempt above drew a token too, in between.
+        let next = g.fencing_token().expect("fenced");
+        assert!(
+            next.get() >= first.get() + 2,
+            "{name:?}: {next} after {first}"
+        );
         g.unlock().unwrap();
     }
     let canary: Option<String> = query(&mut admin, redis::cmd("GET").arg("canary"));
@@ -1159,29 +1137,24 @@ fn odd_names_lock_unlock_and_never_collide() {
         .iter()
         .zip(&clients)
         .map(|(name, c)| {
-            let g = c
-                .get_lock(name)
+            c.get_lock(name)
                 .unwrap()
                 .try_lock()
                 .unwrap_or_else(|e| panic!("{name:?}: {e:?}"))
-                .unwrap_or_else(|| panic!("{name:?} collided with another name"));
-            assert_eq!(g.fencing_token().map(|t| t.get()), Some(1), "{name:?}");
-            g
+                .unwrap_or_else(|| panic!("{name:?} collided with another name"))
         })
         .collect();
     for (name, c) in lookalikes.iter().zip(&clients) {
         assert!(c.get_lock(name).unwrap().is_locked().unwrap(), "{name:?}");
         let key = lock_key(name);
         assert!(pttl(&mut admin, &key) > 0, "{key:?}");
-        assert_eq!(pttl(&mut admin, &fence_key(name)), -1, "{name:?}");
+        assert!(pttl(&mut admin, &fence_key(name)) > 0, "{name:?}");
     }
     for g in guards {
         g.unlock().unwrap();
     }
     for name in &lookalikes {
         assert!(!exists(&mut admin, &lock_key(name)), "{name:?}");
-        let fence: String = query(&mut admin, redis::cmd("GET").arg(fence_key(name)));
-        assert_eq!(fence, "1", "{name:?}: its fence counter was shared");
     }
 }
 
@@ -1190,7 +1163,7 @@ fn odd_names_lock_unlock_and_never_collide() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn lock_keys_have_ttls_fence_keys_do_not_and_tokens_count_up() {
+fn every_key_has_a_ttl_and_tokens_increase() {
     let server = spawn(RedisServer::builder());
     let mut admin = server.connection();
     let url = server.url();
@@ -1199,6 +1172,14 @@ fn lock_keys_have_ttls_fence_keys_do_not_and_tokens_count_up() {
     let name = unique_name("job");
     let key = lock_key(&name);
     let fence = fence_key(&name);
+    assert_eq!(
+        backend(&url).keys(&name).unwrap(),
+        dlm_redis::Redlock::new(&[url.as_str()])
+            .unwrap()
+            .keys(&name)
+            .unwrap(),
+        "one layout for both backends"
+    );
 
     let guard = c1.get_lock(&name).unwrap().lock().unwrap();
     let kind: String = query(&mut admin, redis::cmd("TYPE").arg(&key));
@@ -1208,44 +1189,48 @@ fn lock_keys_have_ttls_fence_keys_do_not_and_tokens_count_up() {
     let value: String = query(&mut admin, redis::cmd("GET").arg(&key));
     assert!(!value.is_empty());
     assert!(!value.contains(&name), "the owner token is not the name");
-    assert_eq!(
-        pttl(&mut admin, &fence),
-        -1,
-        "the fence counter must not expire"
+    let kind: String = query(&mut admin, redis::cmd("TYPE").arg(&fence));
+    assert_eq!(kind, "stream");
+    let fence_ttl = pttl(&mut admin, &fence);
+    assert!(
+        fence_ttl > 23 * 3600 * 1000 && fence_ttl <= 24 * 3600 * 1000,
+        "the fencing stream keeps the default fence TTL of 24 h: PTTL {fence_ttl}"
     );
-    let counter: String = query(&mut admin, redis::cmd("GET").arg(&fence));
-    assert_eq!(counter, "1");
-    assert_eq!(guard.fencing_token().map(|t| t.get()), Some(1));
+    let first = guard.fencing_token().unwrap().get();
     guard.unlock().unwrap();
     assert!(
         !exists(&mut admin, &key),
         "the lock key outlived the unlock"
     );
-    assert_eq!(pttl(&mut admin, &fence), -1);
 
-    let mut tokens = vec![1];
+    let mut tokens = vec![first];
     for c in [&c2, &c1, &c2] {
         let g = c.get_lock(&name).unwrap().lock().unwrap();
         tokens.push(g.fencing_token().unwrap().get());
         assert!(pttl(&mut admin, &key) > 0);
         g.unlock().unwrap();
     }
-    assert_eq!(tokens, [1, 2, 3, 4]);
-    let counter: String = query(&mut admin, redis::cmd("GET").arg(&fence));
-    assert_eq!(counter, "4");
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let keys: Vec<String> = query(&mut admin, redis::cmd("KEYS").arg("dlm:*"));
+    assert_eq!(
+        keys,
+        std::slice::from_ref(&fence),
+        "only the fencing stream stays"
+    );
 
-    // Re-entry reuses the acquisition: same token, no new INCR.
+    // Re-entry reuses the acquisition: same token, no new draw.
     let lock = c1.get_lock(&name).unwrap();
     let g1 = lock.lock().unwrap();
     let g2 = lock.lock().unwrap();
     assert_eq!(g1.fencing_token(), g2.fencing_token());
-    assert_eq!(g1.fencing_token().map(|t| t.get()), Some(5));
+    assert!(g1.fencing_token().unwrap().get() > tokens[3]);
     drop(g2);
     assert!(exists(&mut admin, &key));
     drop(g1);
     assert!(!exists(&mut admin, &key));
 
-    // Fencing off: no counter key, no tokens.
+    // Fencing off: no stream, no tokens.
+    let _: i64 = query(&mut admin, redis::cmd("DEL").arg(&fence));
     let unfenced = LockClient::new(
         RedisBackend::builder(&url)
             .fencing(false)
@@ -1253,29 +1238,26 @@ fn lock_keys_have_ttls_fence_keys_do_not_and_tokens_count_up() {
             .build()
             .unwrap(),
     );
-    let plain = unique_name("job");
-    let g = unfenced.get_lock(&plain).unwrap().lock().unwrap();
+    let g = unfenced.get_lock(&name).unwrap().lock().unwrap();
     assert_eq!(g.fencing_token(), None);
-    assert!(pttl(&mut admin, &lock_key(&plain)) > 0);
-    assert!(!exists(&mut admin, &fence_key(&plain)));
+    assert!(pttl(&mut admin, &key) > 0);
+    assert!(!exists(&mut admin, &fence));
     g.unlock().unwrap();
-    assert!(!exists(&mut admin, &lock_key(&plain)));
+    assert!(!exists(&mut admin, &key));
 }
 
 #[test]
-fn a_fence_counter_that_is_not_a_number_is_reported_and_no_lock_is_kept() {
+fn a_fencing_stream_of_another_type_is_reported_and_no_lock_is_kept() {
     let server = spawn(RedisServer::builder());
     let mut admin = server.connection();
     let c = client(&server.url());
-    for (what, value) in [
-        ("a word", "not-a-number"),
-        ("too large", "18446744073709551616"),
-    ] {
+    for what in ["a string", "a list"] {
         let name = unique_name("badfence");
-        let _: () = query(
-            &mut admin,
-            redis::cmd("SET").arg(fence_key(&name)).arg(value),
-        );
+        let fence = fence_key(&name);
+        let _: redis::Value = match what {
+            "a string" => query(&mut admin, redis::cmd("SET").arg(&fence).arg("x")),
+            _ => query(&mut admin, redis::cmd("RPUSH").arg(&fence).arg("x")),
+        };
         let lock = c.get_lock(&name).unwrap();
         let start = Instant::now();
         expect_kind(
@@ -1292,8 +1274,9 @@ fn a_fence_counter_that_is_not_a_number_is_reported_and_no_lock_is_kept() {
             !exists(&mut admin, &lock_key(&name)),
             "{what}: a lock without a token was kept"
         );
-        let kept: String = query(&mut admin, redis::cmd("GET").arg(fence_key(&name)));
-        assert_eq!(kept, value, "{what}: the foreign counter was changed");
+        let kind: String = query(&mut admin, redis::cmd("TYPE").arg(&fence));
+        assert_ne!(kind, "stream", "{what}: the foreign key was replaced");
+        let _: i64 = query(&mut admin, redis::cmd("DEL").arg(&fence));
     }
 }
 
@@ -1335,12 +1318,11 @@ fn a_leftover_key_with_a_ttl_only_delays_the_acquisition() {
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
     let value: String = query(&mut admin, redis::cmd("GET").arg(lock_key(&name)));
     assert_ne!(value, "other");
-    // The attempts that found the leftover key counted too (their INCR ran in the same
-    // transaction as their refused SET): the token is the counter's latest value.
-    let counter: String = query(&mut admin, redis::cmd("GET").arg(fence_key(&name)));
+    // The attempts that found the leftover key drew IDs too (their XADD ran in the same
+    // transaction as their refused SET): the token is the stream's latest ID.
     assert_eq!(
-        guard.fencing_token().map(|t| t.get().to_string()),
-        Some(counter)
+        guard.fencing_token().map(|t| t.get()),
+        Some(common::last_fence_token(&server, &fence_key(&name)))
     );
     guard.unlock().unwrap();
     assert!(!exists(&mut admin, &lock_key(&name)));

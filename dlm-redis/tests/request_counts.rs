@@ -50,11 +50,11 @@ fn stat(admin: &mut redis::Connection, field: &str) -> u64 {
 enum Fence {
     /// A plain `SET NX PX GET`, then the release script.
     Off,
-    /// Single instance: `SET NX PX GET` and `INCR` of the counter in one `MULTI`/`EXEC`
-    /// (one round trip), then the release script.
-    Increment,
-    /// Redlock: `SET NX PX GET` + `GET` of the counter in one round trip, the commit
-    /// script, the release script.
+    /// Single instance: `SET NX PX GET`, `XADD` and `PEXPIRE` of the fencing stream in
+    /// one `MULTI`/`EXEC` (one round trip), then the release script.
+    Single,
+    /// Redlock: `SET NX PX GET` + `XADD` + `PEXPIRE` of the fencing stream in one round
+    /// trip, the commit script, the release script.
     TwoRounds,
 }
 
@@ -83,20 +83,31 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
     // Nobody waited, so no release publishes.
     let (round_trips, commands): (u64, &[(&str, u64)]) = match fencing {
         Fence::Off => (2, &[("set", 1), ("evalsha", 1), ("get", 1), ("del", 1)]),
-        Fence::Increment => (
+        Fence::Single => (
             2,
             &[
                 ("multi", 1),
                 ("set", 1),
-                ("incr", 1),
+                ("xadd", 1),
+                ("pexpire", 1),
                 ("exec", 1),
                 ("evalsha", 1),
                 ("get", 1),
                 ("del", 1),
             ],
         ),
-        // SET + GET; commit: GET, GET, SET; release: GET, DEL.
-        Fence::TwoRounds => (3, &[("set", 2), ("get", 4), ("evalsha", 2), ("del", 1)]),
+        // SET + XADD + PEXPIRE; commit: GET, XADD, PEXPIRE; release: GET, DEL.
+        Fence::TwoRounds => (
+            3,
+            &[
+                ("set", 1),
+                ("xadd", 2),
+                ("pexpire", 2),
+                ("get", 2),
+                ("evalsha", 2),
+                ("del", 1),
+            ],
+        ),
     };
     for (n, admin) in admins.iter_mut().enumerate() {
         // This INFO's own request is one read too.
@@ -137,7 +148,7 @@ fn parse_commandstats(stats: &str) -> BTreeMap<String, u64> {
 fn single_instance_costs_two_requests_and_no_connection_per_cycle() {
     let fixture = common::Single::new();
     let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture)).build();
-    check(&client, &[&fixture.server], Fence::Increment);
+    check(&client, &[&fixture.server], Fence::Single);
 }
 
 #[test]

@@ -136,3 +136,37 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The fencing streams (`dlm:fence:{tag}`) on `server`.
+pub fn fence_keys(server: &RedisServer) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("dlm:fence:*")
+        .query(&mut server.connection())
+        .unwrap()
+}
+
+/// The token of the last ID of the fencing stream `stream` on `server` (as
+/// `ms << 20 | seq`).
+pub fn last_fence_token(server: &RedisServer, stream: &str) -> u64 {
+    let info: redis::Value = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(stream)
+        .query(&mut server.connection())
+        .unwrap();
+    let redis::Value::Array(fields) = info else {
+        panic!("XINFO STREAM gave {info:?}")
+    };
+    let id = fields
+        .chunks(2)
+        .find_map(|kv| match kv {
+            [redis::Value::BulkString(k), redis::Value::BulkString(v)]
+                if k == b"last-generated-id" =>
+            {
+                Some(String::from_utf8(v.clone()).unwrap())
+            }
+            _ => None,
+        })
+        .expect("last-generated-id");
+    let (ms, seq) = id.split_once('-').unwrap();
+    ms.parse::<u64>().unwrap() << 20 | seq.parse::<u64>().unwrap()
+}

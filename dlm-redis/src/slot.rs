@@ -1,0 +1,127 @@
+//! Cluster hash slots: which slot a key lives in, and a short hash tag for every slot, so
+//! that a lock's fencing stream (one per slot, see `node.rs`) always shares the slot of the
+//! lock key that uses it.
+
+use std::sync::LazyLock;
+
+/// The number of hash slots of a Redis Cluster.
+pub(crate) const SLOTS: usize = 16384;
+
+/// CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with.
+fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// The CRC of each byte value, for [`crc16`] (polynomial 0x1021).
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// The hash slot of `key`, by Redis Cluster's rule: only the part between the first `{`
+/// and the first `}` after it is hashed, when that part is not empty.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let len = rest.iter().position(|&b| b == b'}')?;
+            (len > 0).then(|| &rest[..len])
+        })
+        .unwrap_or(key);
+    key_slot_of_tag(hashed)
+}
+
+/// The hash slot of a key whose hashed part (its hash tag, or the whole key) is `hashed`.
+pub(crate) fn key_slot_of_tag(hashed: &[u8]) -> u16 {
+    crc16(hashed) % SLOTS as u16
+}
+
+/// A short string (base 36, at most 4 characters) whose hash slot is `slot`: `{tag}` in a
+/// key puts the key in that slot. The table of all 16,384 is made on first use, in one
+/// pass over the base-36 numbers (about 170,000 checksums, a few milliseconds).
+pub(crate) fn tag(slot: u16) -> &'static str {
+    static TAGS: LazyLock<Vec<Box<str>>> = LazyLock::new(|| {
+        let mut tags: Vec<Option<Box<str>>> = vec![None; SLOTS];
+        let mut missing = SLOTS;
+        for n in 0u64.. {
+            let t = base36(n);
+            let slot = &mut tags[usize::from(crc16(t.as_bytes())) % SLOTS];
+            if slot.is_none() {
+                *slot = Some(t.into_boxed_str());
+                missing -= 1;
+                if missing == 0 {
+                    break;
+                }
+            }
+        }
+        tags.into_iter()
+            .map(|t| t.expect("every slot has a tag"))
+            .collect()
+    });
+    &TAGS[usize::from(slot) % SLOTS]
+}
+
+fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).expect("ASCII digits")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // The reference vector of CRC16-XMODEM, and slots from the Redis Cluster spec and
+        // `CLUSTER KEYSLOT` of a real cluster.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_ne!(
+            key_slot(b"foo{}{bar}"),
+            key_slot(b"bar"),
+            "an empty tag hashes all"
+        );
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
+    }
+
+    #[test]
+    fn every_tag_lands_in_its_slot() {
+        for slot in 0..SLOTS as u16 {
+            let t = tag(slot);
+            assert_eq!(key_slot(format!("dlm:fence:{{{t}}}").as_bytes()), slot);
+            assert!(t.len() <= 4, "{t}");
+        }
+    }
+}
