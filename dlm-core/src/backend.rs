@@ -340,6 +340,25 @@ impl fmt::Debug for Watch {
     }
 }
 
+/// One hold to renew, for [`LockBackend::extend_many`].
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Renewal<'a> {
+    /// The lock's name.
+    pub name: &'a LockName,
+    /// The holder's token.
+    pub owner: &'a OwnerToken,
+    /// The lease to set from now.
+    pub ttl: Duration,
+}
+
+impl<'a> Renewal<'a> {
+    /// A renewal of `name`, held by `owner`, for `ttl`.
+    pub fn new(name: &'a LockName, owner: &'a OwnerToken, ttl: Duration) -> Self {
+        Renewal { name, owner, ttl }
+    }
+}
+
 /// A lock store: one bounded attempt per call, never sleeping, never retrying.
 ///
 /// The generic front ([`LockClient`](crate::LockClient)) implements waiting, deadlines,
@@ -382,6 +401,20 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError>;
 
+    /// Renews several holds at once: the watchdog's renewal round. One result per
+    /// renewal, in order, each what [`extend`](LockBackend::extend) would return for it.
+    ///
+    /// The default calls `extend` for each in turn. A backend that talks to servers
+    /// should batch them (one round trip per server, whatever the number of holds), so
+    /// that a client holding many locks does not lose them to one slow server: the
+    /// renewals of one round must all be done well within a third of the lease.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+        renewals
+            .iter()
+            .map(|r| self.extend(r.name, r.owner, r.ttl))
+            .collect()
+    }
+
     /// Releases `name` if `owner` holds it. `Ok(false)`: it was not ours (any more).
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError>;
 
@@ -393,9 +426,11 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Optional and cheap (no I/O on the caller's thread beyond registering): a
     /// subscription that receives a hint when `name` was probably released. The front
-    /// subscribes before its first attempt and still bounds every wait by the holder's
-    /// remaining lease, so a lost hint costs a bounded delay, never a hang. The default
-    /// returns `None` (the front polls).
+    /// subscribes after its first attempt finds the lock held, then attempts once more
+    /// (a release in between is seen by that attempt, a later one by the subscription),
+    /// and still bounds every wait by the holder's remaining lease, so a lost hint
+    /// costs a bounded delay, never a hang. The default returns `None` (the front
+    /// polls).
     fn watch(&self, name: &LockName) -> Option<Watch> {
         let _ = name;
         None

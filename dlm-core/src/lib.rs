@@ -43,7 +43,7 @@ mod watchdog;
 
 pub use backend::{
     Acquire, EncodedOwnerToken, FencingToken, Lease, LockBackend, LockName, MAX_NAME_LEN,
-    OwnerToken, Unsubscribe, Watch,
+    OwnerToken, Renewal, Unsubscribe, Watch,
 };
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};

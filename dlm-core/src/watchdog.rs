@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, select};
 use parking_lot::Mutex;
 
-use crate::backend::{Lease, LockBackend};
+use crate::backend::{Lease, LockBackend, OwnerToken, Renewal};
+use crate::error::{BackendError, BackendErrorKind};
 use crate::lock::LockShared;
 
 /// Held by every client handle, lock handle and guard; the watchdog stops when the last
@@ -197,13 +198,15 @@ fn run(watchdog: &Weak<Watchdog>, wake: &Receiver<()>) {
             recv(timer) -> _ => {}
         }
         let Some(w) = watchdog.upgrade() else { return };
-        let now = Instant::now();
+        // Holds due within the next eighth of a period are renewed now with the due ones
+        // (a little early): a round costs about the same for one hold or a thousand.
+        let horizon = Instant::now() + w.config.period() / 8;
         let due: Vec<(u64, Entry)> = {
             let mut s = w.schedule.lock();
             let numbers: Vec<u64> = s
                 .entries
                 .iter()
-                .filter(|(_, e)| e.due <= now)
+                .filter(|(_, e)| e.due <= horizon)
                 .map(|(n, _)| *n)
                 .collect();
             numbers
@@ -211,51 +214,120 @@ fn run(watchdog: &Weak<Watchdog>, wake: &Receiver<()>) {
                 .filter_map(|n| s.entries.remove(&n).map(|e| (n, e)))
                 .collect()
         };
-        for (number, entry) in due {
-            // A panicking backend must not end the renewals of every other hold.
-            let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                renew(&w, number, entry);
-            }));
-            if renewed.is_err() {
-                log::error!("lock renewal panicked; that hold is no longer renewed");
-            }
+        if !due.is_empty() {
+            renew_round(&w, due);
         }
     }
 }
 
-/// Renews one due hold and, unless the hold is over, schedules the next renewal.
-fn renew(w: &Watchdog, number: u64, mut entry: Entry) {
+/// A due hold that is still held, with what its renewal needs.
+struct Due {
+    number: u64,
+    entry: Entry,
+    lock: Arc<LockShared>,
+    token: OwnerToken,
+}
+
+/// Renews the due holds in one batch ([`LockBackend::extend_many`]: one round trip per
+/// server, however many holds) and schedules the next renewal of each hold that goes on.
+fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
     let config = w.config;
-    let Some(lock) = entry.reg.lock.upgrade() else {
-        return;
-    };
-    let generation = entry.reg.generation;
-    let token = {
-        let state = lock.state.lock();
-        match state.holding.as_ref() {
-            Some(h) if h.generation == generation && !h.lost => h.token,
-            _ => return, // released, or already lost
-        }
-    };
-    if config
-        .max_hold
-        .is_some_and(|max| entry.reg.acquired.elapsed() >= max)
-    {
-        log::info!(
-            "lock {:?}: maximum hold time reached; no more renewals, the lease runs out",
-            lock.name
-        );
+    let live: Vec<Due> = due
+        .into_iter()
+        .filter_map(|(number, entry)| {
+            let lock = entry.reg.lock.upgrade()?;
+            let token = {
+                let state = lock.state.lock();
+                match state.holding.as_ref() {
+                    Some(h) if h.generation == entry.reg.generation && !h.lost => h.token,
+                    _ => return None, // released, or already lost
+                }
+            };
+            if config
+                .max_hold
+                .is_some_and(|max| entry.reg.acquired.elapsed() >= max)
+            {
+                log::info!(
+                    "lock {:?}: maximum hold time reached; no more renewals, the lease runs out",
+                    lock.name
+                );
+                return None;
+            }
+            Some(Due {
+                number,
+                entry,
+                lock,
+                token,
+            })
+        })
+        .collect();
+    if live.is_empty() {
         return;
     }
-    // No state lock across the request: the holder can release meanwhile; the result is
-    // applied only if the hold is still the same.
-    let result = w.backend.extend(&lock.name, &token, config.timeout);
+    let renewals: Vec<Renewal<'_>> = live
+        .iter()
+        .map(|d| Renewal::new(&d.lock.name, &d.token, config.timeout))
+        .collect();
+    // No state lock across the requests: holders can release meanwhile; each result is
+    // applied only if its hold is still the same.
+    let started = Instant::now();
+    // A panicking backend must not end the renewals for good.
+    let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        w.backend.extend_many(&renewals)
+    }));
+    let took = started.elapsed();
+    let results = match results {
+        Ok(results) if results.len() == live.len() => results,
+        Ok(results) => {
+            log::error!(
+                "the backend answered {} of {} renewals; the others count as failed",
+                results.len(),
+                live.len()
+            );
+            let mut results = results;
+            results.truncate(live.len());
+            results.resize_with(live.len(), || {
+                Err(BackendError::new(BackendErrorKind::Other, "no answer"))
+            });
+            results
+        }
+        Err(_) => {
+            log::error!("lock renewal panicked; the round counts as failed");
+            (0..live.len())
+                .map(|_| Err(BackendError::new(BackendErrorKind::Other, "panicked")))
+                .collect()
+        }
+    };
+    if took > config.period() / 4 {
+        log::warn!(
+            "renewing {} lock(s) took {took:?}, more than a quarter of the renewal period ({:?})",
+            live.len(),
+            config.period()
+        );
+    } else {
+        log::debug!("renewed {} lock(s) in {took:?}", live.len());
+    }
     let now = Instant::now();
+    for (due, result) in live.into_iter().zip(results) {
+        apply(w, due, result, now);
+    }
+}
+
+/// Applies one renewal's result to its hold and, unless the hold is over, schedules the
+/// next renewal.
+fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, now: Instant) {
+    let config = w.config;
+    let Due {
+        number,
+        mut entry,
+        lock,
+        ..
+    } = due;
     let mut state = lock.state.lock();
     let Some(holding) = state
         .holding
         .as_mut()
-        .filter(|h| h.generation == generation && !h.lost)
+        .filter(|h| h.generation == entry.reg.generation && !h.lost)
     else {
         return;
     };
@@ -297,8 +369,7 @@ fn renew(w: &Watchdog, number: u64, mut entry: Entry) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Acquire, LockName, OwnerToken};
-    use crate::error::BackendError;
+    use crate::backend::{Acquire, LockName};
     use crate::{Lock, LockClient};
 
     /// Grants every request at once: only the front's own work is left.

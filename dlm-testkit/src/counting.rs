@@ -1,15 +1,33 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use dlm_core::{Acquire, BackendError, Lease, LockBackend, LockName, OwnerToken, Watch};
+use parking_lot::Mutex;
+
+use dlm_core::{
+    Acquire, BackendError, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
+};
 
 /// Wraps a backend and counts the calls that reach it (`watch` excluded: it is not a
-/// request to the store).
+/// request to the store), and records each renewal round ([`LockBackend::extend_many`]):
+/// how many holds it renewed and how long it took.
 #[derive(Debug)]
 pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
     calls: AtomicU64,
+    rounds: Mutex<Vec<Round>>,
+}
+
+/// One call of [`LockBackend::extend_many`] seen by a [`CountingBackend`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Round {
+    /// How many holds it renewed (or tried to).
+    pub holds: usize,
+    /// How many of them were renewed.
+    pub renewed: usize,
+    /// How long the call took.
+    pub took: Duration,
 }
 
 impl CountingBackend {
@@ -18,7 +36,13 @@ impl CountingBackend {
         CountingBackend {
             inner,
             calls: AtomicU64::new(0),
+            rounds: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The renewal rounds so far, in order.
+    pub fn rounds(&self) -> Vec<Round> {
+        self.rounds.lock().clone()
     }
 
     /// Calls so far.
@@ -50,6 +74,19 @@ impl LockBackend for CountingBackend {
     ) -> Result<Option<Lease>, BackendError> {
         self.count();
         self.inner.extend(name, owner, ttl)
+    }
+
+    /// One call, however many renewals it carries.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+        self.count();
+        let start = Instant::now();
+        let results = self.inner.extend_many(renewals);
+        self.rounds.lock().push(Round {
+            holds: renewals.len(),
+            renewed: results.iter().filter(|r| matches!(r, Ok(Some(_)))).count(),
+            took: start.elapsed(),
+        });
+        results
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {

@@ -17,7 +17,7 @@ pub mod history;
 pub mod logs;
 pub mod redis_server;
 
-pub use counting::CountingBackend;
+pub use counting::{CountingBackend, Round};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
