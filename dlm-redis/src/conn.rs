@@ -128,7 +128,9 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken || !conn.con.is_open()
+        // A connection that still owes replies (given up on before they came) would answer
+        // its next request with them.
+        conn.broken || !conn.con.is_open() || conn.con.owed() > 0
     }
 }
 

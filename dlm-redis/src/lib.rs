@@ -39,6 +39,7 @@
 #![deny(missing_docs)]
 
 mod conn;
+mod fanout;
 mod fenced;
 mod hints;
 mod node;

@@ -1,9 +1,10 @@
 //! One Redis server: a pool of connections and the lock scripts.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
@@ -115,44 +116,136 @@ impl Shape {
             Shape::Transaction => 5,
         }
     }
+
+    /// The request's value from its replies: the reply, or an array of them.
+    fn value(self, replies: &mut impl Iterator<Item = redis::Value>) -> redis::Value {
+        match self.replies() {
+            1 => replies.next().unwrap_or_default(),
+            n => redis::Value::Array(replies.take(n).collect()),
+        }
+    }
 }
 
-/// One request prepared for one node: encoded before it is sent, so that a caller can
-/// send it to several nodes before reading any reply (Redlock's pipelined fan-out).
+/// One request prepared for one node (or a batch of them, sent in one write): encoded
+/// before it is sent, so that a caller can send it to several nodes before reading any
+/// reply (Redlock's pipelined fan-out), and read its replies as they arrive.
 pub(crate) struct Call {
     bytes: Vec<u8>,
-    shape: Shape,
+    parts: Parts,
+}
+
+enum Parts {
+    /// One request.
+    One(Shape),
+    /// Several requests, each with its shape and its bytes (to send it again after a
+    /// NOSCRIPT).
+    Batch(Vec<(Shape, Range<usize>)>),
 }
 
 impl Call {
-    /// Writes the request.
-    pub(crate) fn send(&self, con: &mut Wire) -> redis::RedisResult<()> {
-        con.send(&self.bytes)
+    /// The calls as one batch: written at once, read in order, one value per call.
+    pub(crate) fn batch(calls: impl IntoIterator<Item = Call>) -> Call {
+        let mut bytes = Vec::new();
+        let mut parts = Vec::new();
+        for call in calls {
+            let shape = match call.parts {
+                Parts::One(shape) => shape,
+                Parts::Batch(_) => unreachable!("batches are not nested"),
+            };
+            let start = bytes.len();
+            bytes.extend_from_slice(&call.bytes);
+            parts.push((shape, start..bytes.len()));
+        }
+        Call {
+            bytes,
+            parts: Parts::Batch(parts),
+        }
     }
 
-    /// Reads the replies to a request sent with [`send`](Self::send): one value, or an
-    /// array of one value per pipelined command (errors kept as values, so that every
-    /// reply is read). A script the server does not know is loaded and the call re-run.
+    /// How many replies the server sends.
+    pub(crate) fn replies(&self) -> usize {
+        match &self.parts {
+            Parts::One(shape) => shape.replies(),
+            Parts::Batch(parts) => parts.iter().map(|(s, _)| s.replies()).sum(),
+        }
+    }
+
+    /// Writes the request.
+    pub(crate) fn send(&self, con: &mut Wire) -> redis::RedisResult<()> {
+        con.send(&self.bytes, self.replies())
+    }
+
+    /// Reads the replies to a request sent with [`send`](Self::send), blocking, and
+    /// makes its value (see [`finish`](Self::finish)).
     pub(crate) fn receive(&self, con: &mut Wire) -> redis::RedisResult<redis::Value> {
-        match self.shape {
-            Shape::Script(script) => match con.receive().and_then(redis::Value::extract_error) {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    script.load(con)?;
-                    self.send(con)?;
-                    con.receive().and_then(redis::Value::extract_error)
+        let mut replies = Vec::with_capacity(self.replies());
+        while replies.len() < self.replies() {
+            replies.push(con.receive()?);
+        }
+        self.finish(con, replies)
+    }
+
+    /// Reads the replies that have arrived; `true` once all are in `replies`. Takes the
+    /// whole replies already buffered first, then reads the socket once (which returns
+    /// at once after `poll` reported it readable). When it returns `false`, no whole
+    /// reply is left in the buffer: the socket is the place to wait on.
+    pub(crate) fn receive_some(
+        &self,
+        con: &mut Wire,
+        replies: &mut Vec<redis::Value>,
+    ) -> redis::RedisResult<bool> {
+        let mut read = false;
+        while replies.len() < self.replies() {
+            match con.try_receive()? {
+                Some(value) => replies.push(value),
+                None if read => return Ok(false),
+                None => {
+                    con.read_some()?;
+                    read = true;
                 }
-                other => other,
-            },
-            Shape::SetGet => con.receive(),
-            Shape::SetDraw | Shape::Transaction => {
-                let n = self.shape.replies();
-                let mut replies = Vec::with_capacity(n);
-                for _ in 0..n {
-                    replies.push(con.receive()?);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The value of the call from all its replies: one value per request (server errors
+    /// kept as values, so that every reply is read; a script's error is `Err` for a
+    /// single call), and for a request of several commands an array of their replies; a
+    /// batch gives an array of those. A script the server did not know is loaded and
+    /// run again (blocking, on this connection: all replies have been read).
+    pub(crate) fn finish(
+        &self,
+        con: &mut Wire,
+        replies: Vec<redis::Value>,
+    ) -> redis::RedisResult<redis::Value> {
+        let mut replies = replies.into_iter();
+        match &self.parts {
+            Parts::One(shape) => {
+                let value = shape.value(&mut replies);
+                match shape {
+                    Shape::Script(script) if is_noscript(&value) => {
+                        script.load(con)?;
+                        self.send(con)?;
+                        con.receive().and_then(redis::Value::extract_error)
+                    }
+                    Shape::Script(_) => value.extract_error(),
+                    _ => Ok(value),
                 }
-                Ok(redis::Value::Array(replies))
+            }
+            Parts::Batch(parts) => {
+                let mut values = Vec::with_capacity(parts.len());
+                for (shape, bytes) in parts {
+                    let mut value = shape.value(&mut replies);
+                    if let Shape::Script(script) = shape
+                        && is_noscript(&value)
+                    {
+                        script.load(con)?;
+                        con.send(&self.bytes[bytes.clone()], 1)?;
+                        value = con.receive()?;
+                    }
+                    values.push(value);
+                }
+                Ok(redis::Value::Array(values))
             }
         }
     }
@@ -162,6 +255,10 @@ impl Call {
         self.send(con)?;
         self.receive(con)
     }
+}
+
+fn is_noscript(value: &redis::Value) -> bool {
+    matches!(value, redis::Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
 /// The key layout: one hash tag per lock, so the lock key and its release channel share a
@@ -280,6 +377,73 @@ pub(crate) enum Step {
     Script,
 }
 
+/// The requests of one server that their callers stopped waiting for.
+#[derive(Default)]
+struct Background {
+    /// How many there are (read without the lock on every request).
+    count: AtomicUsize,
+    entries: Mutex<Vec<Straggling>>,
+    next_id: AtomicUsize,
+}
+
+struct Straggling {
+    id: usize,
+    /// The lock of an acquisition (its late reply is released).
+    name: Option<LockName>,
+    since: Instant,
+}
+
+impl Background {
+    fn enter(&self, name: Option<LockName>) -> usize {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.entries.lock().push(Straggling {
+            id,
+            name,
+            since: Instant::now(),
+        });
+        self.count.fetch_add(1, Ordering::AcqRel);
+        id
+    }
+
+    fn leave(&self, id: usize) {
+        self.entries.lock().retain(|s| s.id != id);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn busy(&self, name: Option<&LockName>, slow: Duration) -> Option<&'static str> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let entries = self.entries.lock();
+        if entries.iter().any(|s| s.since.elapsed() > slow) {
+            return Some("an earlier request is still unanswered (a slow or stopped server)");
+        }
+        if name.is_some_and(|n| entries.iter().any(|s| s.name.as_ref() == Some(n))) {
+            return Some("an earlier acquisition of this lock is still unanswered");
+        }
+        None
+    }
+}
+
+/// A request counted in its server's background (see [`Node::busy`]) until dropped.
+pub(crate) struct Ticket {
+    node: Arc<Node>,
+    id: usize,
+}
+
+impl Ticket {
+    /// The server.
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.node.background.leave(self.id);
+    }
+}
+
 /// One server.
 pub(crate) struct Node {
     pub(crate) endpoint: Endpoint,
@@ -293,6 +457,9 @@ pub(crate) struct Node {
     /// Set when the server refused `MULTI` (an ACL without it): the single-instance fenced
     /// acquisition uses the script.
     no_multi: AtomicBool,
+    /// Requests to this server whose caller stopped waiting and that are not answered
+    /// yet (Redlock's stragglers and their late actions, see `fanout.rs`).
+    background: Background,
     io_timeout: Duration,
 }
 
@@ -375,6 +542,7 @@ impl Node {
             server_checked: AtomicBool::new(false),
             scripts_only: AtomicBool::new(false),
             no_multi: AtomicBool::new(false),
+            background: Background::default(),
             io_timeout: timeouts.io,
         }
     }
@@ -385,6 +553,19 @@ impl Node {
         &self,
         f: impl FnOnce(&mut Wire) -> redis::RedisResult<T>,
     ) -> Result<T, BackendError> {
+        let mut conn = self.connection()?;
+        let conn: &mut Conn = &mut conn;
+        f(&mut conn.con).map_err(|e| {
+            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+                conn.broken = true;
+            }
+            map_error(&e, &self.endpoint.to_string())
+        })
+    }
+
+    /// A pooled connection, connecting if none is idle (within the connect timeout); the
+    /// first one checks the server's settings.
+    pub(crate) fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, BackendError> {
         if let Some(e) = self.down() {
             return Err(e);
         }
@@ -392,16 +573,34 @@ impl Node {
             let kind = self.connects.failure(true);
             BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
         })?;
-        let conn: &mut Conn = &mut conn;
         if !self.server_checked.swap(true, Ordering::Relaxed) {
             self.check_server(&mut conn.con);
         }
-        f(&mut conn.con).map_err(|e| {
-            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
-                conn.broken = true;
-            }
-            map_error(&e, &self.endpoint.to_string())
-        })
+        Ok(conn)
+    }
+
+    /// An error at once, without asking, when this server should not get a request for
+    /// `name` now: a request to it has been unanswered for more than half the I/O
+    /// timeout after its caller stopped waiting (the server is slow or stopped: new
+    /// requests would only queue behind it), or an acquisition of `name` sent to it is
+    /// still unanswered (its late reply will be released, which must not overtake a
+    /// retry of that acquisition on another connection).
+    pub(crate) fn busy(&self, name: Option<&LockName>) -> Option<BackendError> {
+        let why = self.background.busy(name, self.io_timeout / 2)?;
+        Some(BackendError::new(
+            BackendErrorKind::Timeout,
+            format!("{}: {why}; not asked", self.endpoint),
+        ))
+    }
+
+    /// Counts a request in the background (see [`busy`](Self::busy)) until the ticket
+    /// is dropped. `name`: the lock of an acquisition whose late reply will be undone.
+    pub(crate) fn background(self: &Arc<Self>, name: Option<LockName>) -> Ticket {
+        let id = self.background.enter(name);
+        Ticket {
+            node: self.clone(),
+            id,
+        }
     }
 
     /// Warns once per server about settings that can lose locks: a restart without
@@ -505,7 +704,10 @@ impl Node {
                 Shape::Transaction
             }
         };
-        Call { bytes: r.0, shape }
+        Call {
+            bytes: r.0,
+            parts: Parts::One(shape),
+        }
     }
 
     /// The acquire script: takes the lock if free, refreshes it if already ours, reports
@@ -527,7 +729,7 @@ impl Node {
             .arg_u64(self.keys.fence_ttl_ms);
         Call {
             bytes: r.0,
-            shape: Shape::Script(script),
+            parts: Parts::One(Shape::Script(script)),
         }
     }
 
@@ -540,7 +742,11 @@ impl Node {
         call: &Call,
         reply: redis::Value,
     ) -> Result<Step, BackendError> {
-        let (set, draw) = match call.shape {
+        let shape = match &call.parts {
+            Parts::One(shape) => *shape,
+            Parts::Batch(_) => return Err(self.protocol("a batch", &reply)),
+        };
+        let (set, draw) = match shape {
             Shape::Script(_) => return self.parse_acquire_script(name, reply).map(Step::Done),
             Shape::SetGet => (reply, None),
             Shape::SetDraw => match reply {
@@ -746,6 +952,26 @@ impl Node {
         })
     }
 
+    /// The replies of a batch (see [`Call::batch`]) of `n` calls, each parsed by `one`; a
+    /// call's server error is its own result, not the batch's.
+    pub(crate) fn parse_batch<T>(
+        &self,
+        reply: redis::Value,
+        n: usize,
+        one: impl Fn(redis::Value) -> Result<T, BackendError>,
+    ) -> Result<Vec<Result<T, BackendError>>, BackendError> {
+        match reply {
+            redis::Value::Array(values) if values.len() == n => Ok(values
+                .into_iter()
+                .map(|v| match v.extract_error() {
+                    Ok(v) => one(v),
+                    Err(e) => Err(map_error(&e, &self.endpoint.to_string())),
+                })
+                .collect()),
+            other => Err(self.protocol("a batch", &other)),
+        }
+    }
+
     /// `1` -> `true`, `0` -> `false`.
     pub(crate) fn parse_flag(&self, reply: redis::Value) -> Result<bool, BackendError> {
         Ok(self.parse::<i64>(reply)? == 1)
@@ -770,7 +996,7 @@ impl Node {
         }
         Call {
             bytes: r.0,
-            shape: Shape::Script(script),
+            parts: Parts::One(Shape::Script(script)),
         }
     }
 
@@ -810,7 +1036,7 @@ impl Node {
             .arg_u64(self.keys.fence_ttl_ms);
         Call {
             bytes: r.0,
-            shape: Shape::Script(script),
+            parts: Parts::One(Shape::Script(script)),
         }
     }
 
@@ -871,11 +1097,6 @@ impl Node {
                 self.endpoint
             ),
         ))
-    }
-
-    /// The I/O timeout of this node's connections.
-    pub(crate) fn io_timeout(&self) -> Duration {
-        self.io_timeout
     }
 
     pub(crate) fn force_release_call(&self, name: &LockName, release_id: u64) -> Call {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlm_core::{BackendError, InvalidArgument};
+use dlm_core::InvalidArgument;
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::conn::{Endpoint, Timeouts};
@@ -137,11 +137,6 @@ impl Options {
 /// Turns a construction failure into the crate's error type.
 pub(crate) fn invalid(e: InvalidArgument) -> dlm_core::Error {
     dlm_core::Error::InvalidArgument(e)
-}
-
-/// Turns a backend failure into the crate's error type.
-pub(crate) fn backend(e: BackendError) -> dlm_core::Error {
-    dlm_core::Error::Backend(e)
 }
 
 /// The setters both builders share.

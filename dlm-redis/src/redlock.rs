@@ -2,20 +2,17 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
 use dlm_core::{
     Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
-    OwnerToken, Watch,
+    OwnerToken, Renewal, Watch,
 };
-use parking_lot::Mutex;
 
-use crate::conn::map_error;
+use crate::fanout::{Fanout, Late, Replies};
 use crate::hints::Hints;
 use crate::node::{Call, Fencing, Node, NodeAcquire, Step};
-use crate::options::{Options, backend, invalid, option_setters};
+use crate::options::{Options, invalid, option_setters};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
 pub fn quorum(n: usize) -> usize {
@@ -53,13 +50,8 @@ pub struct Redlock {
     inner: Arc<Inner>,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
 struct Inner {
-    nodes: Vec<Arc<Node>>,
-    /// One job queue per node, served by that node's workers.
-    queues: Vec<Sender<Job>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    fanout: Fanout,
     options: Options,
     quorum: usize,
     hints: Option<Hints>,
@@ -67,64 +59,9 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the queues stops the workers; each finishes its current request first
-        // (bounded by the I/O timeout).
-        self.queues.clear();
-        let me = std::thread::current().id();
-        for w in self.workers.get_mut().drain(..) {
-            if w.thread().id() != me {
-                let _ = w.join();
-            }
-        }
-    }
-}
-
-/// What the nodes answered to one fanned-out request; `None`: no answer in time.
-struct Replies<T> {
-    replies: Vec<Option<Result<T, BackendError>>>,
-}
-
-impl<T> Replies<T> {
-    fn ok(&self) -> impl Iterator<Item = &T> {
-        self.replies
-            .iter()
-            .filter_map(|r| r.as_ref()?.as_ref().ok())
-    }
-
-    fn failures(&self) -> usize {
-        self.replies
-            .iter()
-            .filter(|r| !matches!(r, Some(Ok(_))))
-            .count()
-    }
-
-    /// The most telling failure: an unexpected key, then the first error, else a timeout.
-    fn error(&self, what: &str, quorum: usize) -> BackendError {
-        let errors: Vec<&BackendError> = self
-            .replies
-            .iter()
-            .filter_map(|r| r.as_ref()?.as_ref().err())
-            .collect();
-        if let Some(e) = errors.iter().find(|e| {
-            matches!(
-                e.kind(),
-                BackendErrorKind::UnexpectedKey | BackendErrorKind::Auth
-            )
-        }) {
-            return BackendError::new(e.kind(), e.message().to_owned());
-        }
-        let timeouts = self.replies.iter().filter(|r| r.is_none()).count();
-        let first = errors
-            .first()
-            .map_or_else(|| "timed out".to_owned(), |e| e.to_string());
-        BackendError::new(
-            BackendErrorKind::NoQuorum,
-            format!(
-                "{what}: {} of {} nodes failed ({timeouts} timed out), {quorum} needed; first error: {first}",
-                self.failures(),
-                self.replies.len(),
-            ),
-        )
+        // Each worker finishes its current connect first (bounded by the connect
+        // timeout); the drainer drops its stragglers (their keys end with their leases).
+        self.fanout.stop();
     }
 }
 
@@ -152,12 +89,12 @@ impl Redlock {
     /// # Errors
     /// [`dlm_core::Error::InvalidArgument`] for a name that [`LockName::new`] rejects.
     pub fn keys(&self, name: &str) -> dlm_core::Result<crate::LockKeys> {
-        Ok(self.inner.nodes[0].keys.all(&LockName::new(name)?))
+        Ok(self.nodes_ref()[0].keys.all(&LockName::new(name)?))
     }
 
     /// How many nodes there are.
     pub fn nodes(&self) -> usize {
-        self.inner.nodes.len()
+        self.nodes_ref().len()
     }
 
     /// How many nodes must agree: `N/2 + 1`.
@@ -171,123 +108,68 @@ impl Redlock {
         self.inner.hints.as_ref().map_or(0, |h| h.listeners_up())
     }
 
-    /// Runs `op` on the nodes marked in `targets` (all when `None`) in parallel on their
-    /// worker threads; waits for the answers until `deadline` (the others' replies stay
-    /// `None`).
-    fn fan_out_to<T: Send + 'static>(
-        &self,
-        deadline: Instant,
-        targets: Option<&[bool]>,
-        op: impl Fn(&Node) -> Result<T, BackendError> + Send + Sync + 'static,
-    ) -> Replies<T> {
-        let n = self.inner.nodes.len();
-        let op = Arc::new(op);
-        let (tx, rx) = crossbeam_channel::bounded(n);
-        let mut sent = 0;
-        for (i, (node, queue)) in self.inner.nodes.iter().zip(&self.inner.queues).enumerate() {
-            if targets.is_some_and(|t| !t[i]) {
-                continue;
-            }
-            sent += 1;
-            let (node, op, tx) = (node.clone(), op.clone(), tx.clone());
-            let job: Job = Box::new(move || {
-                let reply = if Instant::now() >= deadline {
-                    // Queued behind a slow request for too long: do not start late.
-                    Err(BackendError::new(
-                        BackendErrorKind::Timeout,
-                        "not started in time",
-                    ))
-                } else {
-                    op(&node)
-                };
-                let _ = tx.send((i, reply));
-            });
-            let _ = queue.send(job);
-        }
-        drop(tx);
-        collect(&rx, n, sent, deadline)
+    /// How many threads this Redlock runs now, besides the connection pools' and the
+    /// release-hint listeners' (its connect workers start on first need, one per node,
+    /// and a drainer starts with the first reply that comes late).
+    pub fn threads(&self) -> usize {
+        self.inner.fanout.threads()
     }
 
-    /// Runs one prepared call per node (those in `targets`) and parses the replies.
-    /// When every targeted node has an idle pooled connection, the calling thread writes
-    /// all requests and then reads all replies under one deadline (no thread hand-offs);
-    /// otherwise (a node needs a new connection, e.g. after a failure) the per-node
-    /// workers do it, connecting in parallel.
-    fn call_all<T: Send + 'static>(
-        &self,
-        deadline: Instant,
-        targets: Option<&[bool]>,
-        make: impl Fn(&Node) -> Call + Send + Sync + 'static,
-        parse: impl Fn(&Node, &Call, redis::Value) -> Result<T, BackendError> + Send + Sync + 'static,
-    ) -> Replies<T> {
-        let nodes = &self.inner.nodes;
-        // A node that is down (refusing connections) answers at once and is not asked.
-        // Usually none is: nothing is allocated for them then.
-        let mut down: Vec<(usize, BackendError)> = Vec::new();
-        for (i, node) in nodes.iter().enumerate() {
-            if targets.is_none_or(|t| t[i])
-                && let Some(e) = node.down()
-            {
-                down.push((i, e));
-            }
-        }
-        let wanted = |i: usize| targets.is_none_or(|t| t[i]) && !down.iter().any(|(d, _)| *d == i);
-        let calls: Vec<Option<Call>> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| wanted(i).then(|| make(n)))
-            .collect();
-        let mut replies = match pipelined(nodes, deadline, &calls) {
-            Some(replies) => Replies {
-                replies: replies
-                    .into_iter()
-                    .zip(nodes)
-                    .zip(&calls)
-                    .map(|((r, node), call)| {
-                        let call = call.as_ref()?;
-                        r.map(|r| r.and_then(|v| parse(node, call, v)))
-                    })
-                    .collect(),
-            },
-            None => {
-                let wanted: Vec<bool> = (0..nodes.len()).map(wanted).collect();
-                self.fan_out_to(deadline, Some(&wanted), move |node| {
-                    let call = make(node);
-                    node.execute(&call).and_then(|v| parse(node, &call, v))
-                })
-            }
-        };
-        for (i, e) in down {
-            replies.replies[i] = Some(Err(e));
-        }
-        replies
+    fn nodes_ref(&self) -> &[Arc<Node>] {
+        &self.inner.fanout.nodes
     }
 
     fn deadline(&self, start: Instant) -> Instant {
         start + self.inner.options.connect_timeout + self.inner.options.io_timeout
     }
 
-    /// Completes round 1 of an acquisition: the nodes whose plain reply needs the acquire
-    /// script (someone's key is there: whose, for how long?) are asked with it, in one
-    /// more fanned-out round. Skipped when the free nodes alone make a quorum.
-    fn resolve(
+    /// Round 1 of an acquisition: `SET NX` (with a draw from the fencing stream) on every
+    /// node; the nodes whose plain reply needs the acquire script (someone's key is
+    /// there: whose, for how long?) are asked with it in one more fanned-out round,
+    /// unless the free nodes already made a quorum. Returns as soon as the outcome is
+    /// decided; a node that answers later is released (`Late::Release`).
+    fn acquire_round(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
         mode: Fencing,
         start: Instant,
-        steps: Replies<Step>,
     ) -> Replies<NodeAcquire> {
+        let q = self.inner.quorum;
+        let late = Late::Release {
+            name: name.clone(),
+            owner: *owner,
+        };
+        let acquired = |r: &Option<Result<Step, BackendError>>| {
+            matches!(r, Some(Ok(Step::Done(NodeAcquire::Acquired { .. }))))
+        };
+        let steps = self.inner.fanout.call_all(
+            self.deadline(start),
+            None,
+            Some(name),
+            |node| node.acquire_call(name, owner, ttl, mode),
+            |node, call, reply| node.parse_acquire(name, call, reply),
+            |r: &Replies<Step>| {
+                let taken = r.replies.iter().filter(|x| acquired(x)).count();
+                // A key that needs the script may be ours (a retry): not lost yet. Once the
+                // nodes that answered could make a quorum with the script's help, the
+                // script round can go ahead.
+                let maybe = r
+                    .replies
+                    .iter()
+                    .filter(|x| matches!(x, Some(Ok(Step::Script))))
+                    .count();
+                taken + maybe >= q || taken + maybe + r.pending() < q
+            },
+            late.clone(),
+        );
         let again: Vec<bool> = steps
             .replies
             .iter()
             .map(|r| matches!(r, Some(Ok(Step::Script))))
             .collect();
-        let acquired = steps
-            .ok()
-            .filter(|s| matches!(s, Step::Done(NodeAcquire::Acquired { .. })))
-            .count();
+        let taken = steps.replies.iter().filter(|x| acquired(x)).count();
         let mut replies = Replies {
             replies: steps
                 .replies
@@ -300,25 +182,35 @@ impl Redlock {
                     })
                 })
                 .collect(),
+            asked: steps.asked,
         };
-        if acquired >= self.inner.quorum || !again.contains(&true) {
+        let maybe = again.iter().filter(|a| **a).count();
+        if taken >= q || maybe == 0 || taken + maybe < q {
             // Nodes left unasked count as failed: their keys, if ours, are released with
             // the rest on failure, and success does not need them.
             return replies;
         }
-        let (name, owner) = (name.clone(), *owner);
-        let name2 = name.clone();
-        let second = self.call_all(
-            self.deadline(start),
+        // A deadline of its own: the validity still counts from `start`.
+        let second = self.inner.fanout.call_all(
+            self.deadline(Instant::now()),
             Some(&again),
-            move |node| node.acquire_script_call(&name, &owner, ttl, mode),
-            move |node, call, reply| match node.parse_acquire(&name2, call, reply)? {
+            Some(name),
+            |node| node.acquire_script_call(name, owner, ttl, mode),
+            |node, call, reply| match node.parse_acquire(name, call, reply)? {
                 Step::Done(answer) => Ok(answer),
                 Step::Script => Err(BackendError::new(
                     BackendErrorKind::Protocol,
                     format!("{}: the acquire script gave no answer", node.endpoint),
                 )),
             },
+            |r: &Replies<NodeAcquire>| {
+                let now_taken = r
+                    .ok()
+                    .filter(|a| matches!(a, NodeAcquire::Acquired { .. }))
+                    .count();
+                taken + now_taken >= q || taken + now_taken + r.pending() < q
+            },
+            late,
         );
         for (i, reply) in second.replies.into_iter().enumerate() {
             if again[i] {
@@ -328,21 +220,27 @@ impl Redlock {
         replies
     }
 
-    /// Releases `owner`'s key on every node, waiting at most one per-node deadline.
+    /// Releases `owner`'s key on every node; returns as soon as a quorum released or
+    /// refused (with a short grace for the others), late replies dropped.
     fn release_all(&self, name: &LockName, owner: &OwnerToken) -> Replies<bool> {
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
         // One release id for all nodes: a listener that hears it from several wakes one
         // waiter.
         let release_id: u64 = rand::random();
-        let replies = {
-            let (name, owner) = (name.clone(), *owner);
-            self.call_all(
-                self.deadline(start),
-                None,
-                move |node| node.release_call(&name, &owner, release_id),
-                |node, _, reply| node.parse_flag(reply),
-            )
-        };
+        let replies = self.inner.fanout.call_all(
+            self.deadline(start),
+            None,
+            Some(name),
+            |node| node.release_call(name, owner, release_id),
+            |node, _, reply| node.parse_flag(reply),
+            |r: &Replies<bool>| {
+                let released = r.ok().filter(|ok| **ok).count();
+                let refused = r.ok().filter(|ok| !**ok).count();
+                released >= q || refused > n - q
+            },
+            Late::Drop,
+        );
         if replies.ok().any(|released| *released) {
             self.released_here(name, release_id);
         }
@@ -351,7 +249,7 @@ impl Redlock {
 
     /// Wakes a waiter of this process for the release `id` at once (see `Hints::released`).
     fn released_here(&self, name: &LockName, id: u64) {
-        if let (Some(hints), Some(node)) = (&self.inner.hints, self.inner.nodes.first()) {
+        if let (Some(hints), Some(node)) = (&self.inner.hints, self.nodes_ref().first()) {
             hints.released(|| node.keys.channel(name), id);
         }
     }
@@ -363,86 +261,37 @@ impl Redlock {
         }
         Duration::from_nanos(rand::random_range(0..=jitter.as_nanos() as u64))
     }
+
+    /// The lease of an extension that a quorum confirmed, if its validity is not gone.
+    fn extended_lease(&self, start: Instant, ttl: Duration) -> Option<Lease> {
+        ttl.checked_sub(self.inner.options.drift(ttl))
+            .map(|v| start + v)
+            .filter(|v| *v > Instant::now())
+            .map(Lease::new)
+    }
 }
 
-/// Writes `calls[i]` to node `i` (where given), then reads every reply, all before
-/// `deadline`; `None` (nothing sent) when a targeted node has no idle connection.
-fn pipelined(
-    nodes: &[Arc<Node>],
-    deadline: Instant,
-    calls: &[Option<Call>],
-) -> Option<Vec<Option<Result<redis::Value, BackendError>>>> {
-    let mut conns = Vec::with_capacity(nodes.len());
-    for (node, call) in nodes.iter().zip(calls) {
-        conns.push(match call {
-            Some(_) => Some(node.idle_connection()?),
-            None => None,
-        });
-    }
-    let mut replies: Vec<Option<Result<redis::Value, BackendError>>> =
-        (0..nodes.len()).map(|_| None).collect();
-    let mut sent = vec![false; nodes.len()];
-    for i in 0..nodes.len() {
-        let (Some(call), Some(conn)) = (&calls[i], conns[i].as_mut()) else {
-            continue;
-        };
-        match call.send(&mut conn.con) {
-            Ok(()) => sent[i] = true,
-            Err(e) => {
-                conn.broken = true;
-                replies[i] = Some(Err(map_error(&e, &nodes[i].endpoint.to_string())));
-            }
-        }
-    }
-    for i in 0..nodes.len() {
-        let (true, Some(call), Some(conn)) = (sent[i], &calls[i], conns[i].as_mut()) else {
-            continue;
-        };
-        let node = &nodes[i];
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            // The reply may still come: the connection cannot be reused.
-            conn.broken = true;
-            replies[i] = Some(Err(BackendError::new(
-                BackendErrorKind::Timeout,
-                format!("{}: no reply before the deadline", node.endpoint),
-            )));
-            continue;
-        }
-        // Cut the read short only when the deadline is nearer than the usual timeout
-        // (rare: after a slow node), to spare a system call per read otherwise.
-        let shortened = left < node.io_timeout();
-        if shortened {
-            let _ = conn.con.set_read_timeout(Some(left));
-        }
-        let reply = call.receive(&mut conn.con).map_err(|e| {
-            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
-                conn.broken = true;
-            }
-            map_error(&e, &node.endpoint.to_string())
-        });
-        if shortened && !conn.broken {
-            let _ = conn.con.set_read_timeout(Some(node.io_timeout()));
-        }
-        replies[i] = Some(reply);
-    }
-    Some(replies)
-}
-
-fn collect<T>(
-    rx: &Receiver<(usize, Result<T, BackendError>)>,
+/// What one hold's extension came to on the nodes that answered: the lease, "not ours",
+/// or an error when neither has a quorum.
+fn extension(
+    extended: usize,
+    refused: usize,
+    failed: usize,
     n: usize,
-    expected: usize,
-    deadline: Instant,
-) -> Replies<T> {
-    let mut replies: Vec<Option<Result<T, BackendError>>> = (0..n).map(|_| None).collect();
-    for _ in 0..expected {
-        match rx.recv_deadline(deadline) {
-            Ok((i, reply)) => replies[i] = Some(reply),
-            Err(_) => break,
-        }
+    q: usize,
+    lease: Option<Lease>,
+    error: impl FnOnce() -> BackendError,
+) -> Result<Option<Lease>, BackendError> {
+    if extended >= q {
+        // Too slow: the extension's validity is gone, so it is not ours any more.
+        return Ok(lease);
     }
-    Replies { replies }
+    if refused > n - q || failed == 0 {
+        // Refused by too many to reach a quorum, or the answers split with none failed:
+        // the lease was no longer a quorum's.
+        return Ok(None);
+    }
+    Err(error())
 }
 
 impl LockBackend for Redlock {
@@ -453,6 +302,7 @@ impl LockBackend for Redlock {
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
         let q = self.inner.quorum;
+        let n = self.nodes_ref().len();
         let start = Instant::now();
         let fencing = self.inner.options.fencing;
         let mode = if fencing {
@@ -460,23 +310,14 @@ impl LockBackend for Redlock {
         } else {
             Fencing::Off
         };
-        let steps = {
-            let (name, owner) = (name.clone(), *owner);
-            let name2 = name.clone();
-            self.call_all(
-                self.deadline(start),
-                None,
-                move |node| node.acquire_call(&name, &owner, ttl, mode),
-                move |node, call, reply| node.parse_acquire(&name2, call, reply),
-            )
-        };
-        let replies = self.resolve(name, owner, ttl, mode, start, steps);
+        let replies = self.acquire_round(name, owner, ttl, mode, start);
         let taken: Vec<bool> = replies
             .replies
             .iter()
             .map(|r| matches!(r, Some(Ok(NodeAcquire::Acquired { .. }))))
             .collect();
         let acquired = taken.iter().filter(|t| **t).count();
+        // Validity counts from the start of the round, however early it returned.
         let valid_until = ttl
             .checked_sub(self.inner.options.drift(ttl))
             .map(|v| start + v);
@@ -485,9 +326,9 @@ impl LockBackend for Redlock {
             if !fencing {
                 return Ok(Acquire::Acquired(Lease::new(valid_until)));
             }
-            // Round 2: T = max(counters of the nodes we hold) + 1, committed to those
-            // nodes while they still hold our token. Quorum intersection makes T larger
-            // than every earlier committed token (see the README's "Fencing").
+            // Round 2: T = max(draws of the nodes we hold) + 1, committed to those nodes
+            // while they still hold our token. Quorum intersection makes T larger than
+            // every earlier committed token (see the README's "Fencing").
             let token = replies
                 .ok()
                 .filter_map(|r| match r {
@@ -497,15 +338,18 @@ impl LockBackend for Redlock {
                 .max()
                 .unwrap_or(0)
                 + 1;
-            let commits = {
-                let (name, owner) = (name.clone(), *owner);
-                self.call_all(
-                    self.deadline(Instant::now()),
-                    Some(&taken),
-                    move |node| node.commit_call(&name, &owner, token),
-                    |node, _, reply| node.parse_flag(reply),
-                )
-            };
+            let commits = self.inner.fanout.call_all(
+                self.deadline(Instant::now()),
+                Some(&taken),
+                Some(name),
+                |node| node.commit_call(name, owner, token),
+                |node, _, reply| node.parse_flag(reply),
+                |r: &Replies<bool>| {
+                    let committed = r.ok().filter(|c| **c).count();
+                    committed >= q || committed + r.pending() < q
+                },
+                Late::Drop,
+            );
             let committed = commits.ok().filter(|c| **c).count();
             if committed >= q && valid_until > Instant::now() {
                 return Ok(Acquire::Acquired(
@@ -513,7 +357,7 @@ impl LockBackend for Redlock {
                 ));
             }
             self.release_all(name, owner);
-            let errors = (0..taken.len())
+            let errors = (0..n)
                 .filter(|&i| taken[i] && !matches!(commits.replies[i], Some(Ok(_))))
                 .count();
             return if errors > 0 {
@@ -525,8 +369,9 @@ impl LockBackend for Redlock {
                 })
             };
         }
-        // Failed: undo everywhere, including the nodes that did not answer (the request may
-        // have landed after all).
+        // Failed: undo everywhere. Nodes that did not answer are either skipped now (busy
+        // with the late request, whose reply the drainer answers with a release) or
+        // asked here.
         if acquired > 0 || replies.failures() > 0 {
             self.release_all(name, owner);
         }
@@ -539,7 +384,7 @@ impl LockBackend for Redlock {
                 ),
             ));
         }
-        if replies.failures() > self.inner.nodes.len() - q {
+        if replies.failures() > n - q {
             return Err(replies.error("acquire", q));
         }
         // Contention. The lock can be ours once enough holders' keys are gone.
@@ -551,7 +396,7 @@ impl LockBackend for Redlock {
             })
             .collect();
         held.sort_unstable();
-        let free = self.inner.nodes.len() - replies.failures() - held.len();
+        let free = n - replies.failures() - held.len();
         let need = q.saturating_sub(free);
         let retry_after = match need {
             0 => self.split_vote_delay(),
@@ -568,39 +413,102 @@ impl LockBackend for Redlock {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        let q = self.inner.quorum;
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
-        let replies = {
-            let (name, owner) = (name.clone(), *owner);
-            self.call_all(
-                self.deadline(start),
-                None,
-                move |node| node.extend_call(&name, &owner, ttl),
-                |node, _, reply| node.parse_flag(reply),
-            )
-        };
+        let replies = self.inner.fanout.call_all(
+            self.deadline(start),
+            None,
+            Some(name),
+            |node| node.extend_call(name, owner, ttl),
+            |node, _, reply| node.parse_flag(reply),
+            |r: &Replies<bool>| {
+                let extended = r.ok().filter(|ok| **ok).count();
+                let refused = r.ok().filter(|ok| !**ok).count();
+                extended >= q || refused > n - q
+            },
+            Late::Drop,
+        );
         let extended = replies.ok().filter(|ok| **ok).count();
         let refused = replies.ok().filter(|ok| !**ok).count();
-        let valid_until = ttl
-            .checked_sub(self.inner.options.drift(ttl))
-            .map(|v| start + v)
-            .filter(|v| *v > Instant::now());
-        match valid_until {
-            Some(v) if extended >= q => Ok(Some(Lease::new(v))),
-            _ if refused > self.inner.nodes.len() - q => Ok(None),
-            _ if extended >= q => Ok(None), // too slow: the extension's validity is gone
-            _ => Err(replies.error("extend", q)),
+        extension(
+            extended,
+            refused,
+            replies.failures(),
+            n,
+            q,
+            self.extended_lease(start, ttl),
+            || replies.error("extend", q),
+        )
+    }
+
+    /// One batch per node (all the extensions in one write), all nodes at once: a round
+    /// costs one round trip, whatever the number of holds; a node that has not answered
+    /// when every hold is decided is left to the drainer.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
+        if renewals.is_empty() {
+            return Vec::new();
         }
+        let start = Instant::now();
+        let counts = |r: &Replies<Vec<Result<bool, BackendError>>>, k: usize| {
+            let mut extended = 0;
+            let mut refused = 0;
+            for node in r.ok() {
+                match node.get(k) {
+                    Some(Ok(true)) => extended += 1,
+                    Some(Ok(false)) => refused += 1,
+                    _ => {}
+                }
+            }
+            (extended, refused)
+        };
+        let replies = self.inner.fanout.call_all(
+            self.deadline(start),
+            None,
+            None,
+            |node| {
+                Call::batch(
+                    renewals
+                        .iter()
+                        .map(|r| node.extend_call(r.name, r.owner, r.ttl)),
+                )
+            },
+            |node, _, reply| node.parse_batch(reply, renewals.len(), |v| node.parse_flag(v)),
+            |r| {
+                (0..renewals.len()).all(|k| {
+                    let (extended, refused) = counts(r, k);
+                    extended >= q || refused > n - q
+                })
+            },
+            Late::Drop,
+        );
+        renewals
+            .iter()
+            .enumerate()
+            .map(|(k, renewal)| {
+                let (extended, refused) = counts(&replies, k);
+                let failed = n - extended - refused;
+                extension(
+                    extended,
+                    refused,
+                    failed,
+                    n,
+                    q,
+                    self.extended_lease(start, renewal.ttl),
+                    || replies.error("extend", q),
+                )
+            })
+            .collect()
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        let q = self.inner.quorum;
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let replies = self.release_all(name, owner);
         let released = replies.ok().filter(|ok| **ok).count();
         let refused = replies.ok().filter(|ok| !**ok).count();
         if released >= q {
             Ok(true)
-        } else if refused > self.inner.nodes.len() - q {
+        } else if refused > n - q {
             Ok(false)
         } else if replies.failures() == 0 {
             // Answers split without a quorum either way: the lease was no longer a
@@ -612,43 +520,43 @@ impl LockBackend for Redlock {
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
-        let q = self.inner.quorum;
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
         let release_id: u64 = rand::random();
-        let replies = {
-            let name = name.clone();
-            let name2 = name.clone();
-            self.call_all(
-                self.deadline(start),
-                None,
-                move |node| node.force_release_call(&name, release_id),
-                move |node, _, reply| node.parse_force_release(&name2, reply),
-            )
-        };
+        let replies = self.inner.fanout.call_all(
+            self.deadline(start),
+            None,
+            Some(name),
+            |node| node.force_release_call(name, release_id),
+            |node, _, reply| node.parse_force_release(name, reply),
+            // Every node is asked; a slow one is not waited for once a quorum deleted.
+            |r: &Replies<bool>| r.ok().filter(|d| **d).count() >= q,
+            Late::Drop,
+        );
         let deleted = replies.ok().filter(|d| **d).count();
         if deleted > 0 {
             self.released_here(name, release_id);
         }
-        if replies.failures() > self.inner.nodes.len() - q {
+        if replies.failures() > n - q {
             return Err(replies.error("force release", q));
         }
         Ok(deleted >= q)
     }
 
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
-        let q = self.inner.quorum;
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
-        let replies = {
-            let name = name.clone();
-            let name2 = name.clone();
-            self.call_all(
-                self.deadline(start),
-                None,
-                move |node| node.inspect_call(&name),
-                move |node, _, reply| node.parse_inspect(&name2, reply),
-            )
-        };
-        if replies.failures() > self.inner.nodes.len() - q {
+        let replies = self.inner.fanout.call_all(
+            self.deadline(start),
+            None,
+            Some(name),
+            |node| node.inspect_call(name),
+            |node, _, reply| node.parse_inspect(name, reply),
+            // The q-th longest lease needs every answer (a busy node is not asked).
+            |_: &Replies<Option<Duration>>| false,
+            Late::Drop,
+        );
+        if replies.failures() > n - q {
             return Err(replies.error("inspect", q));
         }
         // Held while at least a quorum of nodes still has a key: until the q-th longest
@@ -661,11 +569,11 @@ impl LockBackend for Redlock {
     /// A release message from any node wakes the waiter.
     fn watch(&self, name: &LockName) -> Option<Watch> {
         let hints = self.inner.hints.as_ref()?;
-        hints.watch(self.inner.nodes.first()?.keys.channel(name))
+        hints.watch(self.nodes_ref().first()?.keys.channel(name))
     }
 
     fn wake_pending(&self, name: &LockName) -> bool {
-        match (&self.inner.hints, self.inner.nodes.first()) {
+        match (&self.inner.hints, self.nodes_ref().first()) {
             (Some(hints), Some(node)) => hints.wake_pending(|| node.keys.channel(name)),
             _ => false,
         }
@@ -675,8 +583,7 @@ impl LockBackend for Redlock {
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let servers: Vec<String> = self
-            .inner
-            .nodes
+            .nodes_ref()
             .iter()
             .map(|n| n.endpoint.to_string())
             .collect();
@@ -741,38 +648,12 @@ impl RedlockBuilder {
                 nodes.len() - 1
             );
         }
-        let workers_per_node = self.options.pool_size as usize;
-        let mut queues = Vec::new();
-        let mut workers = Vec::new();
-        for (i, _) in nodes.iter().enumerate() {
-            let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-            queues.push(tx);
-            for w in 0..workers_per_node {
-                let rx = rx.clone();
-                let handle = std::thread::Builder::new()
-                    .name(format!("dlm-redlock-{i}-{w}"))
-                    .spawn(move || {
-                        while let Ok(job) = rx.recv() {
-                            job();
-                        }
-                    })
-                    .map_err(|e| {
-                        backend(BackendError::new(
-                            BackendErrorKind::Other,
-                            format!("cannot start a worker thread: {e}"),
-                        ))
-                    })?;
-                workers.push(handle);
-            }
-        }
         let quorum = quorum(nodes.len());
         let hints = self.options.hints(&nodes);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 hints,
-                nodes: nodes.into_iter().map(Arc::new).collect(),
-                queues,
-                workers: Mutex::new(workers),
+                fanout: Fanout::new(nodes.into_iter().map(Arc::new).collect()),
                 options: self.options,
                 quorum,
             }),

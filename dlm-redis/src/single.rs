@@ -6,11 +6,14 @@ use std::time::{Duration, Instant};
 
 use dlm_core::{
     Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
-    OwnerToken, Watch,
+    OwnerToken, Renewal, Watch,
 };
 
 use crate::hints::Hints;
-use crate::node::{Fencing, Node, NodeAcquire};
+use crate::node::{Call, Fencing, Node, NodeAcquire};
+
+/// The most extensions sent in one write by [`RedisBackend::extend_many`].
+const BATCH: usize = 512;
 use crate::options::{Options, invalid, option_setters};
 
 /// A lock on one Redis server.
@@ -145,6 +148,36 @@ impl LockBackend for RedisBackend {
         }
         // The front keeps the acquisition's fencing token.
         Ok(self.lease(start, ttl, 0))
+    }
+
+    /// The extensions go pipelined on one connection, up to [`BATCH`] per write: a round
+    /// of renewals costs one round trip per `BATCH` holds.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+        let node = &self.inner.node;
+        let mut out = Vec::with_capacity(renewals.len());
+        for chunk in renewals.chunks(BATCH) {
+            let start = Instant::now();
+            let call = Call::batch(
+                chunk
+                    .iter()
+                    .map(|r| node.extend_call(r.name, r.owner, r.ttl)),
+            );
+            let flags = node
+                .execute(&call)
+                .and_then(|reply| node.parse_batch(reply, chunk.len(), |v| node.parse_flag(v)));
+            match flags {
+                Ok(flags) => out.extend(chunk.iter().zip(flags).map(|(r, ok)| {
+                    // The front keeps the acquisition's fencing token.
+                    ok.map(|ok| ok.then(|| self.lease(start, r.ttl, 0)).flatten())
+                })),
+                Err(e) => out.extend(
+                    chunk
+                        .iter()
+                        .map(|_| Err(BackendError::new(e.kind(), e.message().to_owned()))),
+                ),
+            }
+        }
+        out
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {

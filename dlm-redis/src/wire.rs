@@ -36,6 +36,15 @@ enum Stream {
     Unix(UnixStream),
 }
 
+impl std::os::fd::AsFd for Stream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
 impl Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -48,13 +57,6 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.write_all(bytes),
             Stream::Unix(s) => s.write_all(bytes),
-        }
-    }
-
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(t),
-            Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
 
@@ -81,6 +83,8 @@ pub(crate) struct Wire {
     end: usize,
     db: i64,
     open: bool,
+    /// Replies owed to requests sent (see [`owed`](Wire::owed)).
+    owed: usize,
 }
 
 impl Wire {
@@ -134,6 +138,7 @@ impl Wire {
             end: 0,
             db: settings.db(),
             open: true,
+            owed: 0,
         };
         if let Some(password) = settings.password() {
             let mut auth = Resp::new();
@@ -173,16 +178,12 @@ impl Wire {
         Ok(wire)
     }
 
-    /// Changes the read timeout (a deadline nearer than the usual timeout).
-    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> RedisResult<()> {
-        Ok(self.stream.set_read_timeout(t)?)
-    }
-
-    /// Writes one or more encoded requests.
-    pub(crate) fn send(&mut self, bytes: &[u8]) -> RedisResult<()> {
+    /// Writes one or more encoded requests, which get `replies` replies in all.
+    pub(crate) fn send(&mut self, bytes: &[u8], replies: usize) -> RedisResult<()> {
         self.check_open()?;
-        if self.start != self.end {
-            // Bytes nobody asked for would answer this request.
+        if self.start != self.end || self.owed != 0 {
+            // Bytes nobody asked for, or the replies of an earlier request, would answer
+            // this one.
             self.open = false;
             return Err(protocol_error("unexpected data from the server"));
         }
@@ -191,25 +192,44 @@ impl Wire {
         self.open = false;
         self.stream.write_all(bytes)?;
         self.open = true;
+        self.owed = replies;
         Ok(())
+    }
+
+    /// How many replies to requests already sent have not been read: a connection that
+    /// owes any cannot take a new request (the pool discards it, see `Manager`).
+    pub(crate) fn owed(&self) -> usize {
+        self.owed
     }
 
     /// Reads one reply. A server error is a value (`Value::ServerError`), so that the
     /// replies to pipelined requests can all be read; anything else that goes wrong
     /// closes the connection.
     pub(crate) fn receive(&mut self) -> RedisResult<Value> {
+        loop {
+            if let Some(value) = self.try_receive()? {
+                return Ok(value);
+            }
+            self.read_some()?;
+        }
+    }
+
+    /// One reply if the bytes received so far hold a whole one; `None` (no I/O) when
+    /// more must be read first (see [`read_some`](Self::read_some)).
+    pub(crate) fn try_receive(&mut self) -> RedisResult<Option<Value>> {
         self.check_open()?;
-        // Closed until a whole reply is read: an error or a panic midway leaves it so.
-        self.open = false;
-        let value = loop {
-            match parse(&self.buf[self.start..self.end], MAX_DEPTH)? {
-                Some((value, used)) => {
-                    self.start += used;
-                    break value;
-                }
-                None => self.fill()?,
+        let parsed = match parse(&self.buf[self.start..self.end], MAX_DEPTH) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                self.open = false;
+                return Err(e);
             }
         };
+        let Some((value, used)) = parsed else {
+            return Ok(None);
+        };
+        self.start += used;
+        self.owed = self.owed.saturating_sub(1);
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -218,13 +238,20 @@ impl Wire {
                 self.buf = vec![0; BUFFER];
             }
         }
-        self.open = true;
-        Ok(value)
+        Ok(Some(value))
+    }
+
+    /// Reads what the socket has (blocking until at least one byte, the end of the
+    /// stream, or the read timeout). After `poll` reported the socket readable it
+    /// returns at once. An error closes the connection.
+    pub(crate) fn read_some(&mut self) -> RedisResult<()> {
+        self.check_open()?;
+        self.fill().inspect_err(|_| self.open = false)
     }
 
     /// Sends one request and reads its reply.
     fn request(&mut self, bytes: &[u8]) -> RedisResult<Value> {
-        self.send(bytes)?;
+        self.send(bytes, 1)?;
         self.receive()
     }
 
@@ -272,9 +299,15 @@ impl Wire {
     }
 }
 
+impl std::os::fd::AsFd for Wire {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+}
+
 impl redis::ConnectionLike for Wire {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        self.send(cmd)?;
+        self.send(cmd, 1)?;
         self.receive()
     }
 
@@ -284,7 +317,7 @@ impl redis::ConnectionLike for Wire {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        self.send(cmd)?;
+        self.send(cmd, offset + count)?;
         let mut values = Vec::with_capacity(count);
         let mut skipped_error = None;
         for i in 0..offset + count {

@@ -647,12 +647,25 @@ fn a_node_restart_during_fifty_cycles_is_survived() {
         }
     });
 
-    // The restarted node is back in use: the pool replaced its broken connections.
+    // The restarted node is back in use once the pool's background reconnect has found
+    // it up (every half connect timeout): within 5 s, an acquisition holds all three.
     assert!(cluster.nodes.get(1).is_running());
-    let guard = lock
-        .try_lock()
-        .expect("after the loop")
-        .expect("after the loop: acquired");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let guard = loop {
+        let guard = lock
+            .try_lock()
+            .expect("after the loop")
+            .expect("after the loop: acquired");
+        if (0..3).all(|i| value(cluster.nodes.get(i), &name).is_some()) {
+            break guard;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted node was not used again within 5 s"
+        );
+        guard.unlock().expect("after the loop: unlock");
+        thread::sleep(Duration::from_millis(10));
+    };
     for i in 0..3 {
         assert_ours(cluster.nodes.get(i), &name, "after the restart");
     }

@@ -166,7 +166,7 @@ pub fn assert_threads_back_to(baseline: usize) {
 pub fn assert_nothing_left(admin: &mut redis::Connection, lease: Duration) {
     super::wait_until(lease * 2, "lock keys gone", || {
         let keys: Vec<String> = redis::cmd("KEYS").arg("dlm:*").query(admin).unwrap();
-        keys.iter().all(|k| k.ends_with(":fence"))
+        keys.iter().all(|k| k.starts_with("dlm:fence:"))
     });
     super::wait_until(Duration::from_secs(5), "connections closed", || {
         let list: String = redis::cmd("CLIENT").arg("LIST").query(admin).unwrap();

@@ -1,0 +1,669 @@
+//! Redlock's fan-out: one request per node, all sent before any reply is read, and an
+//! answer as soon as the outcome is decided.
+//!
+//! - The calling thread writes every request on an idle pooled connection and reads the
+//!   replies as they arrive (`poll` on the sockets), so a healthy round costs no thread
+//!   hand-off. A node without an idle connection is connected by its worker thread (which
+//!   then sends the request and hands the connection back through a channel and an
+//!   eventfd that the same `poll` watches), so one slow connect does not hold up the
+//!   others.
+//! - The caller stops waiting when the operation's `decided` test says the outcome is
+//!   known (a quorum acquired, a quorum impossible, ...), after a short grace for the
+//!   replies still on their way from healthy nodes (as long as the first reply took, at
+//!   least [`GRACE`]), or at the deadline.
+//! - Requests still unanswered then are stragglers: their connections go to the
+//!   drainer, a background thread that reads the late replies (keeping each connection
+//!   until its reply comes or it fails, however long a paused server sleeps) and then
+//!   does what the operation asked for late replies ([`Late`]): a late acquisition is
+//!   released, anything else is dropped. So every request is answered or its
+//!   connection failed before anything else is sent to that node for the same lock.
+//! - While a node has a straggler (or a late action) outstanding, later requests do not
+//!   wait for it: it counts as failed at once ([`Node::busy`]). A paused minority thus
+//!   costs one round's grace, not an I/O timeout per call, and a cleanup on one
+//!   connection can never overtake a newer request on another.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
+use parking_lot::Mutex;
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
+
+use crate::conn::{Manager, map_error};
+use crate::node::{Call, Node, Ticket};
+
+/// The least time the replies of the other nodes are awaited once the outcome is
+/// decided (more when the first reply took longer).
+const GRACE: Duration = Duration::from_millis(5);
+/// How often the drainer looks at its channel while it has stragglers.
+const DRAIN_TICK: Duration = Duration::from_millis(20);
+
+type Conn = r2d2::PooledConnection<Manager>;
+type Job = Box<dyn FnOnce() + Send>;
+
+/// What the nodes answered to one fanned-out request; `None`: no answer in time.
+pub(crate) struct Replies<T> {
+    pub(crate) replies: Vec<Option<Result<T, BackendError>>>,
+    /// The nodes the request went to (or was meant for: a busy or down node counts).
+    pub(crate) asked: Vec<bool>,
+}
+
+impl<T> Replies<T> {
+    fn new(n: usize, targets: Option<&[bool]>) -> Self {
+        Replies {
+            replies: (0..n).map(|_| None).collect(),
+            asked: (0..n).map(|i| targets.is_none_or(|t| t[i])).collect(),
+        }
+    }
+
+    /// The answers that are not errors.
+    pub(crate) fn ok(&self) -> impl Iterator<Item = &T> {
+        self.replies
+            .iter()
+            .filter_map(|r| r.as_ref()?.as_ref().ok())
+    }
+
+    /// Nodes that failed or have not answered.
+    pub(crate) fn failures(&self) -> usize {
+        self.replies
+            .iter()
+            .filter(|r| !matches!(r, Some(Ok(_))))
+            .count()
+    }
+
+    /// Nodes asked that have not answered (yet).
+    pub(crate) fn pending(&self) -> usize {
+        self.replies
+            .iter()
+            .zip(&self.asked)
+            .filter(|(r, asked)| **asked && r.is_none())
+            .count()
+    }
+
+    /// The most telling failure: an unexpected key or refused credentials, else a
+    /// `NoQuorum` that counts the failures and quotes the first error.
+    pub(crate) fn error(&self, what: &str, quorum: usize) -> BackendError {
+        let errors: Vec<&BackendError> = self
+            .replies
+            .iter()
+            .filter_map(|r| r.as_ref()?.as_ref().err())
+            .collect();
+        if let Some(e) = errors.iter().find(|e| {
+            matches!(
+                e.kind(),
+                BackendErrorKind::UnexpectedKey | BackendErrorKind::Auth
+            )
+        }) {
+            return BackendError::new(e.kind(), e.message().to_owned());
+        }
+        let timeouts = self.pending();
+        let first = errors
+            .first()
+            .map_or_else(|| "timed out".to_owned(), |e| e.to_string());
+        BackendError::new(
+            BackendErrorKind::NoQuorum,
+            format!(
+                "{what}: {} of {} nodes failed ({timeouts} timed out), {quorum} needed; first error: {first}",
+                self.failures(),
+                self.replies.len(),
+            ),
+        )
+    }
+}
+
+/// What is done with a reply that comes after the operation returned.
+#[derive(Clone)]
+pub(crate) enum Late {
+    /// Nothing (a late release, extension, commit or inspection changes nothing that
+    /// matters: the caller has moved on and counted that node as failed).
+    Drop,
+    /// Release the key of this acquisition on that node, whatever the reply said (the
+    /// caller counted the node as failed, so a key there is nobody's). The owner token is
+    /// unique to the acquisition, so this never touches a later one.
+    Release { name: LockName, owner: OwnerToken },
+}
+
+impl Late {
+    /// The lock whose later requests must wait for this one (see [`Node::busy`]).
+    fn name(&self) -> Option<LockName> {
+        match self {
+            Late::Drop => None,
+            Late::Release { name, .. } => Some(name.clone()),
+        }
+    }
+
+    /// Does what was asked, on `conn` (the straggler's connection, all of whose replies
+    /// were read: the release then follows the acquisition on one connection) or else on
+    /// a pooled one.
+    fn run(&self, node: &Node, conn: Option<&mut Conn>) {
+        let Late::Release { name, owner } = self else {
+            return;
+        };
+        let released = match conn {
+            Some(conn) => {
+                let call = node.release_call(name, owner, rand::random());
+                call.execute(&mut conn.con)
+                    .map_err(|e| {
+                        conn.broken = true;
+                        map_error(&e, &node.endpoint.to_string())
+                    })
+                    .and_then(|reply| node.parse_flag(reply))
+            }
+            None => node.release(name, owner, rand::random()),
+        };
+        if let Err(e) = released {
+            log::debug!(
+                "{}: releasing a late acquisition failed (it ends with its lease): {e}",
+                node.endpoint
+            );
+        }
+    }
+}
+
+/// One request on its way: the node, its connection and what has been read of its
+/// replies.
+struct InFlight {
+    i: usize,
+    conn: Conn,
+    call: Call,
+    replies: Vec<redis::Value>,
+}
+
+/// The nodes of a Redlock with their connect workers and the drainer.
+pub(crate) struct Fanout {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    /// One connect worker per node, started on first need.
+    workers: Vec<Mutex<Option<Worker>>>,
+    drainer: Drainer,
+}
+
+struct Worker {
+    jobs: Sender<Job>,
+    thread: JoinHandle<()>,
+}
+
+/// What the caller of a round and its connect workers share.
+struct Round {
+    /// Set when the caller stops waiting: connections delivered after that go to the
+    /// drainer.
+    over: bool,
+    /// Then, per node whose worker had not delivered: its request counted in the
+    /// node's background, for the worker to hand on.
+    tickets: Vec<Option<Ticket>>,
+}
+
+impl Fanout {
+    pub(crate) fn new(nodes: Vec<Arc<Node>>) -> Fanout {
+        Fanout {
+            workers: nodes.iter().map(|_| Mutex::new(None)).collect(),
+            nodes,
+            drainer: Drainer::default(),
+        }
+    }
+
+    /// How many threads this fan-out runs now (connect workers and the drainer).
+    pub(crate) fn threads(&self) -> usize {
+        self.workers.iter().filter(|w| w.lock().is_some()).count()
+            + usize::from(self.drainer.running())
+    }
+
+    /// Sends `make(node)` to every targeted node (all when `targets` is `None`) and
+    /// parses the replies as they come, until `decided` says the outcome is known (then a
+    /// short grace for the others), every node answered, or `deadline`. Nodes that are
+    /// down, or busy with an earlier straggler ([`Node::busy`]; `name`: the lock this
+    /// request is about), count as failed at once; requests left unanswered go to the
+    /// drainer with `late`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn call_all<T>(
+        &self,
+        deadline: Instant,
+        targets: Option<&[bool]>,
+        name: Option<&LockName>,
+        make: impl Fn(&Node) -> Call,
+        parse: impl Fn(&Node, &Call, redis::Value) -> Result<T, BackendError>,
+        decided: impl Fn(&Replies<T>) -> bool,
+        late: Late,
+    ) -> Replies<T> {
+        let n = self.nodes.len();
+        let mut replies = Replies::new(n, targets);
+        let mut flying: Vec<InFlight> = Vec::with_capacity(n);
+        // Made only when a node has no idle connection: its worker connects.
+        let mut pickup: Option<Pickup> = None;
+        for (i, node) in self.nodes.iter().enumerate() {
+            if targets.is_some_and(|t| !t[i]) {
+                continue;
+            }
+            if let Some(e) = node.down().or_else(|| node.busy(name)) {
+                replies.replies[i] = Some(Err(e));
+                continue;
+            }
+            let call = make(node);
+            if let Some(mut conn) = node.idle_connection() {
+                match call.send(&mut conn.con) {
+                    Ok(()) => flying.push(InFlight {
+                        i,
+                        conn,
+                        call,
+                        replies: Vec::new(),
+                    }),
+                    Err(e) => {
+                        conn.broken = true;
+                        replies.replies[i] = Some(Err(map_error(&e, &node.endpoint.to_string())));
+                    }
+                }
+                continue;
+            }
+            if pickup.is_none() {
+                match Pickup::new(n) {
+                    Ok(p) => pickup = Some(p),
+                    Err(e) => {
+                        replies.replies[i] = Some(Err(e));
+                        continue;
+                    }
+                }
+            }
+            let p = pickup.as_mut().expect("made above");
+            p.connecting.push(i);
+            self.connect_and_send(i, call, deadline, p, late.clone());
+        }
+        let started = Instant::now();
+        // How long the first whole answer took: about what a healthy node needs.
+        let mut first: Option<Duration> = None;
+        let mut stop_at = deadline;
+        let mut settled = false;
+        loop {
+            if !settled && decided(&replies) {
+                settled = true;
+                let grace = first.unwrap_or_default().max(GRACE);
+                stop_at = stop_at.min(Instant::now() + grace);
+            }
+            if flying.is_empty() && pickup.as_ref().is_none_or(|p| p.connecting.is_empty()) {
+                break;
+            }
+            let now = Instant::now();
+            if now >= stop_at {
+                break;
+            }
+            let wake = pickup.as_ref().map(|p| p.wake.as_ref());
+            let (ready, woken) = wait(&flying, wake, stop_at - now);
+            if woken && let Some(p) = &mut pickup {
+                clear(&p.wake);
+                p.collect(&mut flying, &mut replies);
+            }
+            // Read the answers (in reverse, so that removing keeps the indices of those
+            // still to look at).
+            for k in (0..ready.len()).rev() {
+                if !ready[k] {
+                    continue;
+                }
+                let f = &mut flying[k];
+                let outcome = match f.call.receive_some(&mut f.conn.con, &mut f.replies) {
+                    Ok(false) => continue,
+                    Ok(true) => {
+                        let read = std::mem::take(&mut f.replies);
+                        f.call.finish(&mut f.conn.con, read)
+                    }
+                    Err(e) => Err(e),
+                };
+                first.get_or_insert_with(|| started.elapsed());
+                let InFlight { i, mut conn, call, .. } = flying.swap_remove(k);
+                let node = &self.nodes[i];
+                replies.replies[i] = Some(match outcome {
+                    Ok(value) => parse(node, &call, value),
+                    Err(e) => {
+                        if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
+                            conn.broken = true;
+                        }
+                        Err(map_error(&e, &node.endpoint.to_string()))
+                    }
+                });
+            }
+        }
+        // Whatever is still on its way is late now: the drainer reads it, and its node
+        // counts as busy until then.
+        if let Some(p) = &mut pickup {
+            let round = p.state.clone();
+            let mut state = round.lock();
+            state.over = true;
+            p.collect(&mut flying, &mut replies);
+            for &i in &p.connecting {
+                // Its worker hands the request to the drainer (or gives up, dropping it).
+                state.tickets[i] = Some(self.nodes[i].background(late.name()));
+            }
+        }
+        for f in flying {
+            self.drainer.hand_over(Straggler {
+                ticket: self.nodes[f.i].background(late.name()),
+                conn: f.conn,
+                call: f.call,
+                replies: f.replies,
+                late: late.clone(),
+            });
+        }
+        replies
+    }
+
+    /// Has node `i`'s worker take a connection (connecting if needed), send `call` on
+    /// it and deliver it to the caller, or to the drainer when the caller has stopped
+    /// waiting.
+    fn connect_and_send(&self, i: usize, call: Call, deadline: Instant, p: &Pickup, late: Late) {
+        let node = self.nodes[i].clone();
+        let drainer = self.drainer.handle();
+        let (state, tx, wake) = (p.state.clone(), p.tx.clone(), p.wake.clone());
+        let job: Job = Box::new(move || {
+            let sent = if Instant::now() >= deadline {
+                Err(BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!("{}: not connected in time", node.endpoint),
+                ))
+            } else {
+                node.connection()
+                    .and_then(|mut conn| match call.send(&mut conn.con) {
+                        Ok(()) => Ok(conn),
+                        Err(e) => {
+                            conn.broken = true;
+                            Err(map_error(&e, &node.endpoint.to_string()))
+                        }
+                    })
+            };
+            let mut state = state.lock();
+            if !state.over {
+                let delivery = match sent {
+                    Ok(conn) => Delivery::Sent(InFlight {
+                        i,
+                        conn,
+                        call,
+                        replies: Vec::new(),
+                    }),
+                    Err(e) => Delivery::Failed(i, e),
+                };
+                let _ = tx.send(delivery);
+                signal(&wake);
+                return;
+            }
+            // The caller has gone, and counted this request on the node.
+            let ticket = state.tickets[i].take();
+            drop(state);
+            if let (Ok(conn), Some(ticket)) = (sent, ticket) {
+                drainer.hand_over(Straggler {
+                    ticket,
+                    conn,
+                    call,
+                    replies: Vec::new(),
+                    late,
+                });
+            }
+        });
+        let mut worker = self.workers[i].lock();
+        if worker.as_ref().is_none_or(|w| w.thread.is_finished()) {
+            let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
+            let spawned = std::thread::Builder::new()
+                .name(format!("dlm-redlock-{i}"))
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                });
+            match spawned {
+                Ok(thread) => *worker = Some(Worker { jobs, thread }),
+                Err(e) => {
+                    // The job is dropped unrun: the caller waits for it until its deadline.
+                    log::error!("cannot start a Redlock worker thread: {e}");
+                    return;
+                }
+            }
+        }
+        if let Some(w) = worker.as_ref() {
+            let _ = w.jobs.send(job);
+        }
+    }
+
+    /// Stops the workers and the drainer (each finishes what it is doing first).
+    pub(crate) fn stop(&self) {
+        let me = std::thread::current().id();
+        for w in &self.workers {
+            if let Some(Worker { jobs, thread }) = w.lock().take() {
+                drop(jobs);
+                if thread.thread().id() != me {
+                    let _ = thread.join();
+                }
+            }
+        }
+        self.drainer.stop();
+    }
+}
+
+/// What a connect worker hands back to the caller.
+enum Delivery {
+    Sent(InFlight),
+    Failed(usize, BackendError),
+}
+
+/// How a round's connect workers reach its caller: a channel, and an eventfd that the
+/// caller's `poll` watches beside the sockets.
+struct Pickup {
+    state: Arc<Mutex<Round>>,
+    tx: Sender<Delivery>,
+    rx: Receiver<Delivery>,
+    wake: Arc<OwnedFd>,
+    /// The nodes whose worker has not delivered yet.
+    connecting: Vec<usize>,
+}
+
+impl Pickup {
+    fn new(nodes: usize) -> Result<Pickup, BackendError> {
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| {
+            BackendError::new(
+                BackendErrorKind::Other,
+                format!("cannot make an eventfd: {e}"),
+            )
+        })?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Ok(Pickup {
+            state: Arc::new(Mutex::new(Round {
+                over: false,
+                tickets: (0..nodes).map(|_| None).collect(),
+            })),
+            tx,
+            rx,
+            wake: Arc::new(wake),
+            connecting: Vec::new(),
+        })
+    }
+
+    /// Takes what the workers have delivered.
+    fn collect<T>(&mut self, flying: &mut Vec<InFlight>, replies: &mut Replies<T>) {
+        while let Ok(delivery) = self.rx.try_recv() {
+            let i = match delivery {
+                Delivery::Sent(inflight) => {
+                    let i = inflight.i;
+                    flying.push(inflight);
+                    i
+                }
+                Delivery::Failed(i, e) => {
+                    replies.replies[i] = Some(Err(e));
+                    i
+                }
+            };
+            self.connecting.retain(|&c| c != i);
+        }
+    }
+}
+
+fn signal(fd: &OwnedFd) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+fn clear(fd: &OwnedFd) {
+    let mut buf = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut buf);
+}
+
+/// Waits until a connection has something to read, the wake-up fd fires, or `timeout`;
+/// which connections are ready, and whether the wake-up fired.
+/// (`Call::receive_some` leaves no whole reply in a buffer, so the sockets are the
+/// places to wait on.)
+fn wait(flying: &[InFlight], wake: Option<&OwnedFd>, timeout: Duration) -> (Vec<bool>, bool) {
+    let mut fds: Vec<PollFd<'_>> = flying
+        .iter()
+        .map(|f| PollFd::new(&f.conn.con, PollFlags::IN))
+        .collect();
+    if let Some(wake) = wake {
+        fds.push(PollFd::new(wake, PollFlags::IN));
+    }
+    let timeout = Timespec::try_from(timeout).unwrap_or(Timespec {
+        tv_sec: 1,
+        tv_nsec: 0,
+    });
+    if poll(&mut fds, Some(&timeout)).is_err() {
+        // EINTR or the like: look again.
+        return (vec![false; flying.len()], false);
+    }
+    let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+    let woken = wake.is_some() && ready.last().copied().unwrap_or(false);
+    let mut ready = ready;
+    ready.truncate(flying.len());
+    (ready, woken)
+}
+
+/// A request whose caller has moved on.
+struct Straggler {
+    /// Counts it in its node's background until it is done.
+    ticket: Ticket,
+    conn: Conn,
+    call: Call,
+    replies: Vec<redis::Value>,
+    late: Late,
+}
+
+/// Reads late replies in the background and does what their operation asked (see the
+/// module docs). One thread per Redlock, started by the first straggler.
+#[derive(Default)]
+struct Drainer {
+    inner: Arc<DrainerInner>,
+}
+
+#[derive(Default)]
+struct DrainerInner {
+    tx: Mutex<Option<Sender<Straggler>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drainer {
+    fn handle(&self) -> Drainer {
+        Drainer {
+            inner: self.inner.clone(),
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.inner
+            .thread
+            .lock()
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+
+    /// Takes over a straggler until it is answered (or its connection fails).
+    fn hand_over(&self, s: Straggler) {
+        let mut tx = self.inner.tx.lock();
+        if tx.is_none() {
+            let (sender, rx) = crossbeam_channel::unbounded();
+            match std::thread::Builder::new()
+                .name("dlm-redlock-drain".into())
+                .spawn(move || drain(&rx))
+            {
+                Ok(thread) => {
+                    *self.inner.thread.lock() = Some(thread);
+                    *tx = Some(sender);
+                }
+                Err(e) => {
+                    log::error!("cannot start the Redlock drainer thread: {e}");
+                    complete(s, false);
+                    return;
+                }
+            }
+        }
+        let Some(tx) = tx.as_ref() else { return };
+        if let Err(e) = tx.send(s) {
+            complete(e.into_inner(), false);
+        }
+    }
+
+    fn stop(&self) {
+        self.inner.tx.lock().take();
+        if let Some(thread) = self.inner.thread.lock().take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The drainer's loop: waits for the stragglers' replies (however long), then completes
+/// them. Ends when the Redlock is dropped (its stragglers' connections are then closed
+/// and their keys, if any, end with their leases).
+fn drain(rx: &Receiver<Straggler>) {
+    let mut stragglers: Vec<Straggler> = Vec::new();
+    loop {
+        if stragglers.is_empty() {
+            match rx.recv() {
+                Ok(s) => stragglers.push(s),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(s) => stragglers.push(s),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        let ready: Vec<bool> = {
+            let mut fds: Vec<PollFd<'_>> = stragglers
+                .iter()
+                .map(|s| PollFd::new(&s.conn.con, PollFlags::IN))
+                .collect();
+            let tick = Timespec::try_from(DRAIN_TICK).expect("a small duration");
+            if poll(&mut fds, Some(&tick)).is_err() {
+                continue;
+            }
+            fds.iter().map(|f| !f.revents().is_empty()).collect()
+        };
+        for k in (0..ready.len()).rev() {
+            if !ready[k] {
+                continue;
+            }
+            let s = &mut stragglers[k];
+            let done = match s.call.receive_some(&mut s.conn.con, &mut s.replies) {
+                Ok(false) => continue,
+                Ok(true) => true,
+                Err(_) => false,
+            };
+            complete(stragglers.swap_remove(k), done);
+        }
+    }
+}
+
+/// Ends a straggler: its late action runs (on its connection when every reply was read,
+/// else on another), its connection goes back to the pool or is discarded, and its node
+/// stops counting it.
+fn complete(s: Straggler, answered: bool) {
+    let Straggler {
+        ticket,
+        mut conn,
+        late,
+        ..
+    } = s;
+    if answered {
+        late.run(ticket.node(), Some(&mut conn));
+    } else {
+        conn.broken = true;
+        drop(conn);
+        late.run(ticket.node(), None);
+    }
+    drop(ticket);
+}

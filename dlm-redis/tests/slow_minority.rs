@@ -1,0 +1,131 @@
+//! A slow or stopped minority of Redlock nodes costs no latency: an operation returns as
+//! soon as its outcome is decided, the stragglers' late replies are dealt with in the
+//! background (a late acquisition is released, anything else dropped), and nothing is
+//! left held. The validity of an acquisition still counts from the start of its round.
+//!
+//! These tests stop servers and compare latencies: they run one at a time.
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Cluster;
+use dlm_core::{Lock, LockClient};
+use dlm_redis::Redlock;
+use dlm_testkit::redis_server::RedisServer;
+use dlm_testkit::unique_name;
+
+static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// The library's Redlock defaults: a node that does not answer costs 100 ms of I/O
+/// timeout (after a 100 ms connect timeout) when it is waited for.
+const IO: Duration = Duration::from_millis(100);
+const LEASE: Duration = Duration::from_secs(30);
+const CYCLES: usize = 300;
+
+fn redlock(urls: &[String]) -> Redlock {
+    Redlock::builder(urls)
+        .connect_timeout(Duration::from_millis(100))
+        .io_timeout(IO)
+        .build()
+        .unwrap()
+}
+
+fn client(backend: &Arc<Redlock>) -> LockClient {
+    LockClient::builder(backend.clone()).lease(LEASE).build()
+}
+
+/// The median time of `CYCLES` uncontended lock + unlock cycles on fresh names.
+fn p50_cycle(client: &LockClient) -> Duration {
+    let mut times: Vec<Duration> = (0..CYCLES)
+        .map(|_| {
+            let lock = client.get_lock(&unique_name("cycle")).unwrap();
+            let start = Instant::now();
+            let guard = lock.try_lock().unwrap().expect("uncontended");
+            guard.unlock().unwrap();
+            start.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    times[times.len() / 2]
+}
+
+fn lock_keys(server: &RedisServer) -> Vec<String> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("dlm:*")
+        .query(&mut server.connection())
+        .unwrap();
+    keys.into_iter()
+        .filter(|k| !k.starts_with("dlm:fence:"))
+        .collect()
+}
+
+#[test]
+fn a_stopped_node_of_five_does_not_slow_acquire_and_release() {
+    let _serial = SERIAL.lock();
+    let cluster = Cluster::new(5);
+    let backend = Arc::new(redlock(&cluster.nodes.urls()));
+    let c = client(&backend);
+    p50_cycle(&c); // warm-up: every node has pooled connections
+    let healthy = p50_cycle(&c);
+
+    cluster.nodes.get(4).pause();
+    let paused = p50_cycle(&c);
+    let stopped_node = cluster.nodes.get(4);
+    eprintln!(
+        "p50 lock + unlock, 5 nodes: healthy {healthy:?}, one stopped {paused:?} ({:.2}x)",
+        paused.as_secs_f64() / healthy.as_secs_f64()
+    );
+    assert!(
+        paused < healthy * 3,
+        "one stopped node: p50 {paused:?}, healthy {healthy:?}"
+    );
+    assert!(paused < IO / 4, "p50 {paused:?} is not far below the I/O timeout");
+
+    // Nothing is left held once the stopped node runs again: the requests it had
+    // queued (an acquisition, then perhaps its release, on separate connections) are
+    // answered, and a late acquisition is released by the drainer.
+    stopped_node.resume();
+    common::wait_until(Duration::from_secs(5), "no lock key left", || {
+        (0..5).all(|i| lock_keys(cluster.nodes.get(i)).is_empty())
+    });
+    // And the node takes part again.
+    common::wait_until(Duration::from_secs(5), "the resumed node in use", || {
+        let name = unique_name("back");
+        let guard = c.get_lock(&name).unwrap().try_lock().unwrap().unwrap();
+        let used = !lock_keys(cluster.nodes.get(4)).is_empty();
+        guard.unlock().unwrap();
+        used
+    });
+}
+
+#[test]
+fn an_acquisition_that_lands_late_on_a_stopped_node_is_released() {
+    // Two of three nodes stopped: an acquisition fails (no quorum) at once, and the
+    // stopped nodes' SETs land when they run again, holding keys nobody owns. The drainer
+    // reads those late replies and releases the keys: nothing stays held for the lease.
+    let _serial = SERIAL.lock();
+    let cluster = Cluster::new(3);
+    let backend = Arc::new(redlock(&cluster.nodes.urls()));
+    let c = client(&backend);
+    p50_cycle(&c);
+    let name = unique_name("late");
+    cluster.nodes.get(1).pause();
+    cluster.nodes.get(2).pause();
+    let start = Instant::now();
+    let r = c.get_lock(&name).unwrap().try_lock();
+    let took = start.elapsed();
+    assert!(r.is_err(), "no quorum with two of three stopped: {r:?}");
+    assert!(took < Duration::from_millis(600), "took {took:?}");
+    cluster.nodes.get(1).resume();
+    cluster.nodes.get(2).resume();
+    common::wait_until(Duration::from_secs(5), "the late keys released", || {
+        (0..3).all(|i| lock_keys(cluster.nodes.get(i)).is_empty())
+    });
+    // Well within the 30 s lease: released, not expired.
+    assert!(start.elapsed() < Duration::from_secs(10));
+    // The lock is free for anyone.
+    let other = client(&Arc::new(redlock(&cluster.nodes.urls())));
+    let guard = other.get_lock(&name).unwrap().try_lock().unwrap();
+    assert!(guard.is_some(), "the name stayed held");
+}
