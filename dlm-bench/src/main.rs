@@ -95,7 +95,7 @@ impl Opts {
                 "--bench" => {} // passed by `cargo bench`
                 other => {
                     eprintln!(
-                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff] [--nodes 1|5] [--rounds N]"
+                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff|paused-minority] [--nodes 1|5] [--rounds N]"
                     );
                     std::process::exit(2);
                 }
@@ -189,6 +189,8 @@ enum Scenario {
     Contended {
         pause: Option<Duration>,
     },
+    /// Uncontended, one thread, with one of five Redlock nodes stopped (SIGSTOP).
+    PausedMinority,
 }
 
 impl Scenario {
@@ -197,6 +199,7 @@ impl Scenario {
             Scenario::Uncontended { .. } => "uncontended",
             Scenario::Contended { pause: None } => "contended",
             Scenario::Contended { pause: Some(_) } => "handoff",
+            Scenario::PausedMinority => "paused-minority",
         }
     }
 
@@ -204,6 +207,7 @@ impl Scenario {
         match self {
             Scenario::Uncontended { threads } => threads,
             Scenario::Contended { .. } => CONTENDERS,
+            Scenario::PausedMinority => 1,
         }
     }
 
@@ -211,6 +215,7 @@ impl Scenario {
         let (cycles, elapsed) = (tally.cycles, tally.elapsed);
         match self {
             Scenario::Uncontended { threads } => uncontended(system, threads, run_for, tally),
+            Scenario::PausedMinority => uncontended(system, 1, run_for, tally),
             Scenario::Contended { pause } => contended(system, pause, run_for, tally),
         }
         let secs = (tally.elapsed - elapsed).as_secs_f64();
@@ -235,7 +240,7 @@ impl Scenario {
             round_rates: std::mem::take(&mut t.round_rates),
             ..Row::default()
         };
-        if let Scenario::Uncontended { .. } = self {
+        if let Scenario::Uncontended { .. } | Scenario::PausedMinority = self {
             if t.failures > 0 {
                 eprintln!(
                     "{}: {} uncontended attempts failed",
@@ -581,6 +586,21 @@ fn main() {
                 push(row, nodes);
             }
         }
+        // One of five nodes stopped: dlm only (the minimal client and the peers have no
+        // per-node timeout worth the name: they would wait for the stopped node).
+        let scenario = Scenario::PausedMinority;
+        let chosen: Vec<&dyn LockSystem> = timed
+            .iter()
+            .map(|s| s.as_ref())
+            .filter(|s| s.name().starts_with("dlm") && opts.wants(&s.name(), scenario.name()))
+            .collect();
+        if nodes == 5 && !chosen.is_empty() {
+            five.get(4).pause();
+            for row in measure(&chosen, scenario, rounds, run_for) {
+                push(row, nodes);
+            }
+            five.get(4).resume();
+        }
     }
 
     print!("{}", markdown(&rows, rtt, rounds, run_for));
@@ -622,7 +642,7 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads; by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
     );
     let _ = writeln!(
         out,
@@ -634,6 +654,12 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     );
     for r in rows {
         let base = rows.iter().find(|b| {
+            if r.scenario == "paused-minority" {
+                return b.system == r.system
+                    && b.scenario == "uncontended"
+                    && b.nodes == r.nodes
+                    && b.threads == r.threads;
+            }
             b.system == "minimal"
                 && b.scenario == r.scenario
                 && b.nodes == r.nodes
