@@ -309,7 +309,9 @@ impl Fanout {
                     Err(e) => Err(e),
                 };
                 first.get_or_insert_with(|| started.elapsed());
-                let InFlight { i, mut conn, call, .. } = flying.swap_remove(k);
+                let InFlight {
+                    i, mut conn, call, ..
+                } = flying.swap_remove(k);
                 let node = &self.nodes[i];
                 replies.replies[i] = Some(match outcome {
                     Ok(value) => parse(node, &call, value),

@@ -84,7 +84,10 @@ fn a_thousand_holds_survive_a_stopped_node_for_three_leases() {
             assert!(taken.is_none(), "another client took lock {i}");
         }
         let lost = guards.iter().filter(|g| !g.is_held()).count();
-        assert_eq!(lost, 0, "{lost} of {HOLDS} guards lost with one node stopped");
+        assert_eq!(
+            lost, 0,
+            "{lost} of {HOLDS} guards lost with one node stopped"
+        );
         // Pace the checks: one sweep per lease.
         let left = (WATCHDOG * 3).saturating_sub(stopped.elapsed());
         std::thread::sleep(WATCHDOG.saturating_sub(period.elapsed()).min(left));
@@ -93,7 +96,10 @@ fn a_thousand_holds_survive_a_stopped_node_for_three_leases() {
     let lost = guards.iter().filter(|g| !g.is_held()).count();
     let (rounds, slowest, _) = report("1,000 holds, one of 3 nodes stopped", &counting);
     assert_eq!(lost, 0, "{lost} of {HOLDS} guards lost");
-    assert!(rounds >= 6, "{rounds} renewal rounds in 6 s with a 2 s watchdog");
+    assert!(
+        rounds >= 6,
+        "{rounds} renewal rounds in 6 s with a 2 s watchdog"
+    );
     assert!(
         slowest < WATCHDOG / 6,
         "a renewal round took {slowest:?}: more than half the renewal period"

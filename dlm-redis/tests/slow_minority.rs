@@ -80,7 +80,10 @@ fn a_stopped_node_of_five_does_not_slow_acquire_and_release() {
         paused < healthy * 3,
         "one stopped node: p50 {paused:?}, healthy {healthy:?}"
     );
-    assert!(paused < IO / 4, "p50 {paused:?} is not far below the I/O timeout");
+    assert!(
+        paused < IO / 4,
+        "p50 {paused:?} is not far below the I/O timeout"
+    );
 
     // Nothing is left held once the stopped node runs again: the requests it had
     // queued (an acquisition, then perhaps its release, on separate connections) are
