@@ -960,7 +960,12 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
 /// that barges does so on most of its turns).
 pub fn local_waiters_are_served_in_turn(f: &dyn Fixture) {
     if !f.watch() {
-        return; // no release hints: no local queue to keep in order
+        // No release hints: no local queue to keep in order, and no hand-over to wait for.
+        let backend = f.backend();
+        let name = LockName::new(&unique_name("turns")).unwrap();
+        assert!(backend.watch(&name).is_none());
+        assert!(!backend.wake_pending(&name));
+        return;
     }
     const THREADS: usize = 4;
     const EACH: usize = 25;
@@ -1055,5 +1060,179 @@ pub fn a_paused_holder_is_fenced_off(f: &dyn Fixture) {
     assert_eq!(
         resource.read(|log| log.clone()),
         ["client 1, before the pause", "client 2"]
+    );
+}
+
+/// `Lock::release` (Java's `Releasable::release`) gives back every hold of the calling
+/// thread at once; with nothing held it does nothing (no I/O).
+pub fn release_gives_back_every_hold(f: &dyn Fixture) {
+    let name = unique_name("release");
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let c = LockClient::builder(counting.clone()).build();
+    let lock = c.get_lock(&name).unwrap();
+    for _ in 0..3 {
+        lock.lock().unwrap().into_hold();
+    }
+    assert_eq!(lock.hold_count(), 3);
+    lock.release().unwrap();
+    assert_eq!(lock.hold_count(), 0);
+    assert!(!lock.is_held_by_current_thread());
+    let other = client(f).get_lock(&name).unwrap();
+    let taken = other.try_lock().unwrap().expect("free after release()");
+    let calls = counting.calls();
+    lock.release().unwrap();
+    assert_eq!(
+        counting.calls(),
+        calls,
+        "release() with nothing held did I/O"
+    );
+    assert!(matches!(lock.unlock(), Err(Error::NotHeld)));
+    taken.unlock().unwrap();
+}
+
+/// Re-entry by the holding thread is counted locally: no request reaches the backend.
+pub fn reentry_does_no_io(f: &dyn Fixture) {
+    let name = unique_name("reentry");
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let c = LockClient::builder(counting.clone())
+        .lease(Duration::from_secs(30))
+        .build();
+    let lock = c.get_lock(&name).unwrap();
+    let outer = lock.lock().unwrap();
+    let calls = counting.calls();
+    let inner: Vec<_> = (0..10).map(|_| lock.lock().unwrap()).collect();
+    assert!(lock.try_lock().unwrap().is_some_and(|g| {
+        g.into_hold();
+        true
+    }));
+    assert_eq!(counting.calls(), calls, "re-entry reached the backend");
+    assert_eq!(lock.hold_count(), 12);
+    lock.unlock().unwrap();
+    drop(inner);
+    assert_eq!(counting.calls(), calls, "giving back inner holds did I/O");
+    outer.unlock().unwrap();
+    assert_eq!(counting.calls(), calls + 1, "the last hold releases once");
+}
+
+/// A backend that lets its first `pass` acquisition attempts through and holds every
+/// later one until the gate opens (to freeze a woken waiter in the middle of a
+/// hand-over).
+#[derive(Debug)]
+struct Gate {
+    inner: Arc<dyn dlm_core::LockBackend>,
+    pass: u64,
+    attempts: AtomicU64,
+    open: parking_lot::Mutex<bool>,
+    opened: parking_lot::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl dlm_core::LockBackend for Gate {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<dlm_core::Acquire, dlm_core::BackendError> {
+        if self.attempts.fetch_add(1, Ordering::SeqCst) >= self.pass {
+            let mut open = self.open.lock();
+            while !*open {
+                self.opened.wait(&mut open);
+            }
+        }
+        self.inner.try_acquire(name, owner, ttl)
+    }
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<dlm_core::Lease>, dlm_core::BackendError> {
+        self.inner.extend(name, owner, ttl)
+    }
+    fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, dlm_core::BackendError> {
+        self.inner.release(name, owner)
+    }
+    fn force_release(&self, name: &LockName) -> Result<bool, dlm_core::BackendError> {
+        self.inner.force_release(name)
+    }
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
+        self.inner.inspect(name)
+    }
+    fn watch(&self, name: &LockName) -> Option<dlm_core::Watch> {
+        self.inner.watch(name)
+    }
+    fn wake_pending(&self, name: &LockName) -> bool {
+        self.inner.wake_pending(name)
+    }
+}
+
+/// `try_lock` never queues: while a waiter of this process has been woken by a release
+/// and has not made its attempt yet (a hand-over in progress, which a blocking `lock`
+/// would wait behind), `try_lock` still makes its one attempt at once, and takes the lock
+/// if it is free.
+pub fn try_lock_never_queues(f: &dyn Fixture) {
+    let name = unique_name("no-queue");
+    // One backend for the three threads: its waiters are this process's.
+    let backend = f.backend();
+    let holder = LockClient::builder(backend.clone())
+        .lease(Duration::from_secs(30))
+        .build();
+    let gate = Arc::new(Gate {
+        inner: backend.clone(),
+        pass: 2, // before and after subscribing; the attempt after its wake-up waits
+        attempts: AtomicU64::new(0),
+        open: parking_lot::Mutex::new(false),
+        opened: parking_lot::Condvar::new(),
+    });
+    let waiter = LockClient::builder(gate.clone())
+        .lease(Duration::from_secs(30))
+        .build();
+    let counting = Arc::new(CountingBackend::new(backend.clone()));
+    let newcomer = LockClient::builder(counting.clone())
+        .lease(Duration::from_secs(30))
+        .build();
+    let held = holder.get_lock(&name).unwrap().lock().unwrap();
+    let lock = waiter.get_lock(&name).unwrap();
+    let waiting = thread::spawn(move || {
+        lock.try_lock_timeout(Duration::from_secs(30))
+            .unwrap()
+            .map(|g| g.unlock())
+    });
+    let deadline = Instant::now() + PROMPT * 5;
+    while gate.attempts.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never started waiting"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    held.unlock().unwrap();
+    if f.watch() {
+        // The release woke the waiter, which is stuck at the gate: a hand-over is pending.
+        let deadline = Instant::now() + PROMPT * 5;
+        while gate.attempts.load(Ordering::SeqCst) < 3 {
+            assert!(Instant::now() < deadline, "the release woke nobody");
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(backend.wake_pending(&LockName::new(&name).unwrap()));
+    }
+    let start = Instant::now();
+    let taken = newcomer.get_lock(&name).unwrap().try_lock().unwrap();
+    assert!(start.elapsed() < PROMPT);
+    assert_eq!(counting.calls(), 1, "try_lock made other than one attempt");
+    let taken = taken.expect("try_lock queued behind a pending hand-over");
+    gate.open();
+    taken.unlock().unwrap();
+    let waited = waiting.join().unwrap();
+    assert!(
+        matches!(waited, Some(Ok(()))),
+        "the waiter did not get the lock after: {waited:?}"
     );
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use dlm_core::LockBackend;
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::redis_server::{
-    RedisNodes, RedisServer, require_legacy_redis_server, require_redis_server,
+    RedisNodes, RedisServer, legacy_redis_server_binary, require_redis_server,
 };
 
 pub mod soak;
@@ -47,14 +47,21 @@ impl Single {
 }
 
 impl Single {
-    /// One Redis 6.2 server, or `None` (skip) outside CI when there is none.
-    pub fn legacy() -> Option<Self> {
-        let binary = require_legacy_redis_server()?;
-        Some(Single {
-            server: RedisServer::builder().binary(binary).spawn(),
+    /// One Redis 6.2 server (`DLM_REDIS_LEGACY_SERVER`); panics when there is none (the
+    /// tests that use it are `#[ignore]`d: `scripts/test` runs them with the server).
+    pub fn legacy() -> Self {
+        Single {
+            server: RedisServer::builder().binary(legacy_binary()).spawn(),
             fencing: true,
-        })
+        }
     }
+}
+
+/// The Redis 6.2 binary of `DLM_REDIS_LEGACY_SERVER`, or a panic that says how to get it.
+fn legacy_binary() -> std::path::PathBuf {
+    legacy_redis_server_binary().expect(
+        "no Redis 6.2 server: set DLM_REDIS_LEGACY_SERVER (scripts/legacy-redis-server fetches one; scripts/test does it all)",
+    )
 }
 
 impl dlm_testkit::Fixture for Single {
@@ -87,12 +94,12 @@ impl Cluster {
         }
     }
 
-    /// N Redis 6.2 servers, or `None` (skip) outside CI when there is none.
-    pub fn legacy(n: usize) -> Option<Self> {
-        let binary = require_legacy_redis_server()?;
-        Some(Cluster {
+    /// N Redis 6.2 servers (see [`Single::legacy`]).
+    pub fn legacy(n: usize) -> Self {
+        let binary = legacy_binary();
+        Cluster {
             nodes: RedisNodes::spawn_with(n, |b| b.binary(&binary)),
-        })
+        }
     }
 
     pub fn redlock(&self) -> Redlock {
