@@ -238,3 +238,48 @@ fn the_watchdog_renews_on_redis_for_three_timeouts() {
         .unwrap();
     assert_eq!(exists, 0, "the key survived the unlock");
 }
+
+#[test]
+fn a_lost_release_message_costs_at_most_the_holders_remaining_lease() {
+    // The holder's key goes without a release message (deleted by hand: no PUBLISH). A
+    // waiter of another process hears nothing, and looks again when the holder's lease
+    // ends, not later: the documented cost of a lost message.
+    let _serial = SERIAL.lock();
+    let fixture = common::Single::new();
+    let url = fixture.server.url();
+    let name = unique_name("lost-message");
+    let lease = Duration::from_millis(1500);
+    let holder = LockClient::builder(Arc::new(backend(&url)))
+        .lease(lease)
+        .build();
+    let held = holder.get_lock(&name).unwrap().lock().unwrap();
+    let lease_end = held.valid_until();
+    let waiter_backend = backend(&url);
+    let waiter = LockClient::new(waiter_backend.clone());
+    let (t, got) = spawn_waiter(waiter.get_lock(&name).unwrap());
+    wait_for("the waiter subscribed", || {
+        waiter_backend.release_hints_active()
+    });
+    // Deleted early: the lock is free from now on, but nobody says so.
+    let freed = Instant::now();
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut fixture.server.connection())
+        .unwrap();
+    held.into_hold();
+    let at = got.recv_timeout(Duration::from_secs(10)).unwrap();
+    t.join().unwrap();
+    // Not before the holder's lease could have ended (it slept until then), and well
+    // within a margin after it.
+    assert!(
+        at + Duration::from_millis(50) >= lease_end,
+        "woken {:?} before the lease end without a message",
+        lease_end - at
+    );
+    assert!(
+        at < lease_end + Duration::from_millis(500),
+        "acquired {:?} after the holder's lease ended",
+        at - lease_end
+    );
+    assert!(at - freed < lease + Duration::from_millis(500));
+}
