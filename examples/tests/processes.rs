@@ -1,9 +1,16 @@
-//! Fencing tokens across processes: several `fenced_writer` processes take one lock in
-//! turn and write through the fencing check while they hold it; none may be refused, and
-//! no token may be issued twice. On one Redis server and on Redlock over three.
+//! Locks across real processes, on one Redis server and on Redlock over three:
+//! - several `fenced_writer` processes take one lock in turn and write through the
+//!   fencing check while they hold it; none may be refused, and no token may be issued
+//!   twice;
+//! - a `holder` killed with SIGKILL: its lock is free within the watchdog timeout;
+//! - a `holder` stopped with SIGSTOP past its lease: another client takes the lock, and
+//!   the holder, once continued, learns it lost the lock and its late write is refused.
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlm_core::{FencedResource, FencingToken, Lock, LockClient};
 
 use dlm_testkit::redis_server::{RedisNodes, require_redis_server};
 
@@ -52,4 +59,181 @@ fn tokens_increase_across_processes_on_redlock() {
     require_redis_server().expect("redis-server is required");
     let nodes = RedisNodes::spawn(3);
     run_writers(&nodes.urls());
+}
+
+/// A `holder` process (see `examples/src/bin/holder.rs`), driven through its stdin.
+struct Holder {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Holder {
+    /// Starts a holder of `name` with a watchdog timeout of `watchdog` and waits until it
+    /// holds the lock; returns it and its fencing token.
+    fn start(urls: &[String], name: &str, watchdog: Duration) -> (Holder, u64) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_holder"))
+            .args(["--redis", &urls.join(","), "--name", name])
+            .args(["--watchdog", &watchdog.as_secs_f64().to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start holder");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut holder = Holder {
+            child,
+            stdin,
+            lines,
+        };
+        let held = holder.line();
+        let token = held
+            .strip_prefix("held ")
+            .unwrap_or_else(|| panic!("holder said {held:?}"))
+            .parse()
+            .unwrap();
+        (holder, token)
+    }
+
+    fn line(&mut self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the holder answered nothing")
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        use std::io::Write;
+        writeln!(self.stdin, "{command}").unwrap();
+        self.line()
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{sig}");
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGKILL a holder of a watchdog-renewed lock: nothing releases it, and it is free again
+/// within the watchdog timeout (its last renewal set that lease).
+fn crashed_holder(urls: &[String]) {
+    const WATCHDOG: Duration = Duration::from_secs(2);
+    let name = dlm_testkit::unique_name("crash");
+    let (mut holder, _) = Holder::start(urls, &name, WATCHDOG);
+    let other = LockClient::new_arc(backend(urls));
+    let lock = other.get_lock(&name).unwrap();
+    // Well past the first renewal.
+    std::thread::sleep(WATCHDOG);
+    holder.signal("KILL");
+    let killed = Instant::now();
+    let _ = holder.child.wait();
+    assert!(
+        lock.try_lock().unwrap().is_none(),
+        "free right after the crash"
+    );
+    let guard = lock
+        .try_lock_timeout(WATCHDOG * 5)
+        .unwrap()
+        .expect("the crashed holder's lock never expired");
+    let freed = killed.elapsed();
+    eprintln!(
+        "{} node(s): free {freed:?} after the holder was killed (watchdog timeout {WATCHDOG:?})",
+        urls.len()
+    );
+    assert!(
+        freed < WATCHDOG + Duration::from_millis(500),
+        "free after {freed:?}, more than the watchdog timeout"
+    );
+    guard.unlock().unwrap();
+}
+
+fn backend(urls: &[String]) -> std::sync::Arc<dyn dlm_core::LockBackend> {
+    if urls.len() == 1 {
+        std::sync::Arc::new(dlm_redis::RedisBackend::new(&urls[0]).unwrap())
+    } else {
+        std::sync::Arc::new(dlm_redis::Redlock::new(urls).unwrap())
+    }
+}
+
+#[test]
+fn a_crashed_holders_lock_is_free_within_the_watchdog_timeout() {
+    require_redis_server().expect("redis-server is required");
+    crashed_holder(&RedisNodes::spawn(1).urls());
+    crashed_holder(&RedisNodes::spawn(3).urls());
+}
+
+/// Kleppmann's paused client, as a real process: the holder is stopped (SIGSTOP) past its
+/// lease, another client takes the lock and writes; the holder continues, learns that it
+/// lost the lock (`ensure_held`), and a write it makes anyway with its old token is refused
+/// by `fenced_set` and by a `FencedResource`.
+fn paused_holder(urls: &[String]) {
+    const WATCHDOG: Duration = Duration::from_secs(1);
+    let name = dlm_testkit::unique_name("paused");
+    let key = format!("{name}:value");
+    let (mut holder, old) = Holder::start(urls, &name, WATCHDOG);
+    let resource = FencedResource::new(Vec::new());
+    assert_eq!(holder.ask("write before the pause"), "written");
+    resource
+        .write(FencingToken::new(old), |w| w.push("holder"))
+        .unwrap();
+    holder.signal("STOP");
+    let other = LockClient::new_arc(backend(urls));
+    let guard = other
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(WATCHDOG * 10)
+        .unwrap()
+        .expect("the stopped holder's lock never expired");
+    let new = guard.fencing_token().unwrap();
+    assert!(new.get() > old, "token {new} after {old}");
+    let mut con = redis::Client::open(urls[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    dlm_redis::fenced_set(&mut con, &key, new, b"the new holder").unwrap();
+    resource.write(new, |w| w.push("new holder")).unwrap();
+    holder.signal("CONT");
+    assert_eq!(holder.ask("check"), "lost");
+    assert_eq!(holder.ask("write after the pause"), "refused");
+    assert!(
+        resource
+            .write(FencingToken::new(old), |w| w.push("holder, late"))
+            .is_err()
+    );
+    assert_eq!(resource.read(|w| w.clone()), ["holder", "new holder"]);
+    assert_eq!(
+        dlm_redis::fenced_get(&mut con, &key).unwrap(),
+        Some((b"the new holder".to_vec(), new))
+    );
+    assert!(holder.ask("unlock").starts_with("unlock failed"));
+    guard.unlock().unwrap();
+}
+
+#[test]
+fn a_stopped_holder_process_learns_it_lost_the_lock_and_its_late_write_is_refused() {
+    require_redis_server().expect("redis-server is required");
+    paused_holder(&RedisNodes::spawn(1).urls());
+    paused_holder(&RedisNodes::spawn(3).urls());
 }

@@ -1,0 +1,98 @@
+//! Takes one lock and holds it, renewed by the watchdog, until told otherwise on stdin: a
+//! process to crash, stop or starve in tests and demonstrations of what a lock does when
+//! its holder misbehaves.
+//!
+//! ```text
+//! holder --redis URL[,URL...] --name NAME [--watchdog SECS (30)] [--key KEY]
+//! ```
+//! Prints `held <token>` once the lock is taken, then answers each line of stdin:
+//! - `check`: `held` or `lost` (`LockGuard::ensure_held`: local knowledge, no I/O);
+//! - `write VALUE`: writes VALUE to the Redis hash KEY through the fencing check
+//!   (`dlm_redis::fenced_set`) with the lock's token, whether or not the lock is still
+//!   held (as a holder that does not check would): `written` or `refused`;
+//! - `unlock`: releases the lock, prints `unlocked` or `unlock failed: ...`, and exits.
+//!
+//! End of input releases the lock and exits too.
+
+use std::io::BufRead;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use dlm_core::{Lock, LockClient};
+use dlm_examples::{Args, seconds};
+use dlm_redis::FencedWriteError;
+
+fn main() -> ExitCode {
+    let mut args = Args::from_env(
+        "holder",
+        "--redis URL[,URL...] --name NAME [--watchdog SECS (30)] [--key KEY]",
+    );
+    let Some(first_url) = args
+        .peek("--redis")
+        .and_then(|u| u.split(',').next().map(str::to_owned))
+    else {
+        args.fail("--redis is required");
+    };
+    let backend = args.backend();
+    let Some(name) = args.value("--name") else {
+        args.fail("--name is required");
+    };
+    let watchdog = seconds(args.parsed("--watchdog", 30.0));
+    let key = args
+        .value("--key")
+        .unwrap_or_else(|| format!("{name}:value"));
+    args.finish();
+    let client = match LockClient::builder(backend)
+        .watchdog_timeout(watchdog)
+        .try_build()
+    {
+        Ok(client) => client,
+        Err(e) => args.fail(&format!("--watchdog: {e}")),
+    };
+    let guard = match client
+        .get_lock(&name)
+        .and_then(|l| l.try_lock_timeout(Duration::from_secs(30)))
+    {
+        Ok(Some(guard)) => guard,
+        Ok(None) => {
+            eprintln!("timed out waiting for the lock");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("lock failed: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let token = guard.fencing_token().expect("fencing is on");
+    println!("held {token}");
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let (command, rest) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+        match command {
+            "check" => println!("{}", if guard.is_held() { "held" } else { "lost" }),
+            "write" => {
+                let written = redis::Client::open(first_url.as_str())
+                    .and_then(|c| c.get_connection())
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut con| {
+                        match dlm_redis::fenced_set(&mut con, &key, token, rest.as_bytes()) {
+                            Ok(()) => Ok("written"),
+                            Err(FencedWriteError::Stale(_)) => Ok("refused"),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    });
+                match written {
+                    Ok(outcome) => println!("{outcome}"),
+                    Err(e) => println!("write failed: {e}"),
+                }
+            }
+            "unlock" => break,
+            other => println!("unknown command {other:?}"),
+        }
+    }
+    match guard.unlock() {
+        Ok(()) => println!("unlocked"),
+        Err(e) => println!("unlock failed: {e}"),
+    }
+    ExitCode::SUCCESS
+}
