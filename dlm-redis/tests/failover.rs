@@ -1,0 +1,122 @@
+//! A single Redis with a replica is not failover-safe (documented): replication is
+//! asynchronous, so a lock granted on the master and lost with it before it reached the
+//! replica is granted again by the promoted replica. This negative control shows the
+//! double grant to the history checker, and shows what fencing still guarantees: the
+//! promoted replica's tokens do not go back (its fencing stream continues from what it
+//! replicated, or is seeded from its clock), so a resource refuses the old holder's late
+//! write.
+mod common;
+
+use std::time::Duration;
+
+use dlm_core::{FencedResource, Lock, LockClient};
+use dlm_redis::RedisBackend;
+use dlm_testkit::history::History;
+use dlm_testkit::redis_server::RedisServer;
+use dlm_testkit::unique_name;
+
+fn replication_up(replica: &RedisServer) -> bool {
+    replica
+        .info("replication")
+        .lines()
+        .any(|l| l.trim() == "master_link_status:up")
+}
+
+fn client(url: &str) -> LockClient {
+    LockClient::builder(std::sync::Arc::new(
+        RedisBackend::builder(url)
+            .io_timeout(common::CALM)
+            .connect_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    ))
+    .lease(Duration::from_secs(30))
+    .build()
+}
+
+#[test]
+fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_old_holder() {
+    common::require();
+    let mut master = RedisServer::spawn();
+    let replica = RedisServer::builder()
+        .arg("--replicaof")
+        .arg("127.0.0.1")
+        .arg(&master.port().to_string())
+        .spawn();
+    common::wait_until(Duration::from_secs(10), "replication up", || {
+        replication_up(&replica)
+    });
+    let name = unique_name("failover");
+    // Earlier holders, replicated: the replica's fencing stream has their IDs.
+    let a = client(&master.url());
+    for _ in 0..3 {
+        a.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
+    }
+    let replicated_offset = |s: &RedisServer, field: &str| -> u64 {
+        s.info("replication")
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    common::wait_until(Duration::from_secs(10), "the replica caught up", || {
+        replicated_offset(&replica, "slave_repl_offset:")
+            >= replicated_offset(&master, "master_repl_offset:")
+    });
+
+    // The replication link breaks (the replica is stopped, so it cannot reconnect, and the
+    // master drops its side: a stopped process's kernel would otherwise still buffer what
+    // the master sends); A takes the lock on the master, which cannot pass it on.
+    replica.pause();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut master.connection())
+        .unwrap();
+    let history = History::new();
+    let ga = a.get_lock(&name).unwrap().lock().unwrap();
+    let hold_a = history.begin("A (on the old master)", &ga);
+    let ta = ga.fencing_token().unwrap();
+    let resource = FencedResource::new(Vec::new());
+    resource.write(ta, |w| w.push("A")).unwrap();
+    // The master dies with the grant; the replica is promoted (what Sentinel or a
+    // managed service does).
+    master.kill();
+    replica.resume();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica.connection())
+        .unwrap();
+
+    let b = client(&replica.url());
+    let gb = b
+        .get_lock(&name)
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .expect("the promoted replica has no trace of A's lock: the documented double grant");
+    let hold_b = history.begin("B (on the promoted replica)", &gb);
+    assert!(ga.is_held() && gb.is_held(), "two holders at once");
+    history.end(hold_a, &ga);
+    history.end(hold_b, &gb);
+    let report = history.check();
+    assert!(
+        report.has_overlap(),
+        "the checker must see the double grant"
+    );
+    // Fencing: the promoted replica's token is newer, so the resource keeps out A's late
+    // write once B has written.
+    let tb = gb.fencing_token().unwrap();
+    assert!(
+        tb > ta,
+        "the token went back on the promoted replica: {tb} after {ta}"
+    );
+    assert!(!report.has_token_disorder(), "{:?}", report.violations);
+    resource.write(tb, |w| w.push("B")).unwrap();
+    assert!(resource.write(ta, |w| w.push("A, late")).is_err());
+    assert_eq!(resource.read(|w| w.clone()), ["A", "B"]);
+    ga.into_hold();
+    gb.unlock().unwrap();
+}
