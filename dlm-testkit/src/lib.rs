@@ -7,15 +7,20 @@
 //!   controls to pause, kill and restart them; killed and reaped on drop.
 //! - [`history`]: a checker for recorded holds (mutual exclusion, fencing order).
 //! - [`logs`]: captures the process's log records, to check warnings and secrets.
+//! - [`faults`]: a TCP proxy that injects network faults (latency, stalls, loss, resets)
+//!   between a client and a server.
+//! - [`skew`]: wall-clock jumps on a server (an `LD_PRELOAD` shim built on first use).
 //! - [`CountingBackend`]: a wrapper that counts backend calls (to prove that bad input is
 //!   rejected before any I/O, or that a waiter sends nothing while it waits).
 #![deny(missing_docs)]
 
 pub mod conformance;
 mod counting;
+pub mod faults;
 pub mod history;
 pub mod logs;
 pub mod redis_server;
+pub mod skew;
 
 pub use counting::{CountingBackend, Round};
 

@@ -189,6 +189,18 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Runs the server with its wall clock shifted by `skew` (see [`crate::skew`]):
+    /// change the offset at any time, and the server's next clock read sees it. Survives
+    /// [`RedisServer::restart`]. Keep `skew` alive as long as the server.
+    ///
+    /// # Panics
+    /// When the shim cannot be compiled (no `cc`).
+    pub fn clock_skew(self, skew: &crate::skew::ClockSkew) -> Self {
+        let shim = crate::skew::shim().display().to_string();
+        let file = skew.path().display().to_string();
+        self.env("LD_PRELOAD", &shim).env("CLOCKSKEW_FILE", &file)
+    }
+
     /// Runs this `redis-server` binary instead of the one [`redis_server_binary`] finds
     /// (e.g. [`legacy_redis_server_binary`]).
     pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
