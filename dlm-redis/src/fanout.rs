@@ -13,10 +13,13 @@
 //!   least [`GRACE`]), or at the deadline.
 //! - Requests still unanswered then are stragglers: their connections go to the
 //!   drainer, a background thread that reads the late replies (keeping each connection
-//!   until its reply comes or it fails, however long a paused server sleeps) and then
+//!   until its reply comes, it fails, or ten request deadlines have passed) and then
 //!   does what the operation asked for late replies ([`Late`]): a late acquisition is
-//!   released, anything else is dropped. So every request is answered or its
-//!   connection failed before anything else is sent to that node for the same lock.
+//!   released (on the same connection once its reply is read, so the release follows
+//!   it), anything else is dropped. So every request is answered, or its connection
+//!   failed or was given up, before anything else is sent to that node for the same
+//!   lock. (A request given up on may still be applied later by a server that was
+//!   stopped longer than that: its key then lasts until its lease ends.)
 //! - While a node has a straggler (or a late action) outstanding, later requests do not
 //!   wait for it: it counts as failed at once ([`Node::busy`]). A paused minority thus
 //!   costs one round's grace, not an I/O timeout per call, and a cleanup on one
@@ -338,6 +341,7 @@ impl Fanout {
         }
         for f in flying {
             self.drainer.hand_over(Straggler {
+                give_up: Instant::now() + self.nodes[f.i].straggler_limit(),
                 ticket: self.nodes[f.i].background(late.name()),
                 conn: f.conn,
                 call: f.call,
@@ -391,6 +395,7 @@ impl Fanout {
             drop(state);
             if let (Ok(conn), Some(ticket)) = (sent, ticket) {
                 drainer.hand_over(Straggler {
+                    give_up: Instant::now() + node.straggler_limit(),
                     ticket,
                     conn,
                     call,
@@ -535,6 +540,8 @@ fn wait(flying: &[InFlight], wake: Option<&OwnedFd>, timeout: Duration) -> (Vec<
 struct Straggler {
     /// Counts it in its node's background until it is done.
     ticket: Ticket,
+    /// When its reply is given up on (see `Node::straggler_limit`).
+    give_up: Instant,
     conn: Conn,
     call: Call,
     replies: Vec<redis::Value>,
@@ -635,8 +642,17 @@ fn drain(rx: &Receiver<Straggler>) {
             }
             fds.iter().map(|f| !f.revents().is_empty()).collect()
         };
+        let now = Instant::now();
         for k in (0..ready.len()).rev() {
             if !ready[k] {
+                if stragglers[k].give_up <= now {
+                    log::debug!(
+                        "{}: no reply within {:?}; the connection is given up",
+                        stragglers[k].ticket.node().endpoint,
+                        stragglers[k].ticket.node().straggler_limit()
+                    );
+                    complete(stragglers.swap_remove(k), false);
+                }
                 continue;
             }
             let s = &mut stragglers[k];

@@ -233,17 +233,32 @@ impl Call {
                 }
             }
             Parts::Batch(parts) => {
-                let mut values = Vec::with_capacity(parts.len());
-                for (shape, bytes) in parts {
-                    let mut value = shape.value(&mut replies);
-                    if let Shape::Script(script) = shape
-                        && is_noscript(&value)
-                    {
-                        script.load(con)?;
-                        con.send(&self.bytes[bytes.clone()], 1)?;
-                        value = con.receive()?;
+                let mut values: Vec<redis::Value> = parts
+                    .iter()
+                    .map(|(shape, _)| shape.value(&mut replies))
+                    .collect();
+                // Scripts the server did not know: each loaded once, then every refused
+                // call sent again in one write.
+                let refused: Vec<usize> = (0..parts.len())
+                    .filter(|&k| matches!(parts[k].0, Shape::Script(_)) && is_noscript(&values[k]))
+                    .collect();
+                if refused.is_empty() {
+                    return Ok(redis::Value::Array(values));
+                }
+                let mut loaded: Vec<&str> = Vec::new();
+                let mut again = Vec::new();
+                for &k in &refused {
+                    if let (Shape::Script(script), bytes) = &parts[k] {
+                        if !loaded.contains(&script.get_hash()) {
+                            script.load(con)?;
+                            loaded.push(script.get_hash());
+                        }
+                        again.extend_from_slice(&self.bytes[bytes.clone()]);
                     }
-                    values.push(value);
+                }
+                con.send(&again, refused.len())?;
+                for &k in &refused {
+                    values[k] = con.receive()?;
                 }
                 Ok(redis::Value::Array(values))
             }
@@ -461,6 +476,7 @@ pub(crate) struct Node {
     /// yet (Redlock's stragglers and their late actions, see `fanout.rs`).
     background: Background,
     io_timeout: Duration,
+    connect_timeout: Duration,
 }
 
 /// What the pool's connection attempts have shown: whether the server is down (its last
@@ -544,6 +560,7 @@ impl Node {
             no_multi: AtomicBool::new(false),
             background: Background::default(),
             io_timeout: timeouts.io,
+            connect_timeout: timeouts.connect,
         }
     }
 
@@ -577,6 +594,13 @@ impl Node {
             self.check_server(&mut conn.con);
         }
         Ok(conn)
+    }
+
+    /// How long a straggler's reply is awaited in the background before its connection is
+    /// given up: ten request deadlines (a reply that never comes, lost by a middlebox or
+    /// held by a server stopped for long, must not keep the server out for good).
+    pub(crate) fn straggler_limit(&self) -> Duration {
+        (self.connect_timeout + self.io_timeout) * 10
     }
 
     /// An error at once, without asking, when this server should not get a request for

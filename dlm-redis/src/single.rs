@@ -13,7 +13,7 @@ use crate::hints::Hints;
 use crate::node::{Call, Fencing, Node, NodeAcquire};
 
 /// The most extensions sent in one write by [`RedisBackend::extend_many`].
-const BATCH: usize = 512;
+const BATCH: usize = 4096;
 use crate::options::{Options, invalid, option_setters};
 
 /// A lock on one Redis server.
