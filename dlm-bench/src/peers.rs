@@ -569,18 +569,14 @@ mod tests {
 
     #[test]
     fn peers_single_node() {
-        if require_redis_server().is_none() {
-            return;
-        }
+        require_redis_server();
         let server = RedisServer::spawn();
         check_all(&[server.url()]);
     }
 
     #[test]
     fn peers_three_nodes() {
-        if require_redis_server().is_none() {
-            return;
-        }
+        require_redis_server();
         let nodes = RedisNodes::spawn(3);
         check_all(&nodes.urls());
     }
@@ -588,9 +584,7 @@ mod tests {
     /// Every peer takes the same key at once: their key layouts do not collide.
     #[test]
     fn peers_do_not_collide() {
-        if require_redis_server().is_none() {
-            return;
-        }
+        require_redis_server();
         let server = RedisServer::spawn();
         let systems = peers(&[server.url()], TTL_MS);
         let key = fresh_key("shared");

@@ -30,9 +30,7 @@ const PROMPT: Duration = Duration::from_secs(2);
 // ---------------------------------------------------------------------------------------
 
 fn spawn(builder: RedisServerBuilder) -> RedisServer {
-    dlm_testkit::redis_server::require_redis_server().expect(
-        "redis-server not found: install it (apt-get install redis-server) or set DLM_REDIS_SERVER",
-    );
+    dlm_testkit::redis_server::require_redis_server();
     builder.spawn()
 }
 

@@ -743,7 +743,7 @@ impl Drop for SocketFile {
 #[test]
 fn duplicate_nodes_are_rejected_and_a_down_node_is_not() {
     let _serial = SERIAL.lock();
-    dlm_testkit::redis_server::require_redis_server().expect("redis-server not found");
+    dlm_testkit::redis_server::require_redis_server();
     let a = RedisServer::spawn();
     let socket = SocketFile(std::env::temp_dir().join(format!(
         "{}-{}.sock",

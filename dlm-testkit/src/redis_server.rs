@@ -7,8 +7,8 @@
 //! servers (for Redlock). Every child is killed and reaped when its handle drops;
 //! [`live_server_pids`] lets a test prove it.
 //!
-//! Tests should start with [`require_redis_server`] and return early when it gives
-//! `None` (it panics instead when `CI` is set, so CI never silently skips).
+//! A test that needs a server fails when there is none ([`require_redis_server`] says
+//! how to get one): it never passes without running.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -68,21 +68,15 @@ pub fn redis_server_binary() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// [`redis_server_binary`] for tests: `Some(path)` when found. When not found, panics if
-/// the environment variable `CI` is `true` or `1`, else warns on stderr and returns
-/// `None` so the caller can skip.
-pub fn require_redis_server() -> Option<PathBuf> {
-    if let Some(p) = redis_server_binary() {
-        return Some(p);
-    }
-    if ci() {
-        panic!("{NOT_FOUND}");
-    }
-    eprintln!("warning: {NOT_FOUND}; skipping this test");
-    None
+/// [`redis_server_binary`] for tests: the path, or a panic that says how to get one. A
+/// test that needs a server and has none fails: it never passes without running
+/// (`scripts/test` installs `redis-server` when it is missing).
+///
+/// # Panics
+/// When no `redis-server` is found.
+pub fn require_redis_server() -> PathBuf {
+    redis_server_binary().unwrap_or_else(|| panic!("{NOT_FOUND}"))
 }
-
-const LEGACY_NOT_FOUND: &str = "no Redis 6.2 binary: set DLM_REDIS_LEGACY_SERVER (scripts/test fetches one with scripts/legacy-redis-server)";
 
 /// A `redis-server` older than 7.0 for compatibility tests (such servers take no
 /// `SET ... NX GET`): `$DLM_REDIS_LEGACY_SERVER`, which `scripts/test` sets to a Redis 6.2
@@ -91,23 +85,6 @@ pub fn legacy_redis_server_binary() -> Option<PathBuf> {
     std::env::var_os("DLM_REDIS_LEGACY_SERVER")
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
-}
-
-/// [`legacy_redis_server_binary`] for tests, with the rules of [`require_redis_server`]:
-/// missing is a panic when `CI` is set, a warning and `None` (skip) otherwise.
-pub fn require_legacy_redis_server() -> Option<PathBuf> {
-    if let Some(p) = legacy_redis_server_binary() {
-        return Some(p);
-    }
-    if ci() {
-        panic!("{LEGACY_NOT_FOUND}");
-    }
-    eprintln!("warning: {LEGACY_NOT_FOUND}; skipping this test");
-    None
-}
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
 /// A free loopback port that no other server of this process has been given.

@@ -36,7 +36,7 @@ fn set_px(server: &RedisServer, key: &str, ms: u64) {
 
 #[test]
 fn time_follows_the_offset_and_other_servers_do_not() {
-    require_redis_server().expect("redis-server is required");
+    require_redis_server();
     let skew = ClockSkew::new();
     let mut skewed = RedisServer::builder().clock_skew(&skew).spawn();
     let plain = RedisServer::spawn();
@@ -58,7 +58,7 @@ fn time_follows_the_offset_and_other_servers_do_not() {
 
 #[test]
 fn keys_expire_early_when_the_clock_jumps_forward_and_late_when_it_goes_back() {
-    require_redis_server().expect("redis-server is required");
+    require_redis_server();
     let skew = ClockSkew::new();
     let skewed = RedisServer::builder().clock_skew(&skew).spawn();
     let plain = RedisServer::spawn();
@@ -86,7 +86,7 @@ fn keys_expire_early_when_the_clock_jumps_forward_and_late_when_it_goes_back() {
 
 #[test]
 fn stream_ids_follow_the_clock() {
-    require_redis_server().expect("redis-server is required");
+    require_redis_server();
     let skew = ClockSkew::new();
     let skewed = RedisServer::builder().clock_skew(&skew).spawn();
     skew.forward(Duration::from_secs(86_400));

@@ -41,9 +41,7 @@ fn panic_message(f: impl FnOnce()) -> String {
 
 #[test]
 fn spawn_answers_ping() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let server = RedisServer::spawn();
     assert!(server.is_running());
     assert_eq!(
@@ -63,9 +61,7 @@ fn spawn_answers_ping() {
 
 #[test]
 fn servers_get_different_ports() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let nodes = RedisNodes::spawn(3);
     assert_eq!(nodes.len(), 3);
     let mut ports: Vec<u16> = (0..3).map(|i| nodes.get(i).port()).collect();
@@ -77,9 +73,7 @@ fn servers_get_different_ports() {
 
 #[test]
 fn pause_times_out_and_resume_answers() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let server = RedisServer::spawn();
     let timeout = Duration::from_millis(200);
     let mut con = client(&server.url(), timeout).unwrap();
@@ -95,9 +89,7 @@ fn pause_times_out_and_resume_answers() {
 
 #[test]
 fn kill_makes_connections_fail() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let mut server = RedisServer::spawn();
     let pid = server.pid();
     let mut con = client(&server.url(), Duration::from_secs(1)).unwrap();
@@ -112,9 +104,7 @@ fn kill_makes_connections_fail() {
 
 #[test]
 fn restart_with_aof_keeps_data() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let mut server = RedisServer::builder().appendonly(true).spawn();
     let (port, pid) = (server.port(), server.pid());
     run::<()>(&mut server.connection(), &["SET", "dlm:k", "v1"]).unwrap();
@@ -127,9 +117,7 @@ fn restart_with_aof_keeps_data() {
 
 #[test]
 fn restart_without_aof_loses_data() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let mut server = RedisServer::spawn();
     run::<()>(&mut server.connection(), &["SET", "dlm:k", "v1"]).unwrap();
     server.pause();
@@ -140,9 +128,7 @@ fn restart_without_aof_loses_data() {
 
 #[test]
 fn password_and_acl_user() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let server = RedisServer::builder()
         .password("s3cr:t@")
         .acl_user("app", "on >app-pw ~dlm:* &dlm:* +@all")
@@ -165,9 +151,7 @@ fn password_and_acl_user() {
 
 #[test]
 fn password_only_url() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let server = RedisServer::builder().password("pw").spawn();
     assert_eq!(
         server.url(),
@@ -178,9 +162,7 @@ fn password_only_url() {
 
 #[test]
 fn controls_expire_flush_args() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let server = RedisServer::builder().arg("--maxmemory").arg("7mb").spawn();
     assert!(server.info("memory").contains("maxmemory:7340032"));
     let mut con = server.connection();
@@ -196,9 +178,7 @@ fn controls_expire_flush_args() {
 
 #[test]
 fn drop_leaves_no_process_or_dir() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let server = RedisServer::spawn();
     let paused = RedisServer::spawn();
     paused.pause();
@@ -215,9 +195,7 @@ fn drop_leaves_no_process_or_dir() {
 
 #[test]
 fn bad_argument_panics_with_log() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let msg = panic_message(|| {
         RedisServer::builder().arg("--no-such-option").spawn();
     });
@@ -229,9 +207,7 @@ fn bad_argument_panics_with_log() {
 
 #[test]
 fn restart_panics_when_port_taken() {
-    if require_redis_server().is_none() {
-        return;
-    }
+    require_redis_server();
     let mut server = RedisServer::spawn();
     server.kill();
     let _squatter = std::net::TcpListener::bind(("127.0.0.1", server.port())).unwrap();
@@ -246,7 +222,7 @@ fn restart_panics_when_port_taken() {
 fn a_killed_process_leaves_no_server_running() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
-    require_redis_server().unwrap();
+    require_redis_server();
     let mut runner = Command::new(env!("CARGO_BIN_EXE_with-redis"))
         // `exec cat` ends when our end of its stdin closes: nothing outlives the test.
         .args(["1", "sh", "-c", "echo {urls}; exec cat"])

@@ -49,14 +49,14 @@ fn run_writers(urls: &[String]) {
 
 #[test]
 fn tokens_increase_across_processes_on_one_server() {
-    require_redis_server().expect("redis-server is required");
+    require_redis_server();
     let nodes = RedisNodes::spawn(1);
     run_writers(&nodes.urls());
 }
 
 #[test]
 fn tokens_increase_across_processes_on_redlock() {
-    require_redis_server().expect("redis-server is required");
+    require_redis_server();
     let nodes = RedisNodes::spawn(3);
     run_writers(&nodes.urls());
 }
@@ -179,7 +179,7 @@ fn backend(urls: &[String]) -> std::sync::Arc<dyn dlm_core::LockBackend> {
 
 #[test]
 fn a_crashed_holders_lock_is_free_within_the_watchdog_timeout() {
-    require_redis_server().expect("redis-server is required");
+    require_redis_server();
     crashed_holder(&RedisNodes::spawn(1).urls());
     crashed_holder(&RedisNodes::spawn(3).urls());
 }
@@ -233,7 +233,7 @@ fn paused_holder(urls: &[String]) {
 
 #[test]
 fn a_stopped_holder_process_learns_it_lost_the_lock_and_its_late_write_is_refused() {
-    require_redis_server().expect("redis-server is required");
+    require_redis_server();
     paused_holder(&RedisNodes::spawn(1).urls());
     paused_holder(&RedisNodes::spawn(3).urls());
 }
