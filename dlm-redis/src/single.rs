@@ -150,8 +150,8 @@ impl LockBackend for RedisBackend {
         Ok(self.lease(start, ttl, 0))
     }
 
-    /// The extensions go pipelined on one connection, up to [`BATCH`] per write: a round
-    /// of renewals costs one round trip per `BATCH` holds.
+    /// The extensions go pipelined on one connection, up to 4,096 per write: a round of
+    /// renewals costs one round trip per 4,096 holds.
     fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
         let node = &self.inner.node;
         let mut out = Vec::with_capacity(renewals.len());
