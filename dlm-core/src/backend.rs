@@ -194,12 +194,12 @@ mod tests {
 pub struct FencingToken(u64);
 
 impl FencingToken {
-    /// Wraps a raw counter value.
+    /// Wraps a raw token value.
     pub const fn new(value: u64) -> Self {
         FencingToken(value)
     }
 
-    /// The raw counter value.
+    /// The raw token value.
     pub const fn get(self) -> u64 {
         self.0
     }
@@ -365,8 +365,10 @@ impl<'a> Renewal<'a> {
 /// interrupts, re-entrancy and guards once, on top of these calls. Implement this trait to
 /// plug in a new store:
 ///
-/// 1. Keep per name: the owner token of the holder and its expiry, and a fencing counter
-///    that only grows and never expires (if you issue fencing tokens).
+/// 1. Keep per name: the owner token of the holder and its expiry. If you issue fencing
+///    tokens, every acquisition of a name must get a larger token than every earlier
+///    acquisition of it, even after your store loses state (dlm-memory: one counter per
+///    store; dlm-redis: stream IDs, which restart from the server's clock).
 /// 2. [`try_acquire`](LockBackend::try_acquire) takes the name if it is free (or already
 ///    held by the same token, which refreshes the lease), with an expiry: no acquire path
 ///    may leave a name held without one.

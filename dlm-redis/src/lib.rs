@@ -9,16 +9,20 @@
 //!
 //! ## Keys and scripts
 //! A lock called `n` is the string key `dlm:{n}` (value: the owner token, `~` appended once a
-//! waiter has marked it; with a TTL), its
-//! fencing counter `dlm:{n}:fence` (no TTL) and its release channel `dlm:{n}:released`:
-//! one hash tag, one cluster slot. Lock names travel only in KEYS. Taking a free lock is a
-//! plain `SET key token NX PX ms GET` (Redis 7.0 or later; older servers are detected and
-//! get the acquire script); the single-instance acquisition with fencing sends it with an
-//! `INCR` of the counter in one `MULTI`/`EXEC` transaction, so that nothing runs between
-//! them (an attempt that finds the lock taken counts too: tokens increase, with gaps).
-//! Everything else is a Lua script (`src/lua/`: acquire, extend, release, force release, inspect, commit), run
-//! with EVALSHA and reloaded on NOSCRIPT. An uncontended lock + unlock is two round trips
-//! per node on pooled connections (three for Redlock with fencing).
+//! waiter has marked it; with a TTL) and its release channel `dlm:{n}:released`. Fencing
+//! tokens are stream IDs drawn from `dlm:fence:{tag}`, one stream per cluster slot (the tag
+//! puts it in the slot of `dlm:{n}`), which keeps only its last ID and expires
+//! `fence_ttl` (24 h by default) after its last use: at most 16,384 such keys per prefix,
+//! whatever the number of names. A lost stream starts again from the server's clock,
+//! above the tokens it gave (see the README's "Fencing"). Every key has a TTL;
+//! [`RedisBackend::keys`] names a lock's keys. Lock names travel only in KEYS. Taking a
+//! free lock is a plain `SET key token NX PX ms GET` (Redis 7.0 or later; older servers are
+//! detected and get the acquire script); the single-instance acquisition with fencing
+//! sends it with the `XADD` in one `MULTI`/`EXEC` transaction, so that nothing runs between
+//! them (an attempt that finds the lock taken draws too: tokens increase, with gaps).
+//! Everything else is a Lua script (`src/lua/`: acquire, extend, release, force release,
+//! inspect, commit), run with EVALSHA and reloaded on NOSCRIPT. An uncontended lock + unlock is two round trips
+//! per node on pooled connections (three for Redlock with fencing: its commit round).
 //!
 //! ## Connections
 //! One r2d2 pool per server, with a connection manager that sets connect, read and write
@@ -28,7 +32,7 @@
 //!
 //! ## Minimal ACL
 //! With the default prefix: `+eval +evalsha +script|load +ping +info +get +set +pexpire
-//! +pttl +incr +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*` (the scripts'
+//! +pttl +xadd +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*` (the scripts'
 //! commands are checked too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still
 //! works and waiters poll instead of being woken. Without `+multi +exec`, the first fenced
 //! acquisition notices the refusal and later ones use the acquire script. Without `+get`,

@@ -142,9 +142,9 @@ pub(crate) fn invalid(e: InvalidArgument) -> dlm_core::Error {
 /// The setters both builders share.
 macro_rules! option_setters {
     () => {
-        /// The key prefix: a lock called `n` lives at `prefix:{n}`, its fencing counter at
-        /// `prefix:{n}:fence`, its release channel is `prefix:{n}:released`. 1 to 64 bytes,
-        /// no braces. Defaults to `dlm`.
+        /// The key prefix: a lock called `n` lives at `prefix:{n}`, its release channel is
+        /// `prefix:{n}:released`, and its fencing stream is `prefix:fence:{tag}` (one per
+        /// cluster slot). 1 to 64 bytes, no braces. Defaults to `dlm`.
         pub fn prefix(mut self, prefix: &str) -> Self {
             self.options.prefix = prefix.to_owned();
             self

@@ -21,13 +21,15 @@ pub fn quorum(n: usize) -> usize {
 
 /// A lock over N independent Redis masters (the Redlock algorithm).
 ///
-/// Every request goes to all nodes in parallel (long-lived worker threads per node), with
-/// the same owner token on each. An acquisition succeeds when a quorum (`N/2 + 1`) took
-/// the key and the validity `lease - elapsed - (lease x drift + 2 ms)` is still positive;
-/// otherwise the key is released on all nodes, timed-out ones included, and the waiter
-/// retries after a random delay. A node that does not answer within the per-node deadline
-/// (connect timeout + I/O timeout, 200 ms by default) counts as failed, so a minority of
-/// dead, paused or busy nodes costs at most that deadline.
+/// Every request goes to all nodes at once, with the same owner token on each, and an
+/// operation returns as soon as its outcome is decided (a quorum acquired, released or
+/// extended, or a quorum impossible): a stopped or slow minority costs no latency, and a
+/// late reply is dealt with in the background (a late acquisition is released). An
+/// acquisition succeeds when a quorum (`N/2 + 1`) took the key and the validity
+/// `lease - elapsed - (lease x drift + 2 ms)`, counted from the start of the round, is
+/// still positive; otherwise the key is released on all nodes, and the waiter retries
+/// after a random delay. A node that does not answer within the per-node deadline
+/// (connect timeout + I/O timeout, 200 ms by default) counts as failed.
 ///
 /// Its assumptions (bounded clock drift between the nodes, no node that restarts without
 /// its data inside a lease) are in the README's "Semantics and caveats".

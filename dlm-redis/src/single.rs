@@ -20,8 +20,9 @@ use crate::options::{Options, invalid, option_setters};
 ///
 /// Safe while that one server keeps its data: a failover to a replica or a restart without
 /// persistence can lose a lock that is held (see the README's "Semantics and caveats").
-/// Fencing tokens come from a counter key next to each lock (`INCR` in one transaction with
-/// the `SET NX` that takes it).
+/// Fencing tokens are IDs drawn from the fencing stream of the lock's cluster slot (`XADD`
+/// in one transaction with the `SET NX` that takes it): they increase even after the
+/// server lost its data, as long as its clock has not gone back below them.
 ///
 /// ```no_run
 /// use dlm_core::{Lock, LockClient};
