@@ -49,7 +49,7 @@ pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockCl
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;
-pub use interrupt::{Interrupt, Interrupter, interrupt_pair};
+pub use interrupt::{Interrupt, InterruptOnDrop, Interrupter, interrupt_pair};
 pub use lock::{DistributedLock, Lock};
 pub use retry::RetryPolicy;
 pub use waiters::WaitList;

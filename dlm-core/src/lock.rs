@@ -52,6 +52,56 @@ pub trait Lock {
     /// Releases everything this handle's thread holds of the lock, whatever the hold
     /// count (the Java `Releasable::release`). `Ok(())` when nothing was held.
     fn release(&self) -> Result<()>;
+
+    /// Runs `f` while holding the lock (waiting for it like [`lock`](Lock::lock)) and
+    /// releases it when `f` returns or panics (node-redlock's `using`). `f` gets the
+    /// guard: check [`LockGuard::is_held`] or [`LockGuard::ensure_held`] between steps of
+    /// long work, and hand [`LockGuard::fencing_token`] to the resource.
+    ///
+    /// # Errors
+    /// What [`lock`](Lock::lock) returns, before `f` runs; [`Error::LockLost`] after `f`
+    /// ran when the lease was lost meanwhile (another holder may have run at the same
+    /// time: `f`'s result is dropped, since the work it describes was not exclusive).
+    ///
+    /// ```
+    /// use dlm_core::{Lock, LockClient};
+    /// use dlm_memory::MemoryBackend;
+    ///
+    /// let client = LockClient::new(MemoryBackend::new());
+    /// let total = client.get_lock("ledger")?.with_lock(|guard| {
+    ///     assert!(guard.is_held());
+    ///     40 + 2
+    /// })?;
+    /// assert_eq!(total, 42);
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    fn with_lock<R>(&self, f: impl FnOnce(&LockGuard) -> R) -> Result<R>
+    where
+        Self: Sized,
+    {
+        let guard = self.lock()?;
+        let result = f(&guard); // a panic drops the guard, which releases
+        guard.unlock()?;
+        Ok(result)
+    }
+
+    /// Like [`with_lock`](Lock::with_lock), waiting at most `timeout` for the lock (zero:
+    /// one attempt): `Ok(None)`, without running `f`, when it was not acquired in time.
+    fn try_with_lock<R>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&LockGuard) -> R,
+    ) -> Result<Option<R>>
+    where
+        Self: Sized,
+    {
+        let Some(guard) = self.try_lock_timeout(timeout)? else {
+            return Ok(None);
+        };
+        let result = f(&guard);
+        guard.unlock()?;
+        Ok(Some(result))
+    }
 }
 
 /// A named lock of a [`LockClient`](crate::LockClient); implements [`Lock`] for every
