@@ -492,7 +492,11 @@ fn systems(urls: &[String], opts: &Opts) -> Vec<Box<dyn LockSystem>> {
 fn main() {
     let opts = Opts::parse();
     let (rounds, run_for) = opts.rounds();
-    let single = RedisServer::spawn();
+    // The single server has a TLS port too (test CA), for dlm over rediss:// beside plain.
+    let pki = dlm_testkit::tls::TestPki::new();
+    let single = RedisServer::builder()
+        .tls(&pki, dlm_testkit::tls::ServerCert::Valid)
+        .spawn();
     let five = RedisNodes::spawn(5);
     let rtt = ping_rtt(&single);
     eprintln!("PING round trip p50: {rtt:.1} us");
@@ -547,7 +551,19 @@ fn main() {
         let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
         let proxy_urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
         let counted = systems(&proxy_urls, &opts);
-        let timed = systems(&urls, &opts);
+        let mut timed = systems(&urls, &opts);
+        if nodes == 1 {
+            // TLS (uncontended only; not counted: the proxy cannot read TLS).
+            let tls = || dlm_redis::TlsOptions::new().ca_file(pki.ca_file());
+            for (name, fencing) in [("dlm (TLS)", true), ("dlm (TLS, no fencing)", false)] {
+                let backend = dlm_redis::RedisBackend::builder(&single.tls_url())
+                    .tls(tls())
+                    .fencing(fencing)
+                    .build()
+                    .unwrap();
+                timed.push(Box::new(Dlm::new(name, Arc::new(backend), TTL)));
+            }
+        }
         let mut counts = Vec::new();
         for (system, counted) in timed.iter().zip(&counted) {
             counts.push(
@@ -563,6 +579,9 @@ fn main() {
                 .map(|s| s.as_ref())
                 .filter(|s| opts.wants(&s.name(), scenario.name()))
                 .filter(|s| {
+                    matches!(scenario, Scenario::Uncontended { .. }) || !s.name().contains("TLS")
+                })
+                .filter(|s| {
                     nodes == 1
                         || matches!(scenario, Scenario::Uncontended { .. })
                         || s.name().starts_with("dlm")
@@ -577,7 +596,7 @@ fn main() {
                     && let Some(Some((trips, cmds, conns))) = timed
                         .iter()
                         .position(|s| s.name() == row.system)
-                        .map(|i| counts[i])
+                        .and_then(|i| counts.get(i).copied())
                 {
                     row.requests_per_cycle = Some(trips);
                     row.commands_per_cycle = Some(cmds);

@@ -109,18 +109,8 @@ impl OwnerToken {
         for n in [self.thread, self.seq] {
             out.buf[len] = b':';
             len += 1;
-            let mut digits = [0u8; 20];
-            let mut i = digits.len();
-            let mut n = n;
-            loop {
-                i -= 1;
-                digits[i] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
-            }
-            let d = &digits[i..];
+            let mut digits = itoa::Buffer::new();
+            let d = digits.format(n).as_bytes();
             out.buf[len..len + d.len()].copy_from_slice(d);
             len += d.len();
         }

@@ -137,6 +137,10 @@ pub enum BackendErrorKind {
     UnexpectedKey,
     /// The server's answer did not make sense (protocol or script error).
     Protocol,
+    /// The TLS connection could not be made: the server's certificate was refused (wrong
+    /// name, unknown authority, expired), the server refused ours, or one side does not
+    /// speak TLS. Never retried: it does not fix itself.
+    Tls,
     /// Anything else.
     Other,
 }
@@ -166,6 +170,7 @@ impl BackendErrorKind {
             BackendErrorKind::OutOfMemory => "out of memory",
             BackendErrorKind::UnexpectedKey => "unexpected key",
             BackendErrorKind::Protocol => "protocol error",
+            BackendErrorKind::Tls => "TLS failure",
             BackendErrorKind::Other => "backend error",
         }
     }

@@ -2,12 +2,17 @@
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
-use redis::{ConnectionAddr, ConnectionLike, ErrorKind, ServerErrorKind};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ConnectionLike, ErrorKind, IntoConnectionInfo, ServerErrorKind,
+};
+use rustls::ClientConfig;
 
-use crate::wire::Wire;
+use crate::tls::TlsOptions;
+use crate::wire::{TlsTarget, Wire, is_tls_error};
 
 /// Settings shared by every connection to one server.
 #[derive(Clone, Copy, Debug)]
@@ -19,47 +24,124 @@ pub(crate) struct Timeouts {
 /// One server's address, parsed from a URL. `Display` never shows credentials.
 #[derive(Clone)]
 pub(crate) struct Endpoint {
-    client: redis::Client,
+    info: ConnectionInfo,
+    /// For `rediss://`: the TLS configuration and the name to verify.
+    tls: Option<TlsTarget>,
     /// `host:port/db` or `unix:path/db`: what logs and errors show.
     display: String,
 }
 
-impl Endpoint {
-    pub(crate) fn parse(url: &str) -> Result<Endpoint, InvalidArgument> {
-        // Never echo the URL: it may hold a password.
-        let client = redis::Client::open(url).map_err(|e| {
-            InvalidArgument::new("url", format!("not a valid redis URL ({:?})", e.kind()))
-        })?;
-        let info = client.get_connection_info();
-        let display = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                format!("{host}:{port}/{}", info.redis_settings().db())
-            }
-            ConnectionAddr::Unix(path) => {
-                format!("unix:{}/{}", path.display(), info.redis_settings().db())
-            }
-            // Lock connections speak plain TCP or unix sockets (see wire.rs), whatever
-            // features of the redis crate another dependency enables.
-            ConnectionAddr::TcpTls { .. } => {
-                return Err(InvalidArgument::new(
-                    "url",
-                    "TLS (rediss://) is not supported; use redis:// or unix://",
-                ));
-            }
-            _ => {
-                return Err(InvalidArgument::new(
-                    "url",
-                    "only redis:// and unix:// addresses are supported",
-                ));
-            }
+/// A URL, parsed: whether it asks for TLS, and the rest.
+pub(crate) struct ParsedUrl {
+    pub(crate) tls: bool,
+    info: ConnectionInfo,
+}
+
+/// What the URLs accept, for error messages.
+const URL_FORMS: &str =
+    "redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path/to/socket";
+
+impl ParsedUrl {
+    /// Parses a server URL. Errors say what is wrong in plain words and never echo the URL
+    /// (it may hold a password).
+    pub(crate) fn parse(url: &str) -> Result<ParsedUrl, InvalidArgument> {
+        let bad = |why: String| InvalidArgument::new("url", why);
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(bad(format!(
+                "no scheme (\"redis://\"); expected {URL_FORMS}"
+            )));
         };
-        Ok(Endpoint { client, display })
+        let tls = match scheme.to_ascii_lowercase().as_str() {
+            "redis" | "valkey" | "unix" | "redis+unix" => false,
+            "rediss" | "valkeys" => true,
+            other
+                if other.len() <= 16
+                    && other
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'+') =>
+            {
+                return Err(bad(format!(
+                    "unknown scheme {other:?}; expected {URL_FORMS}"
+                )));
+            }
+            _ => return Err(bad(format!("unknown scheme; expected {URL_FORMS}"))),
+        };
+        let mut parsed = url::Url::parse(url).map_err(|e| bad(format!("not a valid URL: {e}")))?;
+        if parsed.scheme() != "unix" && parsed.scheme() != "redis+unix" {
+            if parsed.host_str().is_none_or(str::is_empty) {
+                return Err(bad(format!("no host; expected {URL_FORMS}")));
+            }
+            if !matches!(parsed.path(), "" | "/")
+                && parsed.path().trim_matches('/').parse::<u32>().is_err()
+            {
+                return Err(bad("the path must be a database number (\"/0\")".into()));
+            }
+        }
+        match parsed.fragment() {
+            None => {}
+            Some("insecure") => {
+                return Err(bad(
+                    "#insecure is not honoured: to skip certificate checks, say so with TlsOptions::dangerously_skip_verification".into(),
+                ));
+            }
+            Some(_) => return Err(bad("a URL fragment (#...) means nothing here".into())),
+        }
+        if tls {
+            // The redis crate parses the rest; it knows `rediss` only with its own TLS
+            // features, which dlm does not use (TLS is rustls, in wire.rs).
+            parsed
+                .set_scheme("redis")
+                .map_err(|()| bad("cannot read the URL".into()))?;
+        }
+        let info = parsed
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| bad(format!("{e}; expected {URL_FORMS}")))?;
+        match info.addr() {
+            ConnectionAddr::Tcp(..) | ConnectionAddr::Unix(_) => Ok(ParsedUrl { tls, info }),
+            _ => Err(bad(format!("unsupported address; expected {URL_FORMS}"))),
+        }
+    }
+}
+
+impl Endpoint {
+    /// An endpoint for a parsed URL; `tls` is the backend's TLS configuration, needed
+    /// (and only used) when the URL is `rediss://`.
+    pub(crate) fn new(
+        url: ParsedUrl,
+        tls: Option<(&Arc<ClientConfig>, &TlsOptions)>,
+    ) -> Result<Endpoint, InvalidArgument> {
+        let info = url.info;
+        let db = info.redis_settings().db();
+        let (display, target) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let target = match (url.tls, tls) {
+                    (true, Some((config, options))) => Some(TlsTarget {
+                        config: config.clone(),
+                        name: options.name_to_verify(host)?,
+                    }),
+                    (true, None) => {
+                        return Err(InvalidArgument::new("tls", "no TLS configuration loaded"));
+                    }
+                    (false, _) => None,
+                };
+                let scheme = if url.tls { "rediss://" } else { "" };
+                (format!("{scheme}{host}:{port}/{db}"), target)
+            }
+            ConnectionAddr::Unix(path) => (format!("unix:{}/{db}", path.display()), None),
+            _ => unreachable!("ParsedUrl::parse accepts TCP and unix addresses only"),
+        };
+        Ok(Endpoint {
+            info,
+            tls: target,
+            display,
+        })
     }
 
     /// The socket addresses this endpoint resolves to, for spotting one server listed
     /// twice under different names. Unix sockets resolve to nothing here.
     pub(crate) fn socket_addrs(&self) -> Vec<String> {
-        match self.client.get_connection_info().addr() {
+        match self.info.addr() {
             ConnectionAddr::Tcp(host, port) => (host.as_str(), *port)
                 .to_socket_addrs()
                 .map(|a| a.map(|a: SocketAddr| a.to_string()).collect())
@@ -69,16 +151,11 @@ impl Endpoint {
         }
     }
 
-    /// A connection of the `redis` crate (for pub/sub), with the same timeouts.
-    pub(crate) fn connect(&self, t: Timeouts) -> Result<redis::Connection, BackendError> {
-        let con = self
-            .client
-            .get_connection_with_timeout(t.connect)
-            .map_err(|e| map_error(&e, &self.display))?;
-        con.set_read_timeout(Some(t.io))
-            .and_then(|()| con.set_write_timeout(Some(t.io)))
-            .map_err(|e| map_error(&e, &self.display))?;
-        Ok(con)
+    /// A new connection (plain or TLS, as the URL says), authenticated, with `t`'s
+    /// timeouts.
+    pub(crate) fn connect(&self, t: Timeouts) -> Result<Wire, BackendError> {
+        Wire::connect(&self.info, self.tls.as_ref(), t.connect, t.io)
+            .map_err(|e| map_error(&e, &self.display))
     }
 }
 
@@ -115,9 +192,7 @@ impl r2d2::ManageConnection for Manager {
     type Error = BackendError;
 
     fn connect(&self) -> Result<Conn, BackendError> {
-        let t = self.timeouts;
-        let con = Wire::connect(self.endpoint.client.get_connection_info(), t.connect, t.io)
-            .map_err(|e| map_error(&e, &self.endpoint.display))?;
+        let con = self.endpoint.connect(self.timeouts)?;
         Ok(Conn { con, broken: false })
     }
 
@@ -137,6 +212,13 @@ impl r2d2::ManageConnection for Manager {
 /// Maps a redis error to a typed backend error. The message names the server, never
 /// credentials.
 pub(crate) fn map_error(e: &redis::RedisError, server: &str) -> BackendError {
+    if is_tls_error(e) {
+        // Made by wire.rs from rustls's error: certificate and protocol facts only.
+        return BackendError::new(
+            BackendErrorKind::Tls,
+            format!("{server}: TLS: {}", e.detail().unwrap_or_default()),
+        );
+    }
     let kind = if e.is_timeout() {
         BackendErrorKind::Timeout
     } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {

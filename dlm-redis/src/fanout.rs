@@ -444,6 +444,9 @@ impl Fanout {
 }
 
 /// What a connect worker hands back to the caller.
+// Sent once per connect through a channel, never stored in bulk: boxing the connection
+// would cost an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Delivery {
     Sent(InFlight),
     Failed(usize, BackendError),

@@ -18,6 +18,7 @@ use dlm_core::{BackendErrorKind, WaitList, Watch};
 use parking_lot::Mutex;
 
 use crate::conn::{Endpoint, Timeouts, map_error};
+use crate::wire::Resp;
 
 /// How often a listener looks up from its socket to notice a shutdown.
 const TICK: Duration = Duration::from_millis(100);
@@ -248,29 +249,30 @@ fn subscribe_and_route(
         connect: timeouts.connect,
         io: TICK,
     })?;
-    // PSUBSCRIBE by hand: redis-rs's `PubSub::psubscribe` discards an error reply (such
-    // as NOPERM for a user without channel rights) and reports success.
-    con.send_packed_command(
-        &redis::cmd("PSUBSCRIBE")
-            .arg(&shared.pattern)
-            .get_packed_command(),
-    )
-    .and_then(|()| con.recv_response())
-    .and_then(redis::Value::extract_error)
-    .map_err(|e| map_error(&e, &server))?;
-    let mut pubsub = con.as_pubsub();
+    // The subscription's confirmation, or the error (NOPERM for a user without channel
+    // rights) that must not be mistaken for one.
+    let mut psubscribe = Resp::new();
+    psubscribe
+        .command(2)
+        .arg(b"PSUBSCRIBE")
+        .arg(shared.pattern.as_bytes());
+    con.send(&psubscribe.0, 1)
+        .and_then(|()| con.receive())
+        .and_then(redis::Value::extract_error)
+        .map_err(|e| map_error(&e, &server))?;
     shared.up.fetch_add(1, Ordering::AcqRel);
     ready.take();
     let result = loop {
         if shared.shutdown.load(Ordering::Acquire) {
             break Ok(());
         }
-        match pubsub.get_message() {
-            Ok(msg) => {
-                let payload: String = msg.get_payload().unwrap_or_default();
-                shared.route(msg.get_channel_name(), payload.parse().ok());
+        match con.next_message() {
+            Ok(Some(message)) => {
+                if let Some((channel, payload)) = pmessage(message) {
+                    shared.route(&channel, payload.parse().ok());
+                }
             }
-            Err(e) if e.is_timeout() => shared.prune(),
+            Ok(None) => shared.prune(),
             Err(e) => break Err(map_error(&e, &server)),
         }
     };
@@ -278,6 +280,24 @@ fn subscribe_and_route(
         shared.disconnect_waiters();
     }
     result
+}
+
+/// The channel and payload of a `pmessage` push (`pmessage`, pattern, channel, payload);
+/// `None` for anything else.
+fn pmessage(value: redis::Value) -> Option<(String, String)> {
+    let redis::Value::Array(parts) = value else {
+        return None;
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    };
+    match parts.as_slice() {
+        [kind, _pattern, channel, payload] if text(kind).as_deref() == Some("pmessage") => {
+            Some((text(channel)?, text(payload)?))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]

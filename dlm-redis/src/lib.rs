@@ -24,6 +24,14 @@
 //! inspect, commit), run with EVALSHA and reloaded on NOSCRIPT. An uncontended lock + unlock is two round trips
 //! per node on pooled connections (three for Redlock with fencing: its commit round).
 //!
+//! ## TLS
+//! A `rediss://` URL connects with TLS (rustls), on every connection dlm opens to that
+//! server: lock requests, release hints, the set-up checks. The certificate is checked
+//! against the system's roots and the URL's host unless [`TlsOptions`] say otherwise (a
+//! CA file, a client certificate for mutual TLS, another name to verify). A certificate
+//! problem is a [`BackendErrorKind::Tls`](dlm_core::BackendErrorKind::Tls) error, never
+//! retried.
+//!
 //! ## Connections
 //! One r2d2 pool per server, with a connection manager that sets connect, read and write
 //! timeouts, so a paused or dead server fails requests within those timeouts instead of
@@ -51,9 +59,11 @@ mod options;
 mod redlock;
 mod single;
 mod slot;
+mod tls;
 mod wire;
 
 pub use fenced::{FencedWriteError, fenced_get, fenced_set};
+pub use tls::TlsOptions;
 
 /// The Redis keys and the channel of one lock, from [`RedisBackend::keys`] or
 /// [`Redlock::keys`]: for ACLs, monitoring and administration.

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use redis::Script;
 
 use crate::conn::{Conn, Endpoint, Manager, Timeouts, map_error};
-use crate::wire::{Resp, Wire, decimal_digits};
+use crate::wire::{Resp, Wire};
 
 struct Scripts {
     acquire: Script,
@@ -488,14 +488,18 @@ struct Connects(Arc<ConnectState>);
 
 #[derive(Debug, Default)]
 struct ConnectState {
-    kind: Mutex<Option<BackendErrorKind>>,
+    /// The last connect failure's kind, and its message when the kind is one that does
+    /// not fix itself (credentials, permissions, TLS): the caller needs to see why.
+    last: Mutex<Option<(BackendErrorKind, Option<String>)>>,
     down: AtomicBool,
 }
 
 impl r2d2::HandleError<BackendError> for Connects {
     fn handle_error(&self, error: BackendError) {
         log::debug!("redis connection failed: {error}");
-        *self.0.kind.lock() = Some(error.kind());
+        let kind = error.kind();
+        let lasting = !kind.is_transient();
+        *self.0.last.lock() = Some((kind, lasting.then(|| error.to_string())));
         self.0.down.store(true, Ordering::Release);
     }
 }
@@ -505,18 +509,28 @@ impl Connects {
     /// kind when it was a refusal of the credentials or (if `timeouts` is set) a timeout,
     /// otherwise `Unavailable`.
     fn failure(&self, timeouts: bool) -> BackendErrorKind {
-        match *self.0.kind.lock() {
-            Some(kind @ (BackendErrorKind::Auth | BackendErrorKind::Permission)) => kind,
-            Some(BackendErrorKind::Timeout) if timeouts => BackendErrorKind::Timeout,
+        match *self.0.last.lock() {
+            Some((
+                kind @ (BackendErrorKind::Auth
+                | BackendErrorKind::Permission
+                | BackendErrorKind::Tls),
+                _,
+            )) => kind,
+            Some((BackendErrorKind::Timeout, _)) if timeouts => BackendErrorKind::Timeout,
             _ => BackendErrorKind::Unavailable,
         }
+    }
+
+    /// The last connect failure's message, when it was one that does not fix itself.
+    fn lasting_reason(&self) -> Option<String> {
+        self.0.last.lock().as_ref().and_then(|(_, why)| why.clone())
     }
 }
 
 impl r2d2::HandleEvent for Connects {
     fn handle_acquire(&self, _: r2d2::event::AcquireEvent) {
         self.0.down.store(false, Ordering::Release);
-        *self.0.kind.lock() = None;
+        *self.0.last.lock() = None;
     }
 }
 
@@ -1026,14 +1040,14 @@ impl Node {
 
     /// Compare-and-PEXPIRE; the reply parses with [`parse_flag`](Self::parse_flag).
     pub(crate) fn extend_call(&self, name: &LockName, owner: &OwnerToken, ttl: Duration) -> Call {
-        let mut ms = [0u8; 20];
+        let mut ms = itoa::Buffer::new();
         self.script_call(
             &SCRIPTS.extend,
             name,
             None,
             &[
                 owner.encoded().as_bytes(),
-                decimal_digits(millis(ttl), &mut ms),
+                ms.format(millis(ttl)).as_bytes(),
             ],
         )
     }
@@ -1071,15 +1085,12 @@ impl Node {
         owner: &OwnerToken,
         release_id: u64,
     ) -> Call {
-        let mut id = [0u8; 20];
+        let mut id = itoa::Buffer::new();
         self.script_call(
             &SCRIPTS.release,
             name,
             Some(CHANNEL),
-            &[
-                owner.encoded().as_bytes(),
-                decimal_digits(release_id, &mut id),
-            ],
+            &[owner.encoded().as_bytes(), id.format(release_id).as_bytes()],
         )
     }
 
@@ -1116,20 +1127,25 @@ impl Node {
         Some(BackendError::new(
             // A down server answers at once: no timeout to report.
             self.connects.failure(false),
-            format!(
-                "{}: down (the last connection attempt failed; retrying in the background)",
-                self.endpoint
-            ),
+            match self.connects.lasting_reason() {
+                Some(why) => {
+                    format!("{why} (the last connection attempt; retrying in the background)")
+                }
+                None => format!(
+                    "{}: down (the last connection attempt failed; retrying in the background)",
+                    self.endpoint
+                ),
+            },
         ))
     }
 
     pub(crate) fn force_release_call(&self, name: &LockName, release_id: u64) -> Call {
-        let mut id = [0u8; 20];
+        let mut id = itoa::Buffer::new();
         self.script_call(
             &SCRIPTS.force_release,
             name,
             Some(CHANNEL),
-            &[decimal_digits(release_id, &mut id)],
+            &[id.format(release_id).as_bytes()],
         )
     }
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 use dlm_core::InvalidArgument;
 use scheduled_thread_pool::ScheduledThreadPool;
 
-use crate::conn::{Endpoint, Timeouts};
+use crate::conn::{Endpoint, ParsedUrl, Timeouts};
 use crate::node::{Keys, Node};
+use crate::tls::TlsOptions;
 
 /// Settings of a Redis backend; set through [`RedisBackendBuilder`](crate::RedisBackendBuilder)
 /// or [`RedlockBuilder`](crate::RedlockBuilder).
@@ -22,6 +23,7 @@ pub(crate) struct Options {
     pub(crate) fencing: bool,
     pub(crate) fence_ttl: Duration,
     pub(crate) hints: bool,
+    pub(crate) tls: Option<TlsOptions>,
 }
 
 /// How long a slot's fencing stream is kept after the last acquisition that used it.
@@ -39,6 +41,7 @@ impl Options {
             fencing: true,
             fence_ttl: DEFAULT_FENCE_TTL,
             hints: true,
+            tls: None,
         }
     }
 
@@ -101,9 +104,26 @@ impl Options {
 
     pub(crate) fn nodes(&self, urls: &[String]) -> Result<Vec<Node>, InvalidArgument> {
         self.validate()?;
-        let endpoints = urls
+        let parsed = urls
             .iter()
-            .map(|u| Endpoint::parse(u))
+            .map(|u| ParsedUrl::parse(u))
+            .collect::<Result<Vec<_>, _>>()?;
+        // One TLS configuration for every rediss:// server, loaded once.
+        let default_tls = TlsOptions::new();
+        let tls_options = self.tls.as_ref().unwrap_or(&default_tls);
+        let config = if parsed.iter().any(|p| p.tls) {
+            Some(tls_options.load()?)
+        } else if self.tls.is_some() {
+            return Err(InvalidArgument::new(
+                "tls",
+                "TLS options were given but no URL is rediss://: use rediss://host:port",
+            ));
+        } else {
+            None
+        };
+        let endpoints = parsed
+            .into_iter()
+            .map(|p| Endpoint::new(p, config.as_ref().map(|c| (c, tls_options))))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(endpoints
             .into_iter()
@@ -206,6 +226,15 @@ macro_rules! option_setters {
         /// backoff. Defaults to `true`.
         pub fn release_hints(mut self, on: bool) -> Self {
             self.options.hints = on;
+            self
+        }
+
+        /// How to connect to `rediss://` servers: the CA to trust (default: the system's
+        /// roots), a client certificate for mutual TLS, the name to verify. TLS itself is
+        /// chosen by the URL (`rediss://`); options given with no `rediss://` URL are an
+        /// error. Every connection to such a server (locks, release hints) uses TLS.
+        pub fn tls(mut self, tls: crate::TlsOptions) -> Self {
+            self.options.tls = Some(tls);
             self
         }
 

@@ -8,19 +8,27 @@
 //! so a direct reader is short. It still yields `redis::Value` and `redis::RedisError`, so
 //! error classification is shared with the rest of the crate, and it implements
 //! `redis::ConnectionLike` for the rare commands built with `redis::cmd` (script loads,
-//! `INFO`, `CONFIG GET`). Pub/sub connections (`hints.rs`) use the `redis` crate as they
-//! are.
+//! `INFO`, `CONFIG GET`). The pub/sub listener (`hints.rs`) reads its messages with it
+//! too: every connection dlm opens is a `Wire`, plain or TLS.
 //!
 //! The connection speaks RESP2 (no `HELLO`), authenticates with `AUTH` and selects the
 //! URL's database. Any I/O error, timeout or malformed reply closes it for good: a late
 //! reply could otherwise answer the next request.
+//!
+//! TLS (`rediss://`) is rustls's `StreamOwned` over the TCP socket: the handshake runs in
+//! `connect` within the connect timeout, and every read takes all the plaintext rustls has
+//! already decrypted, so that `poll` on the socket (Redlock's fan-out) never waits for
+//! bytes that were read from the socket earlier.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, RedisResult, Value};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 /// The largest bulk reply accepted (Redis's own limit for a string).
 const MAX_BULK: usize = 512 * 1024 * 1024;
@@ -31,9 +39,17 @@ const BUFFER: usize = 4096;
 /// ... and is put back to `BUFFER` after one beyond this.
 const BUFFER_KEPT: usize = 64 * 1024;
 
+/// Where a TLS connection goes: the loaded configuration and the name to verify.
+#[derive(Clone, Debug)]
+pub(crate) struct TlsTarget {
+    pub(crate) config: Arc<ClientConfig>,
+    pub(crate) name: ServerName<'static>,
+}
+
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
 }
 
 impl std::os::fd::AsFd for Stream {
@@ -41,6 +57,7 @@ impl std::os::fd::AsFd for Stream {
         match self {
             Stream::Tcp(s) => s.as_fd(),
             Stream::Unix(s) => s.as_fd(),
+            Stream::Tls(s) => s.sock.as_fd(),
         }
     }
 }
@@ -50,6 +67,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 
@@ -57,21 +75,114 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.write_all(bytes),
             Stream::Unix(s) => s.write_all(bytes),
+            Stream::Tls(s) => {
+                s.write_all(bytes)?;
+                s.flush()
+            }
+        }
+    }
+
+    /// Plaintext rustls has decrypted and not yet handed out (0 for a plain stream).
+    fn buffered(&mut self) -> io::Result<usize> {
+        match self {
+            Stream::Tls(s) => match s.conn.process_new_packets() {
+                Ok(state) => Ok(state.plaintext_bytes_to_read()),
+                Err(e) => Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            },
+            _ => Ok(0),
         }
     }
 
     fn set_timeouts(&self, io: Duration) -> io::Result<()> {
+        let set = |s: &TcpStream| {
+            s.set_read_timeout(Some(io))?;
+            s.set_write_timeout(Some(io))
+        };
         match self {
-            Stream::Tcp(s) => {
-                s.set_read_timeout(Some(io))?;
-                s.set_write_timeout(Some(io))
-            }
+            Stream::Tcp(s) => set(s),
+            Stream::Tls(s) => set(&s.sock),
             Stream::Unix(s) => {
                 s.set_read_timeout(Some(io))?;
                 s.set_write_timeout(Some(io))
             }
         }
     }
+}
+
+/// Runs the TLS handshake on `tcp` within `timeout`.
+fn handshake(
+    mut tcp: TcpStream,
+    target: &TlsTarget,
+    timeout: Duration,
+) -> RedisResult<StreamOwned<ClientConnection, TcpStream>> {
+    let deadline = Instant::now() + timeout;
+    let mut conn = ClientConnection::new(target.config.clone(), target.name.clone())
+        .map_err(|e| tls_error(&e))?;
+    while conn.is_handshaking() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(handshake_timeout(&tcp, timeout));
+        }
+        tcp.set_read_timeout(Some(left))?;
+        tcp.set_write_timeout(Some(left))?;
+        match conn.complete_io(&mut tcp) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(RedisError::from((
+                    ErrorKind::Client,
+                    "TLS",
+                    "the server closed the connection during the TLS handshake (not a TLS port, or it refused our client certificate)".to_owned(),
+                )));
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(handshake_timeout(&tcp, timeout));
+            }
+            Err(e) => return Err(io_error(e)),
+        }
+    }
+    Ok(StreamOwned::new(conn, tcp))
+}
+
+/// A handshake that got no answer: a plain Redis port (it waits for the end of a line),
+/// or a server that answers nothing at all (stopped), which stays a timeout.
+fn handshake_timeout(tcp: &TcpStream, timeout: Duration) -> RedisError {
+    if tcp
+        .peer_addr()
+        .is_ok_and(|a| crate::tls::speaks_resp(&a, timeout))
+    {
+        return RedisError::from((
+            ErrorKind::Client,
+            "TLS",
+            "the server does not speak TLS on this port (it answers plain RESP): use a redis:// URL, or its TLS port".to_owned(),
+        ));
+    }
+    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out").into()
+}
+
+/// A TLS failure as a `RedisError` that `conn::map_error` types as TLS.
+fn tls_error(e: &rustls::Error) -> RedisError {
+    RedisError::from((ErrorKind::Client, "TLS", crate::tls::describe(e)))
+}
+
+/// An I/O error, or the TLS failure inside it.
+fn io_error(e: io::Error) -> RedisError {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(tls) => tls_error(tls),
+        None => e.into(),
+    }
+}
+
+/// Whether `e` is a TLS failure (made by [`tls_error`]).
+pub(crate) fn is_tls_error(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Client && e.to_string().starts_with("TLS")
 }
 
 /// One connection to one server.
@@ -92,9 +203,11 @@ impl Wire {
     /// timeouts, authenticates and selects the database.
     pub(crate) fn connect(
         info: &ConnectionInfo,
+        tls: Option<&TlsTarget>,
         connect: Duration,
         io: Duration,
     ) -> RedisResult<Wire> {
+        let mut plain_addr = None;
         let stream = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
                 let mut last = None;
@@ -119,7 +232,13 @@ impl Wire {
                     }
                 };
                 s.set_nodelay(true)?;
-                Stream::Tcp(s)
+                match tls {
+                    Some(target) => Stream::Tls(Box::new(handshake(s, target, connect)?)),
+                    None => {
+                        plain_addr = s.peer_addr().ok();
+                        Stream::Tcp(s)
+                    }
+                }
             }
             ConnectionAddr::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
             _ => {
@@ -130,16 +249,44 @@ impl Wire {
             }
         };
         stream.set_timeouts(io)?;
-        let settings = info.redis_settings();
         let mut wire = Wire {
             stream,
             buf: vec![0; BUFFER],
             start: 0,
             end: 0,
-            db: settings.db(),
+            db: info.redis_settings().db(),
             open: true,
             owed: 0,
         };
+        match wire.hello(info) {
+            // A plain connection dropped at its first request: a TLS port says nothing
+            // and resets. Asked again with a TLS hello, to say so instead of "reset".
+            Err(e)
+                if e.is_connection_dropped()
+                    && plain_addr.is_some_and(|a| crate::tls::speaks_tls(&a, connect)) =>
+            {
+                Err(RedisError::from((
+                    ErrorKind::Client,
+                    "TLS",
+                    "the server speaks TLS on this port: use a rediss:// URL".to_owned(),
+                )))
+            }
+            Err(e) => Err(e),
+            Ok(()) => Ok(wire),
+        }
+    }
+
+    /// The first requests of a connection: `AUTH` and `SELECT` as the URL asks, or a
+    /// `PING`, so that a server that cannot serve us is found here, not by a lock request.
+    fn hello(&mut self, info: &ConnectionInfo) -> RedisResult<()> {
+        let wire = self;
+        let settings = info.redis_settings();
+        if settings.password().is_none() && settings.db() == 0 {
+            let mut ping = Resp::new();
+            ping.command(1).arg(b"PING");
+            wire.request(&ping.0)?.extract_error()?;
+            return Ok(());
+        }
         if let Some(password) = settings.password() {
             let mut auth = Resp::new();
             match settings.username() {
@@ -175,7 +322,7 @@ impl Wire {
                 .arg(settings.db().to_string().as_bytes());
             wire.request(&select.0)?.extract_error()?;
         }
-        Ok(wire)
+        Ok(())
     }
 
     /// Writes one or more encoded requests, which get `replies` replies in all.
@@ -190,7 +337,7 @@ impl Wire {
         // Closed until the write completes: an error, or a panic midway, leaves it so
         // (and the pool discards it).
         self.open = false;
-        self.stream.write_all(bytes)?;
+        self.stream.write_all(bytes).map_err(io_error)?;
         self.open = true;
         self.owed = replies;
         Ok(())
@@ -218,6 +365,15 @@ impl Wire {
     /// more must be read first (see [`read_some`](Self::read_some)).
     pub(crate) fn try_receive(&mut self) -> RedisResult<Option<Value>> {
         self.check_open()?;
+        if matches!(self.buf.get(self.start), Some(0x15 | 0x16)) && self.start < self.end {
+            // A TLS record (alert or handshake), never the first byte of a RESP reply.
+            self.open = false;
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "TLS",
+                "the server answered with TLS: use a rediss:// URL".to_owned(),
+            )));
+        }
         let parsed = match parse(&self.buf[self.start..self.end], MAX_DEPTH) {
             Ok(parsed) => parsed,
             Err(e) => {
@@ -249,24 +405,61 @@ impl Wire {
         self.fill().inspect_err(|_| self.open = false)
     }
 
+    /// For pub/sub: the next message, or `None` when the read timeout passed with nothing
+    /// new (the connection stays open: a quiet channel is not a failure).
+    pub(crate) fn next_message(&mut self) -> RedisResult<Option<Value>> {
+        if let Some(value) = self.try_receive()? {
+            return Ok(Some(value));
+        }
+        self.check_open()?;
+        match self.fill() {
+            Ok(()) => self.try_receive(),
+            Err(e) if e.is_timeout() => Ok(None),
+            Err(e) => {
+                self.open = false;
+                Err(e)
+            }
+        }
+    }
+
     /// Sends one request and reads its reply.
     fn request(&mut self, bytes: &[u8]) -> RedisResult<Value> {
         self.send(bytes, 1)?;
         self.receive()
     }
 
-    /// Reads more bytes, making room first.
-    fn fill(&mut self) -> RedisResult<()> {
-        if self.end == self.buf.len() {
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            } else {
-                let len = self.buf.len() * 2;
-                self.buf.resize(len, 0);
-            }
+    /// Makes room for at least `more` bytes after `end`.
+    fn room(&mut self, more: usize) {
+        if self.buf.len() - self.end >= more {
+            return;
         }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() - self.end < more {
+            let len = (self.end + more).max(self.buf.len() * 2);
+            self.buf.resize(len, 0);
+        }
+    }
+
+    /// Reads more bytes (at least one; for TLS, also every decrypted byte rustls holds).
+    fn fill(&mut self) -> RedisResult<()> {
+        self.read_once()?;
+        loop {
+            let buffered = self.stream.buffered().map_err(io_error)?;
+            if buffered == 0 {
+                return Ok(());
+            }
+            self.room(buffered);
+            self.read_once()?;
+        }
+    }
+
+    /// One read from the stream, making room first.
+    fn read_once(&mut self) -> RedisResult<()> {
+        self.room(1);
         loop {
             match self.stream.read(&mut self.buf[self.end..]) {
                 Ok(0) => {
@@ -281,7 +474,7 @@ impl Wire {
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(io_error(e)),
             }
         }
     }
@@ -385,28 +578,13 @@ impl Resp {
     }
 
     pub(crate) fn arg_u64(&mut self, n: u64) -> &mut Resp {
-        let mut digits = [0u8; 20];
-        self.arg(decimal_digits(n, &mut digits))
+        self.arg(itoa::Buffer::new().format(n).as_bytes())
     }
 
     fn decimal(&mut self, n: u64) {
-        let mut digits = [0u8; 20];
-        self.0.extend_from_slice(decimal_digits(n, &mut digits));
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     }
-}
-
-/// `n` in decimal, written into the end of `buf`.
-pub(crate) fn decimal_digits(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &buf[i..]
 }
 
 fn auth_failed() -> RedisError {

@@ -64,16 +64,6 @@ fn the_urls_user_password_and_database_are_used() {
 }
 
 #[test]
-fn tls_urls_are_refused_before_any_io() {
-    // Nothing listens on port 1: an attempt to connect would fail differently.
-    let err = RedisBackend::new("rediss://127.0.0.1:1/").expect_err("TLS is not supported");
-    assert!(
-        matches!(err, dlm_core::Error::InvalidArgument(_)),
-        "not an InvalidArgument: {err:?}"
-    );
-}
-
-#[test]
 fn a_password_the_server_does_not_expect_is_an_auth_error() {
     common::require();
     let server = RedisServer::spawn(); // no password set

@@ -21,6 +21,7 @@ pub mod history;
 pub mod logs;
 pub mod redis_server;
 pub mod skew;
+pub mod tls;
 
 pub use counting::{CountingBackend, Round};
 

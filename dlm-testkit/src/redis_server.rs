@@ -120,6 +120,16 @@ pub struct RedisServerBuilder {
     args: Vec<String>,
     env: Vec<(String, String)>,
     binary: Option<PathBuf>,
+    tls: Option<TlsConfig>,
+}
+
+/// The TLS port's certificate, key, CA and client-certificate rule.
+#[derive(Debug, Clone)]
+struct TlsConfig {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+    auth_clients: bool,
 }
 
 impl RedisServerBuilder {
@@ -178,6 +188,33 @@ impl RedisServerBuilder {
         self.env("LD_PRELOAD", &shim).env("CLOCKSKEW_FILE", &file)
     }
 
+    /// Opens a TLS port too (`--tls-port`), presenting `cert` from `pki` (see
+    /// [`crate::tls`]); clients need no certificate of their own unless
+    /// [`tls_auth_clients`](Self::tls_auth_clients). The plain port stays open for the
+    /// testkit's admin connections; [`RedisServer::tls_url`] is the TLS one. Keep `pki`
+    /// alive as long as the server (a restart reads the files again).
+    pub fn tls(mut self, pki: &crate::tls::TestPki, cert: crate::tls::ServerCert) -> Self {
+        let (cert, key) = pki.server_cert(cert);
+        self.tls = Some(TlsConfig {
+            cert,
+            key,
+            ca: pki.ca_file(),
+            auth_clients: false,
+        });
+        self
+    }
+
+    /// Requires clients on the TLS port to present a certificate signed by the test CA
+    /// (`--tls-auth-clients yes`: mutual TLS). Needs [`tls`](Self::tls) first.
+    pub fn tls_auth_clients(mut self, on: bool) -> Self {
+        let tls = self
+            .tls
+            .as_mut()
+            .expect("tls_auth_clients needs tls(..) first");
+        tls.auth_clients = on;
+        self
+    }
+
     /// Runs this `redis-server` binary instead of the one [`redis_server_binary`] finds
     /// (e.g. [`legacy_redis_server_binary`]).
     pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
@@ -201,6 +238,7 @@ impl RedisServerBuilder {
             binary,
             dir,
             port: 0,
+            tls_port: 0,
             pid: 0,
             child: Mutex::new(None),
             paused: AtomicBool::new(false),
@@ -226,6 +264,8 @@ pub struct RedisServer {
     binary: PathBuf,
     dir: TempDir,
     port: u16,
+    /// The TLS port, 0 without TLS.
+    tls_port: u16,
     pid: u32,
     child: Mutex<Option<Child>>,
     paused: AtomicBool,
@@ -268,6 +308,23 @@ impl RedisServer {
 
     fn url_with(&self, userinfo: &str) -> String {
         format!("redis://{userinfo}127.0.0.1:{}/", self.port)
+    }
+
+    /// `rediss://[user:pw@]127.0.0.1:<tls port>/`, with the same credentials as
+    /// [`url`](Self::url).
+    ///
+    /// # Panics
+    /// When the server was built without [`RedisServerBuilder::tls`].
+    pub fn tls_url(&self) -> String {
+        assert!(self.tls_port != 0, "this server has no TLS port");
+        self.url()
+            .replacen("redis://", "rediss://", 1)
+            .replace(&format!(":{}/", self.port), &format!(":{}/", self.tls_port))
+    }
+
+    /// The TLS port (0 without TLS).
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
     }
 
     /// The pid of the current (or, after [`kill`](Self::kill), the last) process.
@@ -434,6 +491,12 @@ impl RedisServer {
     fn start(&mut self, port: Option<u16>) {
         for attempt in 1..=START_ATTEMPTS {
             self.port = port.unwrap_or_else(pick_port);
+            if self.config.tls.is_some() && (port.is_none() || self.tls_port == 0) {
+                if self.tls_port != 0 {
+                    registry(&USED_PORTS).remove(&self.tls_port);
+                }
+                self.tls_port = pick_port();
+            }
             let log_offset = fs::metadata(self.dir().join(LOG_FILE)).map_or(0, |m| m.len());
             let child = spawn_child(self.command()).unwrap_or_else(|e| {
                 panic!("spawning {}: {e}", self.binary.display());
@@ -492,6 +555,16 @@ impl RedisServer {
         if let Some(pw) = &self.config.password {
             cmd.args(["--requirepass", pw]);
         }
+        if let Some(tls) = &self.config.tls {
+            cmd.arg("--tls-port").arg(self.tls_port.to_string());
+            cmd.arg("--tls-cert-file").arg(&tls.cert);
+            cmd.arg("--tls-key-file").arg(&tls.key);
+            cmd.arg("--tls-ca-cert-file").arg(&tls.ca);
+            cmd.args([
+                "--tls-auth-clients",
+                if tls.auth_clients { "yes" } else { "no" },
+            ]);
+        }
         cmd.args(&self.config.args);
         cmd.envs(self.config.env.iter().map(|(k, v)| (k, v)));
         cmd.stdin(Stdio::null())
@@ -549,6 +622,7 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         registry(&USED_PORTS).remove(&self.port);
+        registry(&USED_PORTS).remove(&self.tls_port);
     }
 }
 

@@ -175,3 +175,80 @@ pub fn last_fence_token(server: &RedisServer, stream: &str) -> u64 {
     let (ms, seq) = id.split_once('-').unwrap();
     ms.parse::<u64>().unwrap() << 20 | seq.parse::<u64>().unwrap()
 }
+
+/// One server with a TLS port (test CA), one `RedisBackend` over `rediss://` per
+/// `backend()` call, trusting the test CA.
+pub struct TlsSingle {
+    pub pki: dlm_testkit::tls::TestPki,
+    pub server: RedisServer,
+}
+
+impl TlsSingle {
+    pub fn new() -> Self {
+        require();
+        let pki = dlm_testkit::tls::TestPki::new();
+        let server = RedisServer::builder()
+            .tls(&pki, dlm_testkit::tls::ServerCert::Valid)
+            .spawn();
+        TlsSingle { pki, server }
+    }
+}
+
+impl dlm_testkit::Fixture for TlsSingle {
+    fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            RedisBackend::builder(&self.server.tls_url())
+                .tls(dlm_redis::TlsOptions::new().ca_file(self.pki.ca_file()))
+                .io_timeout(CALM)
+                .connect_timeout(CALM)
+                .build()
+                .unwrap(),
+        )
+    }
+}
+
+/// N servers that require mutual TLS (`tls-auth-clients yes`), one `Redlock` over
+/// `rediss://` with the test client certificate per `backend()` call.
+pub struct MutualTlsCluster {
+    pub pki: dlm_testkit::tls::TestPki,
+    pub nodes: RedisNodes,
+}
+
+impl MutualTlsCluster {
+    pub fn new(n: usize) -> Self {
+        require();
+        let pki = dlm_testkit::tls::TestPki::new();
+        let nodes = RedisNodes::spawn_with(n, |b| {
+            b.tls(&pki, dlm_testkit::tls::ServerCert::Valid)
+                .tls_auth_clients(true)
+        });
+        MutualTlsCluster { pki, nodes }
+    }
+
+    pub fn tls_urls(&self) -> Vec<String> {
+        (0..self.nodes.len())
+            .map(|i| self.nodes.get(i).tls_url())
+            .collect()
+    }
+
+    pub fn tls_options(&self) -> dlm_redis::TlsOptions {
+        let (cert, key) = self.pki.client_cert();
+        dlm_redis::TlsOptions::new()
+            .ca_file(self.pki.ca_file())
+            .client_cert(cert, key)
+    }
+}
+
+impl dlm_testkit::Fixture for MutualTlsCluster {
+    fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            Redlock::builder(&self.tls_urls())
+                .tls(self.tls_options())
+                .io_timeout(CALM)
+                .connect_timeout(CALM)
+                .pool_size(4)
+                .build()
+                .unwrap(),
+        )
+    }
+}

@@ -1,0 +1,4 @@
+//! The shared conformance suite against Redlock over three real redis-servers that
+//! require mutual TLS (`tls-auth-clients yes`; the client presents the test certificate).
+mod common;
+dlm_testkit::conformance_tests!(common::MutualTlsCluster::new(3));
