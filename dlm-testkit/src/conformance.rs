@@ -1122,6 +1122,8 @@ struct Gate {
     inner: Arc<dyn dlm_core::LockBackend>,
     pass: u64,
     attempts: AtomicU64,
+    /// Attempts that have returned.
+    finished: AtomicU64,
     open: parking_lot::Mutex<bool>,
     opened: parking_lot::Condvar,
 }
@@ -1146,7 +1148,9 @@ impl dlm_core::LockBackend for Gate {
                 self.opened.wait(&mut open);
             }
         }
-        self.inner.try_acquire(name, owner, ttl)
+        let result = self.inner.try_acquire(name, owner, ttl);
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        result
     }
     fn extend(
         &self,
@@ -1188,6 +1192,7 @@ pub fn try_lock_never_queues(f: &dyn Fixture) {
         inner: backend.clone(),
         pass: 2, // before and after subscribing; the attempt after its wake-up waits
         attempts: AtomicU64::new(0),
+        finished: AtomicU64::new(0),
         open: parking_lot::Mutex::new(false),
         opened: parking_lot::Condvar::new(),
     });
@@ -1205,8 +1210,11 @@ pub fn try_lock_never_queues(f: &dyn Fixture) {
             .unwrap()
             .map(|g| g.unlock())
     });
+    // Both attempts must have *returned* (found the lock held) before the release: an
+    // attempt still at the server when the lock is released can take it directly, and
+    // then nobody is left to wake (seen in CI under load, on Redlock over TLS).
     let deadline = Instant::now() + PROMPT * 5;
-    while gate.attempts.load(Ordering::SeqCst) < 2 {
+    while gate.finished.load(Ordering::SeqCst) < 2 {
         assert!(
             Instant::now() < deadline,
             "the waiter never started waiting"
