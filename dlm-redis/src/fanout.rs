@@ -130,11 +130,12 @@ pub(crate) enum Late {
 }
 
 impl Late {
-    /// The lock whose later requests must wait for this one (see [`Node::busy`]).
-    fn name(&self) -> Option<LockName> {
+    /// The acquisition (lock and owner token) whose later requests must wait for this one
+    /// (see [`Node::busy`]).
+    fn key(&self) -> Option<(LockName, OwnerToken)> {
         match self {
             Late::Drop => None,
-            Late::Release { name, .. } => Some(name.clone()),
+            Late::Release { name, owner } => Some((name.clone(), *owner)),
         }
     }
 
@@ -224,7 +225,7 @@ impl Fanout {
         &self,
         deadline: Instant,
         targets: Option<&[bool]>,
-        name: Option<&LockName>,
+        key: Option<(&LockName, &OwnerToken)>,
         make: impl Fn(&Node) -> Call,
         parse: impl Fn(&Node, &Call, redis::Value) -> Result<T, BackendError>,
         decided: impl Fn(&Replies<T>) -> bool,
@@ -239,7 +240,7 @@ impl Fanout {
             if targets.is_some_and(|t| !t[i]) {
                 continue;
             }
-            if let Some(e) = node.down().or_else(|| node.busy(name)) {
+            if let Some(e) = node.down().or_else(|| node.busy(key)) {
                 replies.replies[i] = Some(Err(e));
                 continue;
             }
@@ -336,13 +337,13 @@ impl Fanout {
             p.collect(&mut flying, &mut replies);
             for &i in &p.connecting {
                 // Its worker hands the request to the drainer (or gives up, dropping it).
-                state.tickets[i] = Some(self.nodes[i].background(late.name()));
+                state.tickets[i] = Some(self.nodes[i].background(late.key()));
             }
         }
         for f in flying {
             self.drainer.hand_over(Straggler {
                 give_up: Instant::now() + self.nodes[f.i].straggler_limit(),
-                ticket: self.nodes[f.i].background(late.name()),
+                ticket: self.nodes[f.i].background(late.key()),
                 conn: f.conn,
                 call: f.call,
                 replies: f.replies,

@@ -403,17 +403,17 @@ struct Background {
 
 struct Straggling {
     id: usize,
-    /// The lock of an acquisition (its late reply is released).
-    name: Option<LockName>,
+    /// The lock and owner token of an acquisition (its late reply is released).
+    key: Option<(LockName, OwnerToken)>,
     since: Instant,
 }
 
 impl Background {
-    fn enter(&self, name: Option<LockName>) -> usize {
+    fn enter(&self, key: Option<(LockName, OwnerToken)>) -> usize {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.entries.lock().push(Straggling {
             id,
-            name,
+            key,
             since: Instant::now(),
         });
         self.count.fetch_add(1, Ordering::AcqRel);
@@ -425,7 +425,7 @@ impl Background {
         self.count.fetch_sub(1, Ordering::AcqRel);
     }
 
-    fn busy(&self, name: Option<&LockName>, slow: Duration) -> Option<&'static str> {
+    fn busy(&self, key: Option<(&LockName, &OwnerToken)>, slow: Duration) -> Option<&'static str> {
         if self.count.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -433,8 +433,15 @@ impl Background {
         if entries.iter().any(|s| s.since.elapsed() > slow) {
             return Some("an earlier request is still unanswered (a slow or stopped server)");
         }
-        if name.is_some_and(|n| entries.iter().any(|s| s.name.as_ref() == Some(n))) {
-            return Some("an earlier acquisition of this lock is still unanswered");
+        // Only the same acquisition (lock and owner token) must wait: the late reply's
+        // clean-up is a compare-and-delete of that owner's key, which cannot touch another
+        // owner's request, but could undo this owner's retry.
+        if key.is_some_and(|(n, o)| {
+            entries
+                .iter()
+                .any(|s| s.key.as_ref().is_some_and(|(sn, so)| sn == n && so == o))
+        }) {
+            return Some("an earlier request of this acquisition is still unanswered");
         }
         None
     }
@@ -620,11 +627,11 @@ impl Node {
     /// An error at once, without asking, when this server should not get a request for
     /// `name` now: a request to it has been unanswered for more than half the I/O
     /// timeout after its caller stopped waiting (the server is slow or stopped: new
-    /// requests would only queue behind it), or an acquisition of `name` sent to it is
-    /// still unanswered (its late reply will be released, which must not overtake a
-    /// retry of that acquisition on another connection).
-    pub(crate) fn busy(&self, name: Option<&LockName>) -> Option<BackendError> {
-        let why = self.background.busy(name, self.io_timeout / 2)?;
+    /// requests would only queue behind it), or an acquisition with this `key` (lock and
+    /// owner token) sent to it is still unanswered (its late reply will be released,
+    /// which must not overtake a retry of that acquisition on another connection).
+    pub(crate) fn busy(&self, key: Option<(&LockName, &OwnerToken)>) -> Option<BackendError> {
+        let why = self.background.busy(key, self.io_timeout / 2)?;
         Some(BackendError::new(
             BackendErrorKind::Timeout,
             format!("{}: {why}; not asked", self.endpoint),
@@ -632,9 +639,10 @@ impl Node {
     }
 
     /// Counts a request in the background (see [`busy`](Self::busy)) until the ticket
-    /// is dropped. `name`: the lock of an acquisition whose late reply will be undone.
-    pub(crate) fn background(self: &Arc<Self>, name: Option<LockName>) -> Ticket {
-        let id = self.background.enter(name);
+    /// is dropped. `key`: the lock and owner of an acquisition whose late reply will be
+    /// undone.
+    pub(crate) fn background(self: &Arc<Self>, key: Option<(LockName, OwnerToken)>) -> Ticket {
+        let id = self.background.enter(key);
         Ticket {
             node: self.clone(),
             id,

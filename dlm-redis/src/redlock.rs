@@ -149,7 +149,7 @@ impl Redlock {
         let steps = self.inner.fanout.call_all(
             self.deadline(start),
             None,
-            Some(name),
+            Some((name, owner)),
             |node| node.acquire_call(name, owner, ttl, mode),
             |node, call, reply| node.parse_acquire(name, call, reply),
             |r: &Replies<Step>| {
@@ -196,7 +196,7 @@ impl Redlock {
         let second = self.inner.fanout.call_all(
             self.deadline(Instant::now()),
             Some(&again),
-            Some(name),
+            Some((name, owner)),
             |node| node.acquire_script_call(name, owner, ttl, mode),
             |node, call, reply| match node.parse_acquire(name, call, reply)? {
                 Step::Done(answer) => Ok(answer),
@@ -233,7 +233,7 @@ impl Redlock {
         let replies = self.inner.fanout.call_all(
             self.deadline(start),
             None,
-            Some(name),
+            Some((name, owner)),
             |node| node.release_call(name, owner, release_id),
             |node, _, reply| node.parse_flag(reply),
             |r: &Replies<bool>| {
@@ -343,7 +343,7 @@ impl LockBackend for Redlock {
             let commits = self.inner.fanout.call_all(
                 self.deadline(Instant::now()),
                 Some(&taken),
-                Some(name),
+                Some((name, owner)),
                 |node| node.commit_call(name, owner, token),
                 |node, _, reply| node.parse_flag(reply),
                 |r: &Replies<bool>| {
@@ -420,7 +420,7 @@ impl LockBackend for Redlock {
         let replies = self.inner.fanout.call_all(
             self.deadline(start),
             None,
-            Some(name),
+            Some((name, owner)),
             |node| node.extend_call(name, owner, ttl),
             |node, _, reply| node.parse_flag(reply),
             |r: &Replies<bool>| {
@@ -528,7 +528,7 @@ impl LockBackend for Redlock {
         let replies = self.inner.fanout.call_all(
             self.deadline(start),
             None,
-            Some(name),
+            None,
             |node| node.force_release_call(name, release_id),
             |node, _, reply| node.parse_force_release(name, reply),
             // Every node is asked; a slow one is not waited for once a quorum deleted.
@@ -551,7 +551,7 @@ impl LockBackend for Redlock {
         let replies = self.inner.fanout.call_all(
             self.deadline(start),
             None,
-            Some(name),
+            None,
             |node| node.inspect_call(name),
             |node, _, reply| node.parse_inspect(name, reply),
             // The q-th longest lease needs every answer (a busy node is not asked).
