@@ -138,7 +138,7 @@ impl Redlock {
         mode: Fencing,
         start: Instant,
     ) -> Replies<NodeAcquire> {
-        let q = self.inner.quorum;
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let late = Late::Release {
             name: name.clone(),
             owner: *owner,
@@ -186,6 +186,10 @@ impl Redlock {
                 .collect(),
             asked: steps.asked,
         };
+        let held_first = replies
+            .ok()
+            .filter(|a| matches!(a, NodeAcquire::Held { .. }))
+            .count();
         let maybe = again.iter().filter(|a| **a).count();
         if taken >= q || maybe == 0 || taken + maybe < q {
             // Nodes left unasked count as failed: their keys, if ours, are released with
@@ -205,12 +209,21 @@ impl Redlock {
                     format!("{}: the acquire script gave no answer", node.endpoint),
                 )),
             },
+            // Decided by a quorum taken, or by enough nodes held by others that no
+            // quorum is left (contention). Not by "no quorum is left" alone: the nodes of
+            // this round answered the first one in time, so they are waited for, or a
+            // held lock would read as failing nodes (`NoQuorum`) whenever one answer of
+            // this round comes after the grace and a node missed the first round.
             |r: &Replies<NodeAcquire>| {
                 let now_taken = r
                     .ok()
                     .filter(|a| matches!(a, NodeAcquire::Acquired { .. }))
                     .count();
-                taken + now_taken >= q || taken + now_taken + r.pending() < q
+                let now_held = r
+                    .ok()
+                    .filter(|a| matches!(a, NodeAcquire::Held { .. }))
+                    .count();
+                taken + now_taken >= q || held_first + now_held > n - q
             },
             late,
         );
@@ -386,10 +399,6 @@ impl LockBackend for Redlock {
                 ),
             ));
         }
-        if replies.failures() > n - q {
-            return Err(replies.error("acquire", q));
-        }
-        // Contention. The lock can be ours once enough holders' keys are gone.
         let mut held: Vec<Duration> = replies
             .ok()
             .filter_map(|r| match r {
@@ -397,6 +406,12 @@ impl LockBackend for Redlock {
                 NodeAcquire::Acquired { .. } => None,
             })
             .collect();
+        // Failing nodes are the reason, unless enough nodes are held by others that the
+        // rest could not have made a quorum anyway (possible with an even node count).
+        if replies.failures() > n - q && held.len() <= n - q {
+            return Err(replies.error("acquire", q));
+        }
+        // Contention. The lock can be ours once enough holders' keys are gone.
         held.sort_unstable();
         let free = n - replies.failures() - held.len();
         let need = q.saturating_sub(free);

@@ -132,3 +132,45 @@ fn an_acquisition_that_lands_late_on_a_stopped_node_is_released() {
     let guard = other.get_lock(&name).unwrap().try_lock().unwrap();
     assert!(guard.is_some(), "the name stayed held");
 }
+
+#[test]
+fn a_held_lock_reads_as_held_with_one_node_stopped_and_one_slow() {
+    // Node 2 stopped, node 1 answering 40 ms late (a proxy), node 0 fast; another client
+    // holds the lock on all three. The first round waits for node 1 (without it no
+    // outcome is known); the second (the acquire script, to read whose key is there) must
+    // wait for it too: node 0's "held" alone, with node 2 already counted as failed, says
+    // the quorum cannot be had, but not whether the lock is held or the nodes are failing.
+    // Stopping after node 0's answer made a contended `try_lock` fail with `NoQuorum`
+    // instead of returning `None` (and made a waiter poll with backoff instead of sleeping
+    // until the release).
+    let _serial = SERIAL.lock();
+    let cluster = Cluster::new(3);
+    let proxy = dlm_testkit::faults::FaultProxy::start(cluster.nodes.get(1).port());
+    let urls = [
+        cluster.nodes.get(0).url(),
+        proxy.url(),
+        cluster.nodes.get(2).url(),
+    ];
+    let name = unique_name("held");
+    let holder = client(&Arc::new(redlock(&urls)));
+    let _held = holder.get_lock(&name).unwrap().try_lock().unwrap().unwrap();
+    let other = client(&Arc::new(redlock(&urls)));
+    let lock = other.get_lock(&name).unwrap();
+    assert!(lock.try_lock().unwrap().is_none(), "healthy: held");
+
+    cluster.nodes.get(2).pause();
+    proxy.set_latency(
+        dlm_testkit::faults::Direction::Both,
+        Duration::from_millis(20),
+    );
+    for i in 0..5 {
+        let r = lock.try_lock();
+        assert!(
+            matches!(r, Ok(None)),
+            "try {i}, one node stopped and one slow: {r:?}"
+        );
+    }
+    let r = lock.try_lock_timeout(Duration::from_millis(300));
+    assert!(matches!(r, Ok(None)), "a bounded wait: {r:?}");
+    cluster.nodes.get(2).resume();
+}
