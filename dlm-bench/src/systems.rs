@@ -34,7 +34,8 @@ impl LockSystem for Dlm {
         Box::new(DlmHandle {
             client: LockClient::builder(self.backend.clone())
                 .lease(self.ttl)
-                .build(),
+                .build()
+                .unwrap(),
             guard: None,
         })
     }

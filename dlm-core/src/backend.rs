@@ -437,4 +437,64 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         let _ = name;
         false
     }
+
+    /// The clock this backend's leases are measured on: the front compares every
+    /// [`Lease::valid_until`] it got from this backend with it (whether a guard
+    /// [`is_held`](crate::LockGuard::is_held), a re-entry, the watchdog's verdict on a
+    /// failed renewal). The default is [`Instant::now`]; override it only for a test
+    /// double with a virtual clock (`dlm_memory::ManualClock`), so that its guards see
+    /// the leases its store sees. It must never go back. Timeouts of waits are real time
+    /// whatever this returns.
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// What a [`LockClient`](crate::LockClient) runs on: any [`LockBackend`] by value (it is
+/// put behind an [`Arc`]), or an `Arc` of one, to share one backend (and its
+/// connections) between clients. Implemented for those; not meant to be implemented
+/// elsewhere.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlm_core::LockClient;
+/// use dlm_memory::MemoryBackend;
+///
+/// // By value: the client owns the backend.
+/// let alone = LockClient::new(MemoryBackend::new());
+/// // Shared: two clients (two owners) over one store.
+/// let shared = Arc::new(MemoryBackend::new());
+/// let a = LockClient::new(shared.clone());
+/// let b = LockClient::builder(shared).reentrant(false).build()?;
+/// # let _ = (alone, a, b);
+/// # Ok::<(), dlm_core::Error>(())
+/// ```
+pub trait IntoBackend: sealed::Sealed {
+    /// The backend, shared.
+    fn into_backend(self) -> Arc<dyn LockBackend>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<B: LockBackend> sealed::Sealed for B {}
+impl<B: LockBackend> IntoBackend for B {
+    fn into_backend(self) -> Arc<dyn LockBackend> {
+        Arc::new(self)
+    }
+}
+
+impl<B: LockBackend> sealed::Sealed for Arc<B> {}
+impl<B: LockBackend> IntoBackend for Arc<B> {
+    fn into_backend(self) -> Arc<dyn LockBackend> {
+        self
+    }
+}
+
+impl sealed::Sealed for Arc<dyn LockBackend> {}
+impl IntoBackend for Arc<dyn LockBackend> {
+    fn into_backend(self) -> Arc<dyn LockBackend> {
+        self
+    }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backend::{LockBackend, LockName, OwnerToken};
+use crate::backend::{IntoBackend, LockBackend, LockName, OwnerToken};
 use crate::error::{InvalidArgument, Result};
 use crate::lock::{DistributedLock, LockShared};
 use crate::retry::RetryPolicy;
@@ -76,49 +76,88 @@ impl ClientShared {
     }
 
     pub(crate) fn check_lease(&self, lease: Duration) -> Result<Duration, InvalidArgument> {
-        if lease < Duration::from_millis(1) {
-            return Err(InvalidArgument::new(
-                "lease",
-                format!("{lease:?} is below the minimum of 1 ms"),
-            ));
-        }
-        if lease > self.max_lease {
-            return Err(InvalidArgument::new(
-                "lease",
-                format!("{lease:?} exceeds the maximum of {:?}", self.max_lease),
-            ));
-        }
-        if Instant::now().checked_add(lease).is_none() {
-            return Err(InvalidArgument::new(
-                "lease",
-                format!("{lease:?} overflows the monotonic clock"),
-            ));
-        }
-        Ok(lease)
+        check_lease(lease, self.max_lease)
     }
 }
 
+/// `lease` if it is at least 1 ms, at most `max_lease`, and fits the monotonic clock.
+fn check_lease(lease: Duration, max_lease: Duration) -> Result<Duration, InvalidArgument> {
+    if lease < Duration::from_millis(1) {
+        return Err(InvalidArgument::new(
+            "lease",
+            format!("{lease:?} is below the minimum of 1 ms"),
+        ));
+    }
+    if lease > max_lease {
+        return Err(InvalidArgument::new(
+            "lease",
+            format!("{lease:?} exceeds the maximum of {:?}", max_lease),
+        ));
+    }
+    if Instant::now().checked_add(lease).is_none() {
+        return Err(InvalidArgument::new(
+            "lease",
+            format!("{lease:?} overflows the monotonic clock"),
+        ));
+    }
+    Ok(lease)
+}
+
 impl LockClient {
-    /// A client over `backend` with the default settings.
-    pub fn new(backend: impl LockBackend) -> Self {
-        LockClient::builder(Arc::new(backend)).build()
+    /// A client over `backend` with the default settings: watchdog-renewed leases of
+    /// 30 s, re-entrant, the default [`RetryPolicy`]. `backend` is a backend by value or
+    /// an `Arc` of one (see [`IntoBackend`]). Use [`builder`](LockClient::builder) for
+    /// other settings.
+    pub fn new(backend: impl IntoBackend) -> Self {
+        LockClient::from_parts(LockClientBuilder::new(backend.into_backend()))
     }
 
-    /// A client over a shared backend with the default settings.
-    pub fn new_arc(backend: Arc<dyn LockBackend>) -> Self {
-        LockClient::builder(backend).build()
+    /// A builder for a client over `backend`, a backend by value or an `Arc` of one
+    /// (which may be shared with other clients).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlm_core::LockClient;
+    /// use dlm_memory::MemoryBackend;
+    ///
+    /// let client = LockClient::builder(MemoryBackend::new())
+    ///     .lease(Duration::from_secs(10))
+    ///     .build()?;
+    /// // A setting out of range is an error, not a panic:
+    /// let bad = LockClient::builder(MemoryBackend::new()).lease(Duration::ZERO).build();
+    /// assert!(bad.unwrap_err().is_invalid_argument());
+    /// # let _ = client;
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    pub fn builder(backend: impl IntoBackend) -> LockClientBuilder {
+        LockClientBuilder::new(backend.into_backend())
     }
 
-    /// A builder for a client over `backend` (which may be shared with other clients).
-    pub fn builder(backend: Arc<dyn LockBackend>) -> LockClientBuilder {
-        LockClientBuilder {
-            backend,
-            lease: None,
-            watchdog_timeout: DEFAULT_WATCHDOG_TIMEOUT,
-            max_hold: None,
-            max_lease: DEFAULT_MAX_LEASE,
-            reentrant: true,
-            retry: RetryPolicy::default(),
+    /// A client from checked settings.
+    fn from_parts(b: LockClientBuilder) -> LockClient {
+        let (keep_alive, stop) = KeepAlive::new();
+        let backend = b.backend;
+        let shared = ClientShared {
+            backend: backend.clone(),
+            id: random_client_id(),
+            lease: b.lease,
+            max_lease: b.max_lease,
+            watchdog: Arc::new(Watchdog::new(
+                backend,
+                watchdog::Config {
+                    timeout: b.watchdog_timeout,
+                    max_hold: b.max_hold,
+                },
+                stop,
+            )),
+            reentrant: b.reentrant,
+            retry: b.retry,
+            seq: AtomicU64::new(0),
+            registry: Mutex::new(HashMap::new()),
+        };
+        LockClient {
+            shared: Arc::new(shared),
+            keep_alive,
         }
     }
 
@@ -182,10 +221,22 @@ pub struct LockClientBuilder {
 }
 
 impl LockClientBuilder {
+    fn new(backend: Arc<dyn LockBackend>) -> Self {
+        LockClientBuilder {
+            backend,
+            lease: None,
+            watchdog_timeout: DEFAULT_WATCHDOG_TIMEOUT,
+            max_hold: None,
+            max_lease: DEFAULT_MAX_LEASE,
+            reentrant: true,
+            retry: RetryPolicy::default(),
+        }
+    }
+
     /// A fixed lease for locks whose handle sets none: they expire `lease` after their
     /// acquisition unless extended, and the watchdog leaves them alone. Without it (the
     /// default), locks are watchdog-renewed (see [`watchdog_timeout`](Self::watchdog_timeout)).
-    /// Checked by [`try_build`](Self::try_build).
+    /// Checked by [`build`](Self::build).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
@@ -231,56 +282,21 @@ impl LockClientBuilder {
         self
     }
 
-    /// Builds the client.
+    /// Builds the client. No I/O happens here.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease or watchdog
     /// timeout below 1 ms (3 ms) or above the maximum lease.
-    pub fn try_build(self) -> Result<LockClient> {
-        let (keep_alive, stop) = KeepAlive::new();
-        let backend = self.backend;
-        let shared = ClientShared {
-            backend: backend.clone(),
-            id: random_client_id(),
-            lease: self.lease,
-            max_lease: self.max_lease,
-            watchdog: Arc::new(Watchdog::new(
-                backend,
-                watchdog::Config {
-                    timeout: self.watchdog_timeout,
-                    max_hold: self.max_hold,
-                },
-                stop,
-            )),
-            reentrant: self.reentrant,
-            retry: self.retry,
-            seq: AtomicU64::new(0),
-            registry: Mutex::new(HashMap::new()),
-        };
-        if let Some(lease) = shared.lease {
-            shared.check_lease(lease)?;
+    pub fn build(self) -> Result<LockClient> {
+        if let Some(lease) = self.lease {
+            check_lease(lease, self.max_lease)?;
         }
-        let timeout = shared
-            .check_lease(self.watchdog_timeout)
+        check_lease(self.watchdog_timeout, self.max_lease)
             .map_err(|e| InvalidArgument::new("watchdog_timeout", e.reason().to_owned()))?;
-        if timeout < Duration::from_millis(3) {
+        if self.watchdog_timeout < Duration::from_millis(3) {
             return Err(InvalidArgument::new("watchdog_timeout", "must be at least 3 ms").into());
         }
-        Ok(LockClient {
-            shared: Arc::new(shared),
-            keep_alive,
-        })
-    }
-
-    /// Builds the client.
-    ///
-    /// # Panics
-    /// When [`try_build`](Self::try_build) fails: the configured lease is invalid.
-    pub fn build(self) -> LockClient {
-        match self.try_build() {
-            Ok(client) => client,
-            Err(e) => panic!("invalid lock client configuration: {e}"),
-        }
+        Ok(LockClient::from_parts(self))
     }
 }
 

@@ -42,8 +42,8 @@ mod waiters;
 mod watchdog;
 
 pub use backend::{
-    Acquire, EncodedOwnerToken, FencingToken, Lease, LockBackend, LockName, MAX_NAME_LEN,
-    OwnerToken, Renewal, Unsubscribe, Watch,
+    Acquire, EncodedOwnerToken, FencingToken, IntoBackend, Lease, LockBackend, LockName,
+    MAX_NAME_LEN, OwnerToken, Renewal, Unsubscribe, Watch,
 };
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
@@ -53,3 +53,8 @@ pub use interrupt::{Interrupt, InterruptOnDrop, Interrupter, interrupt_pair};
 pub use lock::{DistributedLock, Lock};
 pub use retry::RetryPolicy;
 pub use waiters::WaitList;
+
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

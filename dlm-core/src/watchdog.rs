@@ -432,7 +432,8 @@ mod tests {
     fn a_hold_due_sooner_than_the_thread_sleeps_wakes_it() {
         let slow = LockClient::builder(Arc::new(Grant))
             .watchdog_timeout(Duration::from_secs(3600))
-            .build();
+            .build()
+            .unwrap();
         let watchdog = slow.shared.watchdog.clone();
         let a = slow.get_lock("a").unwrap().lock().unwrap();
         assert_eq!(watchdog.counts(), (1, 1));

@@ -374,3 +374,8 @@ impl Faults {
         Ok(())
     }
 }
+
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -21,7 +21,8 @@ fn manual_clock_expires_exactly_at_the_lease_end() {
     let backend = MemoryBackend::builder().clock(clock.clone()).build();
     let holder = LockClient::builder(std::sync::Arc::new(backend.clone()))
         .lease(Duration::from_secs(10))
-        .build();
+        .build()
+        .unwrap();
     let other = LockClient::new(backend);
     let guard = holder.get_lock("job").unwrap().lock().unwrap();
     let lock = other.get_lock("job").unwrap();
@@ -76,7 +77,8 @@ fn a_name_takes_memory_only_while_it_is_held_or_waited_for() {
     let backend = MemoryBackend::new();
     let c = LockClient::builder(std::sync::Arc::new(backend.clone()))
         .lease(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     let mut last = 0;
     for i in 0..100_000 {
         let g = c.get_lock(&format!("order:{i}")).unwrap().lock().unwrap();
@@ -105,7 +107,8 @@ fn a_name_takes_memory_only_while_it_is_held_or_waited_for() {
     let timed = MemoryBackend::builder().clock(clock.clone()).build();
     let tc = LockClient::builder(std::sync::Arc::new(timed.clone()))
         .lease(Duration::from_secs(1))
-        .build();
+        .build()
+        .unwrap();
     for i in 0..1000 {
         tc.get_lock(&format!("expiring:{i}"))
             .unwrap()
@@ -137,7 +140,8 @@ fn a_transient_error_is_retried_within_the_wait() {
     backend.faults().fail_next(3, BackendErrorKind::Unavailable);
     let c = LockClient::builder(std::sync::Arc::new(backend.clone()))
         .retry(fast_retry())
-        .build();
+        .build()
+        .unwrap();
     let g = c
         .get_lock("x")
         .unwrap()
@@ -166,7 +170,8 @@ fn a_permanent_error_is_returned_at_once() {
     backend.faults().fail_next(100, BackendErrorKind::Auth);
     let c = LockClient::builder(std::sync::Arc::new(backend.clone()))
         .retry(fast_retry())
-        .build();
+        .build()
+        .unwrap();
     let e = c.get_lock("x").unwrap().lock().unwrap_err();
     assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Auth);
     // One attempt, plus the best-effort clean-up release.
@@ -181,7 +186,8 @@ fn lock_on_a_dead_backend_gives_up_after_the_error_timeout() {
         .fail_next(u64::MAX, BackendErrorKind::Unavailable);
     let c = LockClient::builder(std::sync::Arc::new(backend))
         .retry(fast_retry().error_timeout(Duration::from_millis(200)))
-        .build();
+        .build()
+        .unwrap();
     let t = Instant::now();
     let e = c.get_lock("x").unwrap().lock().unwrap_err();
     assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Unavailable);
@@ -195,7 +201,8 @@ fn a_bounded_wait_on_a_failing_backend_returns_the_error_not_none() {
     backend.faults().fail_next(u64::MAX, BackendErrorKind::Busy);
     let c = LockClient::builder(std::sync::Arc::new(backend))
         .retry(fast_retry())
-        .build();
+        .build()
+        .unwrap();
     let r = c
         .get_lock("x")
         .unwrap()

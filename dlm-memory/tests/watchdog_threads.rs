@@ -18,7 +18,8 @@ fn one_renewal_thread_per_client_gone_with_the_client() {
     {
         let client = LockClient::builder(std::sync::Arc::new(backend.clone()))
             .watchdog_timeout(Duration::from_millis(300))
-            .build();
+            .build()
+            .unwrap();
         let fixed = client
             .get_lock("fixed")
             .unwrap()

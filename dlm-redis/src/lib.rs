@@ -81,3 +81,8 @@ pub struct LockKeys {
 }
 pub use redlock::{Redlock, RedlockBuilder, quorum};
 pub use single::{RedisBackend, RedisBackendBuilder};
+
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

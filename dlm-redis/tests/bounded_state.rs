@@ -73,7 +73,8 @@ fn a_hundred_thousand_names_leave_at_most_one_stream_per_slot_then_nothing() {
         .map(|_| {
             let client = LockClient::builder(backend.clone())
                 .lease(Duration::from_secs(30))
-                .build();
+                .build()
+                .unwrap();
             let next = next.clone();
             thread::spawn(move || {
                 let mut last = 0;
@@ -126,7 +127,8 @@ fn redlock_names_leave_the_same_bounded_state() {
         .unwrap();
     let client = LockClient::builder(Arc::new(backend))
         .lease(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     for i in 0..2_000 {
         let guard = client
             .get_lock(&format!("item:{i}"))

@@ -56,6 +56,7 @@ fn redlock_client(urls: &[String], lease: Duration) -> LockClient {
     ))
     .lease(lease)
     .build()
+    .unwrap()
 }
 
 fn single_client(url: &str) -> LockClient {
@@ -67,6 +68,7 @@ fn single_client(url: &str) -> LockClient {
     ))
     .lease(Duration::from_secs(30))
     .build()
+    .unwrap()
 }
 
 #[test]

@@ -32,6 +32,7 @@ fn client(url: &str) -> LockClient {
     ))
     .lease(Duration::from_secs(30))
     .build()
+    .unwrap()
 }
 
 #[test]

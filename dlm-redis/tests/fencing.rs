@@ -130,6 +130,7 @@ fn a_redlock_node_that_restarts_empty_does_not_let_tokens_go_back() {
         ))
         .lease(lease)
         .build()
+        .unwrap()
     };
     let history = History::new();
     cluster.nodes.get_mut(2).kill();

@@ -66,6 +66,7 @@ fn a_killed_subscriber_connection_falls_back_to_polling_and_resubscribes() {
     let waiter = LockClient::builder(waiting_backend.clone())
         .retry(slow_retry())
         .build()
+        .unwrap()
         .get_lock(&name)
         .unwrap();
     let (t, rx) = spawn_waiter(waiter);
@@ -114,6 +115,7 @@ fn a_forged_release_message_causes_one_retry_only() {
     let counting = Arc::new(CountingBackend::new(Arc::new(backend(&url))));
     let waiter = LockClient::builder(counting.clone())
         .build()
+        .unwrap()
         .get_lock(&name)
         .unwrap();
     let (t, rx) = spawn_waiter(waiter);
@@ -163,6 +165,7 @@ fn a_user_without_channel_rights_still_locks_by_polling() {
     let waiter = LockClient::builder(waiting_backend.clone())
         .retry(slow_retry())
         .build()
+        .unwrap()
         .get_lock(&name)
         .unwrap();
     let (t, rx) = spawn_waiter(waiter);
@@ -191,7 +194,8 @@ fn a_paused_server_makes_renewal_fail_and_the_guard_reports_the_loss() {
         .unwrap();
     let client = LockClient::builder(Arc::new(quick))
         .watchdog_timeout(Duration::from_millis(600))
-        .build();
+        .build()
+        .unwrap();
     let guard = client
         .get_lock(&unique_name("paused"))
         .unwrap()
@@ -216,7 +220,8 @@ fn the_watchdog_renews_on_redis_for_three_timeouts() {
     let url = fixture.server.url();
     let client = LockClient::builder(Arc::new(backend(&url)))
         .watchdog_timeout(Duration::from_millis(300))
-        .build();
+        .build()
+        .unwrap();
     let name = unique_name("renewed");
     let guard = client.get_lock(&name).unwrap().lock().unwrap();
     let other = LockClient::new(backend(&url)).get_lock(&name).unwrap();
@@ -251,7 +256,8 @@ fn a_lost_release_message_costs_at_most_the_holders_remaining_lease() {
     let lease = Duration::from_millis(1500);
     let holder = LockClient::builder(Arc::new(backend(&url)))
         .lease(lease)
-        .build();
+        .build()
+        .unwrap();
     let held = holder.get_lock(&name).unwrap().lock().unwrap();
     let lease_end = held.valid_until();
     let waiter_backend = backend(&url);

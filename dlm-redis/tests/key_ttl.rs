@@ -6,7 +6,9 @@ use dlm_core::{Lock, LockClient};
 #[test]
 fn every_lock_key_has_a_ttl() {
     let single = common::Single::new();
-    let client = LockClient::builder(dlm_testkit::Fixture::backend(&single)).build();
+    let client = LockClient::builder(dlm_testkit::Fixture::backend(&single))
+        .build()
+        .unwrap();
     let guards: Vec<_> = (0..20)
         .map(|i| client.get_lock(&format!("k{i}")).unwrap().lock().unwrap())
         .collect();

@@ -54,7 +54,8 @@ fn a_client_cut_off_from_a_majority_stops_believing_it_holds_the_lock() {
     let watchdog = Duration::from_secs(2);
     let a = LockClient::builder(Arc::new(net.redlock()))
         .watchdog_timeout(watchdog)
-        .build();
+        .build()
+        .unwrap();
     let name = unique_name("cut-majority");
     let guard = a.get_lock(&name).unwrap().lock().unwrap();
     let lost = guard.lost_signal();
@@ -100,7 +101,8 @@ fn a_client_cut_off_from_a_minority_keeps_its_lock() {
     let watchdog = Duration::from_secs(1);
     let a = LockClient::builder(Arc::new(net.redlock()))
         .watchdog_timeout(watchdog)
-        .build();
+        .build()
+        .unwrap();
     let name = unique_name("cut-minority");
     let guard = a.get_lock(&name).unwrap().lock().unwrap();
     net.proxies[2].blackhole(Direction::Both);
@@ -132,7 +134,8 @@ fn a_lost_reply_to_an_applied_acquisition_is_retried_without_blocking_itself() {
             .unwrap(),
     ))
     .lease(Duration::from_secs(30))
-    .build();
+    .build()
+    .unwrap();
     let name = unique_name("lost-reply");
     // Warm up: the next request is the acquisition itself.
     client
@@ -175,7 +178,8 @@ fn a_connection_reset_during_a_release_is_a_typed_error_and_leaves_nothing_held(
             .unwrap(),
     ))
     .lease(Duration::from_secs(30))
-    .build();
+    .build()
+    .unwrap();
     let name = unique_name("reset-release");
     // Warm up: the release script is loaded (a NOSCRIPT would be the stalled reply).
     client
@@ -242,7 +246,8 @@ fn a_thousand_holds_survive_fifty_milliseconds_of_latency_per_request() {
     let watchdog = Duration::from_secs(2);
     let client = LockClient::builder(counting.clone())
         .watchdog_timeout(watchdog)
-        .build();
+        .build()
+        .unwrap();
     let prefix = unique_name("latency");
     let guards: Vec<_> = (0..1_000)
         .map(|i| {
@@ -298,7 +303,8 @@ fn the_validity_of_a_slow_round_counts_from_its_start() {
             .unwrap(),
     ))
     .lease(lease)
-    .build();
+    .build()
+    .unwrap();
     let drift = lease.mul_f64(0.01) + Duration::from_millis(2);
     for _ in 0..3 {
         let before = Instant::now();
@@ -334,7 +340,8 @@ fn a_single_instance_lease_gone_when_its_reply_arrives_is_a_timeout_and_released
     let client = LockClient::builder(Arc::new(backend))
         .lease(Duration::from_millis(60))
         .retry(RetryPolicy::new().error_timeout(Duration::ZERO))
-        .build();
+        .build()
+        .unwrap();
     let name = unique_name("gone-on-arrival");
     client
         .get_lock("warm")

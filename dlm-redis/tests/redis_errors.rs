@@ -853,7 +853,8 @@ fn a_paused_server_fails_calls_within_the_deadline_and_recovers_cleanly() {
     let client = LockClient::builder(backend.clone())
         .lease(Duration::from_secs(3))
         .retry(RetryPolicy::new().error_timeout(Duration::from_millis(500)))
-        .build();
+        .build()
+        .unwrap();
     let name = unique_name("pause");
     let lock = client.get_lock(&name).unwrap();
     let guard = lock.try_lock().unwrap().expect("free");
@@ -917,7 +918,7 @@ fn a_paused_server_fails_calls_within_the_deadline_and_recovers_cleanly() {
     }
     // A fresh name through the same single pooled connection: exact answers, so a stale
     // reply (an array for an integer, another name's token) would show.
-    let other = LockClient::builder(backend).build();
+    let other = LockClient::builder(backend).build().unwrap();
     let fresh = other.get_lock(&unique_name("pause")).unwrap();
     // Tokens are ordered per name (this one may be in another slot, with another stream).
     let mut last_token = 0;
@@ -1007,8 +1008,8 @@ fn waiters_hold_no_pooled_connection_so_the_holder_can_release() {
             .build()
             .unwrap(),
     );
-    let a = LockClient::builder(backend.clone()).build();
-    let b = LockClient::builder(backend.clone()).build();
+    let a = LockClient::builder(backend.clone()).build().unwrap();
+    let b = LockClient::builder(backend.clone()).build().unwrap();
     let name = unique_name("pool");
     let guard = a
         .get_lock(&name)

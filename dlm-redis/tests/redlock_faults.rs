@@ -59,7 +59,10 @@ fn calm(urls: &[String]) -> Redlock {
 }
 
 fn client(backend: impl LockBackend) -> LockClient {
-    LockClient::builder(Arc::new(backend)).lease(LEASE).build()
+    LockClient::builder(Arc::new(backend))
+        .lease(LEASE)
+        .build()
+        .unwrap()
 }
 
 fn key(name: &str) -> String {
@@ -419,7 +422,10 @@ fn a_lost_majority_is_reported_as_no_quorum_within_the_budget() {
     let live = cluster.nodes.get(1);
 
     let counting = Arc::new(CountingBackend::new(Arc::new(fast(&urls))));
-    let rl = LockClient::builder(counting.clone()).lease(LEASE).build();
+    let rl = LockClient::builder(counting.clone())
+        .lease(LEASE)
+        .build()
+        .unwrap();
     let name = unique_name("majority-down");
     let lock = rl.get_lock(&name).unwrap();
 
@@ -461,7 +467,8 @@ fn a_lost_majority_is_reported_as_no_quorum_within_the_budget() {
     let impatient = LockClient::builder(Arc::new(fast(&urls)))
         .lease(LEASE)
         .retry(RetryPolicy::new().error_timeout(error_timeout))
-        .build();
+        .build()
+        .unwrap();
     let lock = impatient.get_lock(&name).unwrap();
     let (r, elapsed) = timed(|| lock.lock());
     expect_no_quorum(r, "lock() with a 500 ms error timeout");
@@ -885,7 +892,8 @@ fn extend_and_release_report_the_quorum_of_confirmations() {
     let cluster = Cluster::new(3);
     let rl = LockClient::builder(Arc::new(calm(&cluster.nodes.urls())))
         .lease(Duration::from_secs(10))
-        .build();
+        .build()
+        .unwrap();
     let nodes = [
         cluster.nodes.get(0),
         cluster.nodes.get(1),

@@ -22,7 +22,8 @@ const WATCHDOG: Duration = Duration::from_secs(2);
 fn hold_many(backend: Arc<CountingBackend>, prefix: &str) -> (LockClient, Vec<LockGuard>) {
     let client = LockClient::builder(backend)
         .watchdog_timeout(WATCHDOG)
-        .build();
+        .build()
+        .unwrap();
     let guards = (0..HOLDS)
         .map(|i| {
             client

@@ -147,7 +147,9 @@ fn parse_commandstats(stats: &str) -> BTreeMap<String, u64> {
 #[test]
 fn single_instance_costs_two_requests_and_no_connection_per_cycle() {
     let fixture = common::Single::new();
-    let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture)).build();
+    let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture))
+        .build()
+        .unwrap();
     check(&client, &[&fixture.server], Fence::Single);
 }
 
@@ -176,8 +178,12 @@ fn a_release_publishes_only_when_a_waiter_marked_the_lock() {
     let fixture = common::Single::new();
     let server = &fixture.server;
     let (a, b) = (
-        LockClient::builder(dlm_testkit::Fixture::backend(&fixture)).build(),
-        LockClient::builder(dlm_testkit::Fixture::backend(&fixture)).build(),
+        LockClient::builder(dlm_testkit::Fixture::backend(&fixture))
+            .build()
+            .unwrap(),
+        LockClient::builder(dlm_testkit::Fixture::backend(&fixture))
+            .build()
+            .unwrap(),
     );
     let name = "marked";
     let mut admin = server.connection();

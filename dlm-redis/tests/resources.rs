@@ -47,7 +47,9 @@ fn redlock_and_single_backends_leave_no_threads_behind() {
             .unwrap();
         assert!(waited.is_none());
         drop(held);
-        let single_client = LockClient::builder(dlm_testkit::Fixture::backend(&single)).build();
+        let single_client = LockClient::builder(dlm_testkit::Fixture::backend(&single))
+            .build()
+            .unwrap();
         single_client
             .get_lock("threads")
             .unwrap()

@@ -45,7 +45,8 @@ fn owner_tokens_appear_in_no_log_debug_output_or_error() {
     let client = LockClient::builder(Arc::new(backend))
         .watchdog_timeout(Duration::from_millis(300))
         .retry(RetryPolicy::new().error_timeout(Duration::from_millis(300)))
-        .build();
+        .build()
+        .unwrap();
     let name = unique_name("secret");
     let lock = client.get_lock(&name).unwrap();
     let guard = lock.lock().unwrap();

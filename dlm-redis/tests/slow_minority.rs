@@ -32,7 +32,10 @@ fn redlock(urls: &[String]) -> Redlock {
 }
 
 fn client(backend: &Arc<Redlock>) -> LockClient {
-    LockClient::builder(backend.clone()).lease(LEASE).build()
+    LockClient::builder(backend.clone())
+        .lease(LEASE)
+        .build()
+        .unwrap()
 }
 
 /// The median time of `CYCLES` uncontended lock + unlock cycles on fresh names.

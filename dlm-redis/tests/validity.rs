@@ -15,7 +15,7 @@ const LEASE: Duration = Duration::from_secs(10);
 /// Takes a lock with a fixed `LEASE` and checks its validity against the formula, from
 /// the instants just before and after the call.
 fn check(backend: Arc<dyn LockBackend>, factor: f64, what: &str) {
-    let client = LockClient::builder(backend).lease(LEASE).build();
+    let client = LockClient::builder(backend).lease(LEASE).build().unwrap();
     let drift = LEASE.mul_f64(factor) + Duration::from_millis(2);
     for _ in 0..5 {
         let lock = client.get_lock(&unique_name("validity")).unwrap();

@@ -21,11 +21,14 @@ use crate::{CountingBackend, Fixture, unique_name};
 const PROMPT: Duration = Duration::from_secs(2);
 
 fn client(f: &dyn Fixture) -> LockClient {
-    LockClient::builder(f.backend()).build()
+    LockClient::builder(f.backend()).build().unwrap()
 }
 
 fn client_with_lease(f: &dyn Fixture, lease: Duration) -> LockClient {
-    LockClient::builder(f.backend()).lease(lease).build()
+    LockClient::builder(f.backend())
+        .lease(lease)
+        .build()
+        .unwrap()
 }
 
 /// Asserts that `rx` receives nothing for `within`: the thread behind it is blocked.
@@ -128,7 +131,7 @@ pub fn zero_timeout_is_exactly_one_attempt(f: &dyn Fixture) {
     let name = unique_name("zero");
     let _held = client(f).get_lock(&name).unwrap().lock().unwrap();
     let counting = Arc::new(CountingBackend::new(f.backend()));
-    let other = LockClient::builder(counting.clone()).build();
+    let other = LockClient::builder(counting.clone()).build().unwrap();
     let lock = other.get_lock(&name).unwrap();
     assert!(lock.try_lock_timeout(Duration::ZERO).unwrap().is_none());
     assert_eq!(counting.calls(), 1);
@@ -351,7 +354,10 @@ pub fn reentrant_partial_unlock_keeps_the_lock(f: &dyn Fixture) {
 /// With re-entrancy off, a second acquisition by the holding thread is contention.
 pub fn non_reentrant_mode_refuses_second_hold(f: &dyn Fixture) {
     let name = unique_name("non-reentrant");
-    let c = LockClient::builder(f.backend()).reentrant(false).build();
+    let c = LockClient::builder(f.backend())
+        .reentrant(false)
+        .build()
+        .unwrap();
     let lock = c.get_lock(&name).unwrap();
     let guard = lock.lock().unwrap();
     assert!(lock.try_lock().unwrap().is_none());
@@ -413,6 +419,7 @@ pub fn release_wakes_a_waiter(f: &dyn Fixture) {
     let waiter = LockClient::builder(f.backend())
         .retry(slow)
         .build()
+        .unwrap()
         .get_lock(&name)
         .unwrap();
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -566,7 +573,7 @@ pub fn fencing_tokens_strictly_increase(f: &dyn Fixture) {
 /// Bad arguments are rejected with `InvalidArgument` before any request is made.
 pub fn bad_input_is_rejected_before_io(f: &dyn Fixture) {
     let counting = Arc::new(CountingBackend::new(f.backend()));
-    let c = LockClient::builder(counting.clone()).build();
+    let c = LockClient::builder(counting.clone()).build().unwrap();
     let long = "x".repeat(dlm_core::MAX_NAME_LEN + 1);
     for bad in ["", long.as_str(), "nul\0byte", "new\nline"] {
         let e = c.get_lock(bad).unwrap_err();
@@ -606,7 +613,7 @@ pub fn bad_input_is_rejected_before_io(f: &dyn Fixture) {
     assert!(
         LockClient::builder(f.backend())
             .lease(Duration::ZERO)
-            .try_build()
+            .build()
             .is_err()
     );
     // Lua-looking and key-looking names are just names.
@@ -662,6 +669,7 @@ fn watchdog_client(f: &dyn Fixture, timeout: Duration) -> LockClient {
     LockClient::builder(f.backend())
         .watchdog_timeout(timeout)
         .build()
+        .unwrap()
 }
 
 /// Without an explicit lease, the watchdog keeps a lock for three times its timeout (and
@@ -699,7 +707,8 @@ pub fn watchdog_respects_max_hold(f: &dyn Fixture) {
     let c = LockClient::builder(f.backend())
         .watchdog_timeout(Duration::from_millis(200))
         .max_hold(Duration::from_millis(500))
-        .build();
+        .build()
+        .unwrap();
     let guard = c.get_lock(&name).unwrap().lock().unwrap();
     let leaked = c.get_lock(&unique_name("leaked")).unwrap();
     let leaked_name = leaked.name().to_owned();
@@ -816,6 +825,7 @@ pub fn release_between_failed_try_and_wait_is_not_lost(f: &dyn Fixture) {
     let waiter = LockClient::builder(backend.clone())
         .retry(slow)
         .build()
+        .unwrap()
         .get_lock(&name)
         .unwrap();
     let t = Instant::now();
@@ -847,6 +857,7 @@ pub fn one_release_wakes_one_of_sixteen_waiters(f: &dyn Fixture) {
     let holder = LockClient::builder(counting.clone())
         .lease(Duration::from_secs(30))
         .build()
+        .unwrap()
         .get_lock(&name)
         .unwrap()
         .lock()
@@ -857,6 +868,7 @@ pub fn one_release_wakes_one_of_sixteen_waiters(f: &dyn Fixture) {
         .map(|_| {
             let lock = LockClient::builder(counting.clone())
                 .build()
+                .unwrap()
                 .get_lock(&name)
                 .unwrap();
             let (won_tx, go_rx) = (won_tx.clone(), go_rx.clone());
@@ -973,7 +985,8 @@ pub fn local_waiters_are_served_in_turn(f: &dyn Fixture) {
     let counting = Arc::new(CountingBackend::new(f.backend()));
     let client = LockClient::builder(counting.clone())
         .lease(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     let holder = client.get_lock(&name).unwrap().lock().unwrap();
     let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let threads: Vec<_> = (0..THREADS)
@@ -1068,7 +1081,7 @@ pub fn a_paused_holder_is_fenced_off(f: &dyn Fixture) {
 pub fn release_gives_back_every_hold(f: &dyn Fixture) {
     let name = unique_name("release");
     let counting = Arc::new(CountingBackend::new(f.backend()));
-    let c = LockClient::builder(counting.clone()).build();
+    let c = LockClient::builder(counting.clone()).build().unwrap();
     let lock = c.get_lock(&name).unwrap();
     for _ in 0..3 {
         lock.lock().unwrap().into_hold();
@@ -1096,7 +1109,8 @@ pub fn reentry_does_no_io(f: &dyn Fixture) {
     let counting = Arc::new(CountingBackend::new(f.backend()));
     let c = LockClient::builder(counting.clone())
         .lease(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     let lock = c.get_lock(&name).unwrap();
     let outer = lock.lock().unwrap();
     let calls = counting.calls();
@@ -1187,7 +1201,8 @@ pub fn try_lock_never_queues(f: &dyn Fixture) {
     let backend = f.backend();
     let holder = LockClient::builder(backend.clone())
         .lease(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     let gate = Arc::new(Gate {
         inner: backend.clone(),
         pass: 2, // before and after subscribing; the attempt after its wake-up waits
@@ -1198,11 +1213,13 @@ pub fn try_lock_never_queues(f: &dyn Fixture) {
     });
     let waiter = LockClient::builder(gate.clone())
         .lease(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     let counting = Arc::new(CountingBackend::new(backend.clone()));
     let newcomer = LockClient::builder(counting.clone())
         .lease(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     let held = holder.get_lock(&name).unwrap().lock().unwrap();
     let lock = waiter.get_lock(&name).unwrap();
     let waiting = thread::spawn(move || {

@@ -145,3 +145,8 @@ macro_rules! conformance_tests {
         )*
     };
 }
+
+/// The README's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

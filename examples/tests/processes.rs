@@ -142,7 +142,7 @@ fn crashed_holder(urls: &[String]) {
     const WATCHDOG: Duration = Duration::from_secs(2);
     let name = dlm_testkit::unique_name("crash");
     let (mut holder, _) = Holder::start(urls, &name, WATCHDOG);
-    let other = LockClient::new_arc(backend(urls));
+    let other = LockClient::new(backend(urls));
     let lock = other.get_lock(&name).unwrap();
     // Well past the first renewal.
     std::thread::sleep(WATCHDOG);
@@ -199,7 +199,7 @@ fn paused_holder(urls: &[String]) {
         .write(FencingToken::new(old), |w| w.push("holder"))
         .unwrap();
     holder.signal("STOP");
-    let other = LockClient::new_arc(backend(urls));
+    let other = LockClient::new(backend(urls));
     let guard = other
         .get_lock(&name)
         .unwrap()

@@ -183,7 +183,8 @@ impl Load {
         for c in 0..target.clients() {
             let client = LockClient::builder(target.backend())
                 .watchdog_timeout(LEASE)
-                .build();
+                .build()
+                .unwrap();
             for t in 0..THREADS {
                 let (client, stop, counters, history, resources) = (
                     client.clone(),

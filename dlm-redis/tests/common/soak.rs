@@ -50,7 +50,8 @@ impl Soak {
         for c in 0..clients {
             let client = LockClient::builder(backend())
                 .watchdog_timeout(lease)
-                .build();
+                .build()
+                .unwrap();
             for t in 0..threads {
                 let id = c * threads + t;
                 let (client, history, holds, errors, stop, healed, after) = (

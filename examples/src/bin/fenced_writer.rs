@@ -39,7 +39,7 @@ fn main() -> ExitCode {
         Ok(con) => con,
         Err(e) => args.fail(&format!("cannot connect to {first_url}: {e}")),
     };
-    let lock = LockClient::new_arc(backend)
+    let lock = LockClient::new(backend)
         .get_lock(&name)
         .expect("valid name");
     for _ in 0..count {

@@ -56,8 +56,11 @@ fn main() -> ExitCode {
     };
 
     let lease = Duration::from_millis(500);
-    let client1 = LockClient::builder(backend.clone()).lease(lease).build();
-    let client2 = LockClient::builder(backend).build();
+    let client1 = LockClient::builder(backend.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let client2 = LockClient::builder(backend).build().unwrap();
 
     let g1 = client1
         .get_lock(&name)

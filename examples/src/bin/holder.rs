@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     args.finish();
     let client = match LockClient::builder(backend)
         .watchdog_timeout(watchdog)
-        .try_build()
+        .build()
     {
         Ok(client) => client,
         Err(e) => args.fail(&format!("--watchdog: {e}")),

@@ -40,6 +40,7 @@ fn main() -> ExitCode {
         .map(|_| {
             let lock = LockClient::builder(backend.clone())
                 .build()
+                .unwrap()
                 .get_lock(&name)
                 .expect("valid lock name");
             let counter = counter.clone();

@@ -19,7 +19,7 @@ fn main() -> Result<(), dlm_core::Error> {
     // One client per process: it owns the random owner id of this process's locks.
     let client = LockClient::builder(backend)
         .lease(Duration::from_secs(10))
-        .build();
+        .build()?;
     let lock = client.get_lock(&name)?;
 
     // Wait at most 5 s for the lock; the guard releases it when dropped.
