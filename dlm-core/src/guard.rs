@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{FencingToken, Lease};
 use crate::error::{Error, Result};
 use crate::lock::LockShared;
+use crate::signal::{LostSignal, Signal};
 use crate::watchdog::KeepAlive;
 
 /// One hold of a lock. Created by the acquisition methods of [`Lock`](crate::Lock);
@@ -78,14 +79,14 @@ impl LockGuard {
 
     /// `true` once [`valid_until`](LockGuard::valid_until) has passed.
     pub fn is_expired(&self) -> bool {
-        Instant::now() >= self.valid_until()
+        self.lock.client.backend.now() >= self.valid_until()
     }
 
     /// `true` while this acquisition is current, its lease has not run out, and no
     /// extension found it gone. Local knowledge: no I/O.
     pub fn is_held(&self) -> bool {
-        self.with_holding(|h| h.is_valid(Instant::now()))
-            .unwrap_or(false)
+        let now = self.lock.client.backend.now();
+        self.with_holding(|h| h.is_valid(now)).unwrap_or(false)
     }
 
     /// `Ok(())` when [`is_held`](LockGuard::is_held), else [`Error::LockLost`]: a
@@ -98,36 +99,46 @@ impl LockGuard {
         }
     }
 
-    /// A receiver that disconnects when this hold ends: when the lock is found lost (a
-    /// watchdog renewal or an [`extend`](LockGuard::extend) found it gone, or renewals
-    /// failed until the lease ran out), or when it is released. It never receives a
-    /// message, so `recv()` returns `Err` exactly then; use it in `select!` to stop work
-    /// whose lock is gone, and [`is_held`](LockGuard::is_held) to tell which.
+    /// A [`LostSignal`] of this hold: it tells another thread (or this one, without I/O)
+    /// whether the hold is [`Held`](crate::HoldState::Held), [`Lost`](crate::HoldState::Lost) (a
+    /// watchdog renewal or an [`extend`](LockGuard::extend) found the lock gone, renewals
+    /// failed until the lease ran out, or a fixed lease ran out), or
+    /// [`Released`](crate::HoldState::Released), and can wait for the end.
     ///
     /// ```
-    /// use dlm_core::{Lock, LockClient};
+    /// use std::time::Duration;
+    /// use dlm_core::{HoldState, Lock, LockClient};
     /// use dlm_memory::MemoryBackend;
     ///
-    /// let backend = MemoryBackend::new();
-    /// let lock = LockClient::new(backend.clone()).get_lock("batch")?;
+    /// let lock = LockClient::new(MemoryBackend::new()).get_lock("batch")?;
     /// let guard = lock.lock()?;
-    /// let lost = guard.lost_signal();
-    /// assert!(matches!(lost.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)));
-    /// lock.force_unlock()?; // someone else breaks the lock...
-    /// assert!(matches!(guard.extend(std::time::Duration::from_secs(30)), Err(dlm_core::Error::LockLost)));
-    /// assert!(lost.recv().is_err()); // ...and the worker hears of it
+    /// let signal = guard.lost_signal();
+    /// assert_eq!(signal.wait_timeout(Duration::from_millis(10)), HoldState::Held);
+    /// guard.unlock()?;
+    /// assert_eq!(signal.state(), HoldState::Released); // done, not lost
     /// # Ok::<(), dlm_core::Error>(())
     /// ```
-    pub fn lost_signal(&self) -> crossbeam_channel::Receiver<()> {
+    pub fn lost_signal(&self) -> LostSignal {
         let mut state = self.lock.state.lock();
-        let current = state
+        match state
             .holding
             .as_mut()
-            .filter(|h| h.generation == self.generation);
-        current.map(|h| h.lost_signal()).unwrap_or_else(|| {
-            // This acquisition is already over: a receiver that is already disconnected.
-            crossbeam_channel::bounded(0).1
-        })
+            .filter(|h| h.generation == self.generation)
+        {
+            Some(h) if h.lost => LostSignal::ended(self.lock.clone(), self.generation, true),
+            Some(h) => {
+                let signal = h.signal.get_or_insert_with(Signal::new);
+                LostSignal::new(self.lock.clone(), self.generation, signal)
+            }
+            None => {
+                // This acquisition is already over, and this guard did not release it:
+                // lost if its lease ran out, else released through another way
+                // (`Lock::unlock`, `release`).
+                drop(state);
+                let lost = self.lock.client.backend.now() >= self.valid_until();
+                LostSignal::ended(self.lock.clone(), self.generation, lost)
+            }
+        }
     }
 
     /// The fencing token of this acquisition, if the backend issues them. Re-entrant holds

@@ -13,7 +13,7 @@
 //!   backoff, the deadline or an [`Interrupt`].
 //! - Re-entrant per (lock, thread) with hold counts, like Redisson's `RLock`.
 //! - Leases renewed by one watchdog thread per client (Redisson's `lockWatchdogTimeout`),
-//!   with a lost-lock signal on the guard ([`LockGuard::lost_signal`]).
+//!   with a lost-lock signal on the guard ([`LockGuard::lost_signal`], a [`LostSignal`]).
 //! - Leases are monotonic ([`std::time::Instant`]); wall-clock time is never used.
 //!
 //! ## Layout
@@ -38,6 +38,7 @@ mod guard;
 mod interrupt;
 mod lock;
 mod retry;
+mod signal;
 mod waiters;
 mod watchdog;
 
@@ -52,6 +53,7 @@ pub use guard::LockGuard;
 pub use interrupt::{Interrupt, InterruptOnDrop, Interrupter, interrupt_pair};
 pub use lock::{DistributedLock, Lock};
 pub use retry::RetryPolicy;
+pub use signal::{HoldState, LostSignal};
 pub use waiters::WaitList;
 
 /// The README's examples, compiled and run as doc-tests.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, select};
+use crossbeam_channel::{Receiver, select};
 use parking_lot::Mutex;
 
 use crate::backend::{Acquire, Lease, LockName, OwnerToken, Watch};
@@ -12,6 +12,7 @@ use crate::client::{ClientShared, thread_no};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::interrupt::Interrupt;
+use crate::signal::Signal;
 use crate::watchdog::{KeepAlive, Registration, Ticket};
 
 /// The operations of the Java `AbstractLock` this library grew from, with Rust guards.
@@ -144,10 +145,10 @@ pub(crate) struct Holding {
     /// Its place in the watchdog's schedule (watchdog-renewed holds only): dropped with
     /// the hold, which ends the renewals.
     _renewal: Option<Ticket>,
-    /// The lost-lock signal, made on the first [`lost_signal`](Holding::lost_signal):
-    /// the sender is dropped when the hold ends (lost or released), so that its
-    /// receivers disconnect. Most holds never ask, and pay nothing for it.
-    signal: Option<(Sender<()>, Receiver<()>)>,
+    /// The lost-lock signal, made on the first [`LockGuard::lost_signal`]: ended with a
+    /// verdict (lost or released) when the hold ends. Most holds never ask, and pay
+    /// nothing for it.
+    pub(crate) signal: Option<Signal>,
 }
 
 impl Holding {
@@ -155,23 +156,13 @@ impl Holding {
         !self.lost && now < self.lease.valid_until()
     }
 
-    /// Records that the lock is gone and signals it to whoever waits on
-    /// [`LockGuard::lost_signal`].
+    /// Records that the lock is gone and signals it to whoever watches a
+    /// [`LostSignal`](crate::LostSignal) of this hold.
     pub(crate) fn mark_lost(&mut self) {
         self.lost = true;
-        self.signal = None;
-    }
-
-    /// A receiver that disconnects when this hold ends (at once if it was lost).
-    pub(crate) fn lost_signal(&mut self) -> Receiver<()> {
-        if self.lost {
-            // Already over: a receiver whose sender is gone.
-            return crossbeam_channel::bounded(0).1;
+        if let Some(signal) = self.signal.take() {
+            signal.end(true);
         }
-        self.signal
-            .get_or_insert_with(|| crossbeam_channel::bounded(0))
-            .1
-            .clone()
     }
 }
 
@@ -198,8 +189,17 @@ impl LockShared {
             return Ok(());
         }
         let token = holding.token;
+        let signal = holding.signal.take();
+        let was_valid = holding.is_valid(self.client.backend.now());
         state.holding = None;
         let released = self.client.backend.release(&self.name, &token);
+        if let Some(signal) = signal {
+            // Under the state mutex: a watcher never sees the hold gone without a verdict.
+            // Lost if the lease had run out here (as the signal already said) or the key
+            // was gone; a failed release (the key lasts until its lease ends) is still the
+            // holder letting go.
+            signal.end(!was_valid || matches!(released, Ok(false)));
+        }
         drop(state);
         match released {
             Ok(true) => Ok(()),
@@ -289,10 +289,9 @@ impl DistributedLock {
     /// been found lost (local knowledge, no I/O).
     pub fn is_held_by_current_thread(&self) -> bool {
         let state = self.shared.state.lock();
-        state
-            .holding
-            .as_ref()
-            .is_some_and(|h| h.thread == thread_no() && h.is_valid(Instant::now()))
+        state.holding.as_ref().is_some_and(|h| {
+            h.thread == thread_no() && h.is_valid(self.shared.client.backend.now())
+        })
     }
 
     /// How many holds the calling thread has (0 when it does not hold the lock).
@@ -465,7 +464,7 @@ impl DistributedLock {
         let Some(h) = state.holding.as_mut().filter(|h| h.thread == me) else {
             return Ok(None);
         };
-        if !h.is_valid(Instant::now()) {
+        if !h.is_valid(self.shared.client.backend.now()) {
             // The earlier hold's lease is gone; its guards will report it. This
             // acquisition starts afresh.
             log::warn!(

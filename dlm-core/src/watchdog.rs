@@ -345,9 +345,12 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
             holding.mark_lost();
             return;
         }
-        Err(e) if now < holding.lease.valid_until() => {
+        Err(e) if lock.client.backend.now() < holding.lease.valid_until() => {
             log::warn!("lock {:?}: renewal failed, retrying: {e}", lock.name);
-            let left = holding.lease.valid_until() - now;
+            let left = holding
+                .lease
+                .valid_until()
+                .saturating_duration_since(lock.client.backend.now());
             entry.due = now
                 + (config.period() / 4)
                     .min(left / 2)

@@ -25,6 +25,12 @@ impl Clock for SystemClock {
 /// A clock that moves only when told to: expiry tests become deterministic, without
 /// sleeping. Cloning shares the clock.
 ///
+/// The store and the guards agree on it: the memory backend reports it as its clock
+/// ([`LockBackend::now`](dlm_core::LockBackend::now)), so a guard whose lease the clock
+/// has passed says [`is_held`](dlm_core::LockGuard::is_held) `false` and its
+/// [`LostSignal`](dlm_core::LostSignal) says lost, while real time passing expires
+/// nothing. Waits (`try_lock_timeout`) and the watchdog's schedule stay in real time.
+///
 /// ```
 /// use std::time::Duration;
 /// use dlm_memory::{Clock, ManualClock};

@@ -217,7 +217,7 @@ impl LockBackend for MemoryBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
-        let started = Instant::now();
+        let started = self.inner.clock.now();
         let fencing = self.inner.fencing;
         self.with_entry(name, |entry, last_fence, now| {
             let expires_at = now + ttl;
@@ -249,7 +249,7 @@ impl LockBackend for MemoryBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        let started = Instant::now();
+        let started = self.inner.clock.now();
         self.with_entry(name, |entry, _, now| match entry.holder(now) {
             Some(holder) if holder.owner == *owner => {
                 holder.expires_at = now + ttl;
@@ -296,6 +296,11 @@ impl LockBackend for MemoryBackend {
             .entries
             .get(name)
             .is_some_and(|e| e.waiters.wake_pending())
+    }
+
+    /// The store's clock: a [`ManualClock`] moves the guards' view of their leases too.
+    fn now(&self) -> Instant {
+        self.inner.clock.now()
     }
 }
 

@@ -5,7 +5,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use dlm_core::{
-    BackendErrorKind, Error, Lock, LockBackend, LockClient, RetryPolicy, interrupt_pair,
+    BackendErrorKind, Error, HoldState, Lock, LockBackend, LockClient, RetryPolicy, interrupt_pair,
 };
 use dlm_memory::{ManualClock, MemoryBackend};
 
@@ -300,4 +300,53 @@ fn one_release_wakes_one_of_many_waiters() {
     let calls = backend.faults().calls() - before;
     assert!(calls <= 1 + 16 * 2 + 4, "{calls} calls for 16 hand-overs");
     assert_eq!(backend.watchers("x"), 0);
+}
+
+#[test]
+fn a_manual_clock_moves_the_guards_view_with_the_store() {
+    // The guard judges its lease on the backend's clock: after the clock passes the
+    // lease, the old guard knows it is no longer held (before, it said `is_held() ==
+    // true` while the store had given the lock to someone else).
+    let clock = ManualClock::new();
+    let backend = std::sync::Arc::new(MemoryBackend::builder().clock(clock.clone()).build());
+    let holder = LockClient::builder(backend.clone())
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let guard = holder.get_lock("job").unwrap().lock().unwrap();
+    let signal = guard.lost_signal();
+    clock.advance(Duration::from_millis(999));
+    assert!(guard.is_held() && !guard.is_expired());
+    assert_eq!(signal.state(), HoldState::Held);
+    clock.advance(Duration::from_millis(1));
+    assert!(
+        !guard.is_held(),
+        "the store's lease is over, the guard's too"
+    );
+    assert!(guard.is_expired());
+    assert!(matches!(guard.ensure_held(), Err(Error::LockLost)));
+    assert_eq!(signal.state(), HoldState::Lost);
+    assert!(!holder.get_lock("job").unwrap().is_held_by_current_thread());
+    let next = LockClient::new(backend.clone())
+        .get_lock("job")
+        .unwrap()
+        .try_lock()
+        .unwrap();
+    assert!(next.is_some_and(|g| g.is_held()));
+
+    // And real time does not expire a lease the manual clock has not reached.
+    let guard = holder.get_lock("other").unwrap().lock().unwrap();
+    thread::sleep(Duration::from_millis(1_100)); // more than the lease, in real time
+    assert!(
+        guard.is_held(),
+        "expired on the real clock, not the store's"
+    );
+    assert!(
+        LockClient::new(backend)
+            .get_lock("other")
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_none()
+    );
 }

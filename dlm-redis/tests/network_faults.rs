@@ -66,8 +66,9 @@ fn a_client_cut_off_from_a_majority_stops_believing_it_holds_the_lock() {
     // of the validity it had, and it is told.
     let valid_until = guard.valid_until();
     assert!(valid_until <= cut + watchdog);
-    assert!(
-        lost.recv_timeout(watchdog * 2).is_err(),
+    assert_eq!(
+        lost.wait_timeout(watchdog * 2),
+        dlm_core::HoldState::Lost,
         "the lost-lock signal never came"
     );
     let noticed = Instant::now();

@@ -12,7 +12,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
-use dlm_core::{Error, Lock, LockClient, LockName, OwnerToken, RetryPolicy, interrupt_pair};
+use dlm_core::{
+    Error, HoldState, Lock, LockClient, LockName, OwnerToken, RetryPolicy, interrupt_pair,
+};
 
 use crate::history::History;
 use crate::{CountingBackend, Fixture, unique_name};
@@ -735,7 +737,8 @@ pub fn watchdog_respects_max_hold(f: &dyn Fixture) {
 }
 
 /// A lock that disappears under a watchdog-renewed holder is reported: the guard's lost
-/// signal fires, `is_held` turns false, `ensure_held` fails.
+/// signal says `Lost` (and wakes a thread waiting on it), `is_held` turns false,
+/// `ensure_held` fails.
 pub fn a_lost_lock_is_signalled(f: &dyn Fixture) {
     let name = unique_name("lost");
     let guard = watchdog_client(f, Duration::from_millis(300))
@@ -743,22 +746,75 @@ pub fn a_lost_lock_is_signalled(f: &dyn Fixture) {
         .unwrap()
         .lock()
         .unwrap();
-    let lost = guard.lost_signal();
-    assert!(matches!(
-        lost.recv_timeout(Duration::from_millis(150)),
-        Err(RecvTimeoutError::Timeout)
-    ));
-    assert!(client(f).get_lock(&name).unwrap().force_unlock().unwrap());
-    assert!(
-        matches!(
-            lost.recv_timeout(Duration::from_secs(5)),
-            Err(RecvTimeoutError::Disconnected)
-        ),
-        "the loss was not signalled"
+    let signal = guard.lost_signal();
+    // Held across several renewals (every 100 ms).
+    assert_eq!(
+        signal.wait_timeout(Duration::from_millis(350)),
+        HoldState::Held
     );
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let waiter = {
+        let signal = signal.clone();
+        thread::spawn(move || done_tx.send(signal.wait()).unwrap())
+    };
+    assert!(client(f).get_lock(&name).unwrap().force_unlock().unwrap());
+    let end = done_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the loss was not signalled");
+    waiter.join().unwrap();
+    assert_eq!(end, HoldState::Lost);
+    assert!(signal.is_lost());
+    assert_eq!(guard.lost_signal().state(), HoldState::Lost);
     assert!(!guard.is_held());
     assert!(matches!(guard.ensure_held(), Err(Error::LockLost)));
     assert!(matches!(guard.unlock(), Err(Error::LockLost)));
+    assert_eq!(signal.state(), HoldState::Lost, "lost stays lost");
+}
+
+/// The end of a hold by its holder reads as `Released`, never as lost: not while an
+/// inner re-entrant hold is given back, but when the last one is; a fixed lease that runs
+/// out before the holder lets go reads as `Lost`.
+pub fn a_released_lock_is_not_reported_lost(f: &dyn Fixture) {
+    let lock = client(f).get_lock(&unique_name("released")).unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let signal = inner.lost_signal();
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let waiter = {
+        let signal = signal.clone();
+        thread::spawn(move || done_tx.send(signal.wait()).unwrap())
+    };
+    inner.unlock().unwrap();
+    assert_eq!(signal.state(), HoldState::Held, "an outer hold remains");
+    assert!(matches!(
+        done_rx.recv_timeout(Duration::from_millis(100)),
+        Err(RecvTimeoutError::Timeout)
+    ));
+    outer.unlock().unwrap();
+    let end = done_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the release was not signalled");
+    waiter.join().unwrap();
+    assert_eq!(end, HoldState::Released);
+    assert!(!signal.is_lost());
+
+    // A fixed lease that runs out: lost, seen by a waiter without any renewal or I/O.
+    let short = client_with_lease(f, Duration::from_millis(200))
+        .get_lock(&unique_name("expires"))
+        .unwrap();
+    let guard = short.lock().unwrap();
+    let signal = guard.lost_signal();
+    let start = Instant::now();
+    assert_eq!(signal.wait_timeout(Duration::from_secs(5)), HoldState::Lost);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // (The server's key may outlive the local validity by the drift allowance: the
+    // release may still find it.)
+    let _ = guard.unlock();
+    assert_eq!(signal.state(), HoldState::Lost, "lost stays lost");
 }
 
 /// A backend wrapper that releases a given guard right after the first attempt that
@@ -797,6 +853,9 @@ impl dlm_core::LockBackend for ReleaseAfterFirstHeld {
     }
     fn force_release(&self, name: &LockName) -> Result<bool, dlm_core::BackendError> {
         self.inner.force_release(name)
+    }
+    fn now(&self) -> Instant {
+        self.inner.now()
     }
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
         self.inner.inspect(name)
@@ -1188,6 +1247,10 @@ impl dlm_core::LockBackend for Gate {
     }
     fn wake_pending(&self, name: &LockName) -> bool {
         self.inner.wake_pending(name)
+    }
+
+    fn now(&self) -> Instant {
+        self.inner.now()
     }
 }
 

@@ -110,4 +110,8 @@ impl LockBackend for CountingBackend {
     fn wake_pending(&self, name: &LockName) -> bool {
         self.inner.wake_pending(name)
     }
+
+    fn now(&self) -> Instant {
+        self.inner.now()
+    }
 }

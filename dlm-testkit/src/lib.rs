@@ -127,6 +127,7 @@ macro_rules! conformance_tests {
             watchdog_keeps_the_lock_while_held,
             watchdog_respects_max_hold,
             a_lost_lock_is_signalled,
+            a_released_lock_is_not_reported_lost,
             release_between_failed_try_and_wait_is_not_lost,
             one_release_wakes_one_of_sixteen_waiters,
             local_waiters_are_served_in_turn,
