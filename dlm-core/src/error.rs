@@ -10,6 +10,29 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Contention is not an error: a lock that is held by someone else makes the `try_*`
 /// operations return `Ok(None)`.
+///
+/// One convention for every dlm error: `Display` says what this error is, and
+/// [`source`](StdError::source) gives the cause only when `Display` does not already say
+/// it. [`Error::Backend`] and [`Error::InvalidArgument`] are transparent wrappers (they
+/// display the inner error and pass on its source), so a report that walks the chain
+/// (`anyhow`, `eyre`, a log line with causes) prints each message once.
+///
+/// ```
+/// use dlm_core::{BackendError, BackendErrorKind, Error};
+///
+/// let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+/// let e: Error = BackendError::new(BackendErrorKind::Unavailable, "redis://cache:6379/0")
+///     .with_source(refused)
+///     .into();
+/// assert!(e.backend().is_some_and(|b| b.is_transient()));
+/// let mut chain = vec![e.to_string()];
+/// let mut cause = std::error::Error::source(&e);
+/// while let Some(c) = cause {
+///     chain.push(c.to_string());
+///     cause = c.source();
+/// }
+/// assert_eq!(chain, ["unavailable: redis://cache:6379/0", "refused"]);
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
@@ -56,10 +79,13 @@ impl fmt::Display for Error {
 }
 
 impl StdError for Error {
+    /// The wrapping variants are transparent: their `Display` is the inner error's, so
+    /// `source` is the inner error's source, never the inner error itself (a report that
+    /// walks the chain prints each message once).
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            Error::InvalidArgument(e) => Some(e),
-            Error::Backend(e) => Some(e),
+            Error::InvalidArgument(e) => e.source(),
+            Error::Backend(e) => e.source(),
             _ => None,
         }
     }
@@ -183,7 +209,8 @@ impl fmt::Display for BackendErrorKind {
 }
 
 /// A backend failure: a [`kind`](BackendError::kind), a message that never contains
-/// secrets, and the underlying error as [`source`](StdError::source).
+/// secrets, and the underlying error, if attached, as [`source`](StdError::source) (then
+/// the message must not repeat it: see [`Error`] for the convention).
 #[derive(Debug)]
 pub struct BackendError {
     kind: BackendErrorKind,
@@ -202,7 +229,8 @@ impl BackendError {
         }
     }
 
-    /// Attaches the underlying error.
+    /// Attaches the underlying error, which `Display` does not repeat: reports print it as
+    /// the cause.
     pub fn with_source(mut self, source: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
         self.source = Some(source.into());
         self

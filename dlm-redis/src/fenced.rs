@@ -31,24 +31,33 @@ impl fmt::Display for FencedWriteError {
     }
 }
 
+/// Transparent, like [`dlm_core::Error`]: the variants display the inner error and pass
+/// on its source, so a chain prints each message once.
 impl std::error::Error for FencedWriteError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            FencedWriteError::Stale(e) => Some(e),
-            FencedWriteError::Backend(e) => Some(e),
+            FencedWriteError::Stale(e) => e.source(),
+            FencedWriteError::Backend(e) => e.source(),
         }
     }
 }
 
 /// Stores `value` at `key` (a hash with the fields `value` and `fence`) only if `token`
-/// is not older than the token stored there; atomic (one Lua script).
+/// is not older than the token stored there; atomic (one Lua script). An equal token is
+/// accepted: tokens strictly increase from one holder to the next, so an equal token is
+/// the same holder writing again.
 ///
 /// Use it for a value the lock protects, with the guard's
 /// [`fencing_token`](dlm_core::LockGuard::fencing_token): a holder that was paused past its
-/// lease cannot overwrite what a newer holder wrote.
+/// lease cannot overwrite what a newer holder wrote. `con` is any connection of the
+/// [`redis`](crate::redis) crate (re-exported: no dependency of your own needed); for a
+/// value on the lock's own server, [`RedisBackend::fenced_set`](crate::RedisBackend::fenced_set)
+/// uses the backend's connections instead.
 ///
 /// ```no_run
 /// use dlm_core::FencingToken;
+/// use dlm_redis::redis;
+///
 /// let mut con = redis::Client::open("redis://127.0.0.1:6379/")?.get_connection()?;
 /// dlm_redis::fenced_set(&mut con, "report:42", FencingToken::new(7), b"done")?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -63,12 +72,26 @@ pub fn fenced_set(
     token: FencingToken,
     value: &[u8],
 ) -> Result<(), FencedWriteError> {
-    let (written, highest): (i64, String) = FENCED_SET
-        .key(key)
-        .arg(token.get())
-        .arg(value)
-        .invoke(con)
+    let reply = set_request(con, key, token, value)
         .map_err(|e| FencedWriteError::Backend(map_error(&e, "fenced_set")))?;
+    set_verdict(token, reply)
+}
+
+/// The fenced-set script's reply: `(written, highest token)`.
+pub(crate) fn set_request(
+    con: &mut dyn ConnectionLike,
+    key: &str,
+    token: FencingToken,
+    value: &[u8],
+) -> redis::RedisResult<(i64, String)> {
+    FENCED_SET.key(key).arg(token.get()).arg(value).invoke(con)
+}
+
+/// What the fenced-set script's reply means for a write with `token`.
+pub(crate) fn set_verdict(
+    token: FencingToken,
+    (written, highest): (i64, String),
+) -> Result<(), FencedWriteError> {
     if written == 1 {
         return Ok(());
     }
@@ -92,11 +115,18 @@ pub fn fenced_get(
     con: &mut dyn ConnectionLike,
     key: &str,
 ) -> Result<Option<(Vec<u8>, FencingToken)>, BackendError> {
+    get_request(con, key).map_err(|e| map_error(&e, "fenced_get"))
+}
+
+/// The value and token stored by [`fenced_set`] at `key`.
+pub(crate) fn get_request(
+    con: &mut dyn ConnectionLike,
+    key: &str,
+) -> redis::RedisResult<Option<(Vec<u8>, FencingToken)>> {
     let (value, fence): (Option<Vec<u8>>, Option<u64>) = redis::cmd("HMGET")
         .arg(key)
         .arg("value")
         .arg("fence")
-        .query(con)
-        .map_err(|e| map_error(&e, "fenced_get"))?;
+        .query(con)?;
     Ok(value.zip(fence.map(FencingToken::new)))
 }

@@ -79,6 +79,9 @@ pub struct LockKeys {
     /// `prefix:{name}:released`: the channel a release is announced on.
     pub channel: String,
 }
+/// The `redis` crate dlm-redis is built on, re-exported so that a connection for
+/// [`fenced_set`] needs no dependency of your own, and always has the version it expects.
+pub use redis;
 pub use redlock::{Redlock, RedlockBuilder, quorum};
 pub use single::{RedisBackend, RedisBackendBuilder};
 

@@ -587,7 +587,7 @@ impl Node {
 
     /// Runs `f` on a pooled connection. A connection that saw an I/O error or timeout is
     /// discarded: a late reply could otherwise answer the next command.
-    fn run<T>(
+    pub(crate) fn run<T>(
         &self,
         f: impl FnOnce(&mut Wire) -> redis::RedisResult<T>,
     ) -> Result<T, BackendError> {

@@ -72,6 +72,57 @@ impl RedisBackend {
         Ok(self.inner.node.keys.all(&LockName::new(name)?))
     }
 
+    /// [`fenced_set`](crate::fenced_set) on this backend's server, over its pooled
+    /// connections (with its TLS, credentials, database and timeouts): the resource-side
+    /// check for a value kept next to the lock.
+    ///
+    /// ```no_run
+    /// use dlm_core::{Lock, LockClient};
+    /// use dlm_redis::{FencedWriteError, RedisBackend};
+    ///
+    /// let backend = std::sync::Arc::new(RedisBackend::new("redis://127.0.0.1:6379/")?);
+    /// let client = LockClient::new(backend.clone());
+    /// let guard = client.get_lock("report:42")?.lock()?;
+    /// let token = guard.fencing_token().expect("fencing is on by default");
+    /// match backend.fenced_set("report:42:value", token, b"done") {
+    ///     Ok(()) => {}
+    ///     Err(FencedWriteError::Stale(e)) => eprintln!("a newer holder wrote first: {e}"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// assert_eq!(backend.fenced_get("report:42:value")?, Some((b"done".to_vec(), token)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`FencedWriteError::Stale`](crate::FencedWriteError::Stale) when a newer token wrote
+    /// first; [`FencedWriteError::Backend`](crate::FencedWriteError::Backend) when Redis
+    /// fails.
+    pub fn fenced_set(
+        &self,
+        key: &str,
+        token: FencingToken,
+        value: &[u8],
+    ) -> Result<(), crate::FencedWriteError> {
+        let reply = self
+            .inner
+            .node
+            .run(|con| crate::fenced::set_request(con, key, token, value))
+            .map_err(crate::FencedWriteError::Backend)?;
+        crate::fenced::set_verdict(token, reply)
+    }
+
+    /// [`fenced_get`](crate::fenced_get) on this backend's server, over its pooled
+    /// connections: the value stored by [`fenced_set`](RedisBackend::fenced_set) at `key`,
+    /// with the token of its last write.
+    ///
+    /// # Errors
+    /// [`BackendError`] when Redis fails.
+    pub fn fenced_get(&self, key: &str) -> Result<Option<(Vec<u8>, FencingToken)>, BackendError> {
+        self.inner
+            .node
+            .run(|con| crate::fenced::get_request(con, key))
+    }
+
     /// Whether the release-hint listener is subscribed now (it starts with the first
     /// wait; `false` while its connection is down or when hints are off).
     pub fn release_hints_active(&self) -> bool {

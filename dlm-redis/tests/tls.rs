@@ -350,3 +350,49 @@ fn refused_urls_say_why_in_plain_words() {
         }
     }
 }
+
+#[test]
+fn fenced_writes_through_the_backend_need_no_connection_of_their_own() {
+    // The resource-side check on the lock's own server, over the backend's TLS
+    // connections (the user adds no redis dependency and opens no connection).
+    let pki = TestPki::new();
+    let server = server(&pki, ServerCert::Valid);
+    let url = format!("rediss://:{PASSWORD}@localhost:{}/", server.tls_port());
+    let backend = std::sync::Arc::new(
+        RedisBackend::builder(&url)
+            .tls(TlsOptions::new().ca_file(pki.ca_file()))
+            .build()
+            .unwrap(),
+    );
+    let lease = Duration::from_millis(300);
+    let first = LockClient::builder(backend.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let second = LockClient::new(backend.clone());
+    let key = dlm_testkit::unique_name("report");
+    let old = first.get_lock(&key).unwrap().lock().unwrap();
+    let old_token = old.fencing_token().unwrap();
+    backend.fenced_set(&key, old_token, b"first").unwrap();
+    // The first holder stalls past its lease; the second takes over and writes.
+    let new = second
+        .get_lock(&key)
+        .unwrap()
+        .try_lock_timeout(Duration::from_secs(5))
+        .unwrap()
+        .expect("the lease ends");
+    let new_token = new.fencing_token().unwrap();
+    assert!(new_token > old_token);
+    backend.fenced_set(&key, new_token, b"second").unwrap();
+    match backend.fenced_set(&key, old_token, b"first, late") {
+        Err(dlm_redis::FencedWriteError::Stale(e)) => {
+            assert_eq!((e.presented, e.highest), (old_token, new_token));
+        }
+        other => panic!("the stale write was not refused: {other:?}"),
+    }
+    assert_eq!(
+        backend.fenced_get(&key).unwrap(),
+        Some((b"second".to_vec(), new_token))
+    );
+    drop(old);
+}

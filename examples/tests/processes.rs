@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dlm_core::{FencedResource, FencingToken, Lock, LockClient};
+use dlm_redis::redis;
 
 use dlm_testkit::redis_server::{RedisNodes, require_redis_server};
 

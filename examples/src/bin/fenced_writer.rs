@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use dlm_core::{Lock, LockClient};
 use dlm_examples::Args;
-use dlm_redis::FencedWriteError;
+use dlm_redis::{FencedWriteError, redis};
 
 fn main() -> ExitCode {
     let mut args = Args::from_env(

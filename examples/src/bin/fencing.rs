@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use dlm_core::{FencedResource, FencingToken, Lock, LockClient};
 use dlm_examples::Args;
+use dlm_redis::redis;
 
 /// The protected storage.
 enum Storage {
