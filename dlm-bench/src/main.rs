@@ -483,6 +483,8 @@ fn systems(urls: &[String], opts: &Opts) -> Vec<Box<dyn LockSystem>> {
         v.push(Box::new(Dlm::new("dlm (no fencing)", Arc::new(plain), TTL)));
     }
     v.push(Box::new(Minimal::new(urls, TTL)));
+    // The transport A/B: the same minimal client over dlm's own connection.
+    v.push(Box::new(Minimal::over_dlm_transport(urls, TTL)));
     if opts.peers {
         v.extend(peers::peers(urls, TTL.as_millis() as u64));
     }

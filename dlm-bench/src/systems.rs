@@ -73,9 +73,13 @@ const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redi
 /// The bar: SET NX PX to acquire, EVALSHA compare-and-delete to release, one persistent
 /// connection per node per thread; on several nodes, writes to all sockets and then reads
 /// all replies. Its `lock` spins on `try_lock`.
+///
+/// Over the redis crate's connection by default; [`Minimal::over_dlm_transport`] runs the
+/// same code over dlm's own connection (`Wire`), which isolates the transport for the A/B.
 pub struct Minimal {
     urls: Vec<String>,
     ttl_ms: u64,
+    dlm_transport: bool,
 }
 
 impl Minimal {
@@ -84,30 +88,31 @@ impl Minimal {
         Minimal {
             urls: urls.to_vec(),
             ttl_ms: ttl.as_millis() as u64,
+            dlm_transport: false,
         }
     }
-}
 
-impl LockSystem for Minimal {
-    fn name(&self) -> String {
-        "minimal".into()
+    /// The same client over dlm's transport.
+    pub fn over_dlm_transport(urls: &[String], ttl: Duration) -> Self {
+        Minimal {
+            dlm_transport: true,
+            ..Minimal::new(urls, ttl)
+        }
     }
 
-    fn handle(&self) -> Box<dyn LockHandle> {
+    fn handle_over<C: Transport + 'static>(&self, open: impl Fn(&str) -> C) -> Box<dyn LockHandle> {
         let script = redis::Script::new(RELEASE);
+        let load = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(RELEASE)
+            .get_packed_command();
         let cons = self
             .urls
             .iter()
             .map(|u| {
-                let mut con = redis::Client::open(u.as_str())
-                    .unwrap()
-                    .get_connection()
-                    .unwrap();
-                let _: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(RELEASE)
-                    .query(&mut con)
-                    .unwrap();
+                let mut con = open(u);
+                con.send(&load);
+                assert!(matches!(con.recv(), redis::Value::BulkString(_)));
                 con
             })
             .collect();
@@ -121,25 +126,66 @@ impl LockSystem for Minimal {
     }
 }
 
-struct MinimalHandle {
-    cons: Vec<redis::Connection>,
+impl LockSystem for Minimal {
+    fn name(&self) -> String {
+        if self.dlm_transport {
+            "minimal (dlm transport)".into()
+        } else {
+            "minimal".into()
+        }
+    }
+
+    fn handle(&self) -> Box<dyn LockHandle> {
+        if self.dlm_transport {
+            self.handle_over(|u| {
+                dlm_redis::bench_internals::Connection::open(u, Duration::from_secs(5)).unwrap()
+            })
+        } else {
+            self.handle_over(|u| redis::Client::open(u).unwrap().get_connection().unwrap())
+        }
+    }
+}
+
+/// A connection the minimal client can send packed requests on and read replies from.
+trait Transport: Send {
+    fn send(&mut self, packed: &[u8]);
+    fn recv(&mut self) -> redis::Value;
+}
+
+impl Transport for redis::Connection {
+    fn send(&mut self, packed: &[u8]) {
+        self.send_packed_command(packed).unwrap();
+    }
+    fn recv(&mut self) -> redis::Value {
+        self.recv_response().unwrap()
+    }
+}
+
+impl Transport for dlm_redis::bench_internals::Connection {
+    fn send(&mut self, packed: &[u8]) {
+        self.send_packed_command(packed).unwrap();
+    }
+    fn recv(&mut self) -> redis::Value {
+        self.recv_response().unwrap()
+    }
+}
+
+struct MinimalHandle<C> {
+    cons: Vec<C>,
     ttl_ms: u64,
     sha: String,
     token: String,
     key: Option<String>,
 }
 
-impl MinimalHandle {
+impl<C: Transport> MinimalHandle<C> {
     /// Sends `cmd` to every node, then reads every reply.
     fn all(&mut self, cmd: &redis::Cmd) -> Vec<redis::Value> {
         let packed = cmd.get_packed_command();
         for con in &mut self.cons {
-            con.send_packed_command(&packed).unwrap();
+            con.send(&packed);
         }
-        self.cons
-            .iter_mut()
-            .map(|con| con.recv_response().unwrap())
-            .collect()
+        self.cons.iter_mut().map(|con| con.recv()).collect()
     }
 
     fn release(&mut self, key: &str) {
@@ -149,7 +195,7 @@ impl MinimalHandle {
     }
 }
 
-impl LockHandle for MinimalHandle {
+impl<C: Transport> LockHandle for MinimalHandle<C> {
     fn try_lock(&mut self, key: &str) -> bool {
         let key = format!("minimal:{key}");
         let mut cmd = redis::cmd("SET");

@@ -50,6 +50,9 @@
 //! itself; an uncontended release publishes nothing).
 #![deny(missing_docs)]
 
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bench_internals;
 mod conn;
 mod fanout;
 mod fenced;
