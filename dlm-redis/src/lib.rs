@@ -82,6 +82,11 @@ pub struct LockKeys {
     /// `prefix:{name}:released`: the channel a release is announced on.
     pub channel: String,
 }
+/// The `log` target of the warnings about a server's settings (no `appendonly yes` +
+/// `appendfsync always`, an eviction policy that can evict lock keys, `MULTI` refused by
+/// an ACL), logged once per server and process: a short-lived program (a CLI run by cron)
+/// can route or lower them without hiding other warnings.
+pub const SETTINGS_LOG_TARGET: &str = "dlm_redis::settings";
 /// The `redis` crate dlm-redis is built on, re-exported so that a connection for
 /// [`fenced_set`] needs no dependency of your own, and always has the version it expects.
 pub use redis;

@@ -681,6 +681,7 @@ impl Node {
         let (aof, fsync) = (get("appendonly"), get("appendfsync"));
         if aof != "yes" || fsync != "always" {
             log::warn!(
+                target: crate::SETTINGS_LOG_TARGET,
                 "{}: appendonly {aof}, appendfsync {fsync}: a restart loses the locks held on this server, and they can be granted again (fencing tokens still increase: they follow the server's clock); use appendonly yes + appendfsync always",
                 self.endpoint
             );
@@ -688,6 +689,7 @@ impl Node {
         let (maxmemory, policy) = (get("maxmemory"), get("maxmemory-policy"));
         if maxmemory != "0" && !maxmemory.is_empty() && policy != "noeviction" {
             log::warn!(
+                target: crate::SETTINGS_LOG_TARGET,
                 "{}: maxmemory {maxmemory} with maxmemory-policy {policy} can evict lock keys (all of them have an expiry), and an evicted lock can be granted again; use maxmemory-policy noeviction",
                 self.endpoint
             );
@@ -892,6 +894,7 @@ impl Node {
             // use the script.
             if !self.no_multi.swap(true, Ordering::Relaxed) {
                 log::warn!(
+                    target: crate::SETTINGS_LOG_TARGET,
                     "{}: MULTI refused ({}): fenced acquisitions use the acquire script (allow +multi +exec for the faster path)",
                     self.endpoint,
                     e.details().unwrap_or_default()

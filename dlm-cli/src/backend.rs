@@ -1,0 +1,146 @@
+//! The backend from the command line: URLs, the password, TLS.
+
+use std::sync::Arc;
+
+use dlm_core::{LockBackend, LockClient, LockClientBuilder};
+use dlm_redis::{RedisBackend, Redlock, TlsOptions};
+
+use crate::BackendArgs;
+use crate::exit::Failure;
+
+/// The environment variable read when `--redis` is not given.
+pub(crate) const URL_VAR: &str = "DLM_REDIS_URL";
+/// The environment variable with the password for URLs that have none.
+pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
+
+/// A backend, and what the output may say about it (never a password).
+pub(crate) struct Connection {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    /// "1 server" or "Redlock over 3 servers".
+    pub(crate) describe: String,
+}
+
+impl Connection {
+    /// Builds the backend the arguments (or the environment) name.
+    pub(crate) fn from_args(args: &BackendArgs) -> Result<Connection, Failure> {
+        let urls = match (&args.redis, std::env::var(URL_VAR)) {
+            (Some(urls), _) => urls.clone(),
+            (None, Ok(urls)) if !urls.trim().is_empty() => urls,
+            _ => {
+                return Err(Failure::usage(format!(
+                    "no backend: give --redis URL[,URL...] or set {URL_VAR} (see dlm --help)"
+                )));
+            }
+        };
+        let password = password(args)?;
+        let urls: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .enumerate()
+            .map(|(i, u)| with_password(i, u, password.as_deref()))
+            .collect::<Result<_, _>>()?;
+        let tls = tls(args, &urls)?;
+        let bad = |e: dlm_core::Error| Failure::from_lock_error("cannot use the backend", &e);
+        let (backend, describe): (Arc<dyn LockBackend>, String) = match urls.len() {
+            0 => return Err(Failure::usage("--redis names no URL")),
+            1 => {
+                let mut b = RedisBackend::builder(&urls[0]);
+                if let Some(tls) = tls {
+                    b = b.tls(tls);
+                }
+                if let Some(prefix) = &args.prefix {
+                    b = b.prefix(prefix);
+                }
+                (Arc::new(b.build().map_err(bad)?), "1 server".into())
+            }
+            n => {
+                let mut b = Redlock::builder(&urls);
+                if let Some(tls) = tls {
+                    b = b.tls(tls);
+                }
+                if let Some(prefix) = &args.prefix {
+                    b = b.prefix(prefix);
+                }
+                (
+                    Arc::new(b.build().map_err(bad)?),
+                    format!("Redlock over {n} servers"),
+                )
+            }
+        };
+        log::info!("backend: {describe}");
+        Ok(Connection { backend, describe })
+    }
+
+    /// A client builder over this backend.
+    pub(crate) fn client(&self) -> LockClientBuilder {
+        LockClient::builder(self.backend.clone())
+    }
+}
+
+/// The password from `--password-file` or the environment, if any.
+fn password(args: &BackendArgs) -> Result<Option<String>, Failure> {
+    if let Some(path) = &args.password_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Failure::usage(format!(
+                "cannot read the password file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let line = text.lines().next().unwrap_or("");
+        if line.is_empty() {
+            return Err(Failure::usage(format!(
+                "the password file {} is empty",
+                path.display()
+            )));
+        }
+        return Ok(Some(line.to_owned()));
+    }
+    Ok(std::env::var(PASSWORD_VAR).ok().filter(|p| !p.is_empty()))
+}
+
+/// `url` with `password` put in when it has none. Errors never echo the URL (it may hold
+/// a password); they say which one by its position.
+fn with_password(i: usize, url: &str, password: Option<&str>) -> Result<String, Failure> {
+    let Some(password) = password else {
+        return Ok(url.to_owned());
+    };
+    let mut parsed = url::Url::parse(url)
+        .map_err(|e| Failure::usage(format!("URL {} of --redis is not a valid URL: {e}", i + 1)))?;
+    if parsed.password().is_some() || parsed.cannot_be_a_base() || !parsed.has_host() {
+        // Has its own password, or a unix socket URL: left as given.
+        return Ok(url.to_owned());
+    }
+    parsed
+        .set_password(Some(password))
+        .map_err(|()| Failure::usage(format!("URL {} of --redis cannot take a password", i + 1)))?;
+    Ok(parsed.into())
+}
+
+/// The TLS options, when any TLS flag is given.
+fn tls(args: &BackendArgs, urls: &[String]) -> Result<Option<TlsOptions>, Failure> {
+    let any =
+        args.tls_ca_file.is_some() || args.tls_cert.is_some() || args.tls_server_name.is_some();
+    if !any {
+        return Ok(None);
+    }
+    if !urls
+        .iter()
+        .any(|u| u.to_ascii_lowercase().starts_with("rediss://"))
+    {
+        return Err(Failure::usage(
+            "--tls-* options need a rediss:// URL (TLS); the URLs are plain redis://",
+        ));
+    }
+    let mut tls = TlsOptions::new();
+    if let Some(ca) = &args.tls_ca_file {
+        tls = tls.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        tls = tls.client_cert(cert, key);
+    }
+    if let Some(name) = &args.tls_server_name {
+        tls = tls.server_name(name);
+    }
+    Ok(Some(tls))
+}

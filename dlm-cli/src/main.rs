@@ -1,0 +1,130 @@
+//! `dlm`: runs a command under a distributed lock on Redis, for cron jobs, batch jobs and
+//! shell scripts (`flock(1)` across machines). See `dlm --help` and the README.
+
+mod backend;
+mod exit;
+mod logger;
+mod run;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::backend::Connection;
+use crate::exit::Failure;
+
+const EXAMPLES: &str = "\
+Examples:
+  # cron: run the nightly export once across all machines; skip if it already runs
+  dlm run -n nightly-export -- /usr/local/bin/export --all
+
+  # wait at most 60 s for the lock, then give up with status 75
+  dlm run -w 60 -E 75 reindex -c 'make reindex && make publish'
+
+  # Redlock over three independent masters; password from a file, not the command line
+  DLM_REDIS_URL=redis://10.0.0.1,redis://10.0.0.2,redis://10.0.0.3 \\
+    dlm run --password-file /etc/dlm/password report -- ./report.sh
+
+  # is it held, and for how long?
+  dlm status nightly-export reindex --json
+
+Exit status:
+  0      the command succeeded (or: status and unlock succeeded)
+  N      the command's own status; 128+N when it was killed by signal N
+  1      the lock was not obtained (-n, -w): change with -E/--conflict-exit-code
+  2      usage error: bad arguments, a bad URL or name, no command, no backend
+  69     the backend failed: unreachable, refused the credentials, no quorum
+  70     the lock was lost while the command ran (the command was stopped)
+  126    the command cannot be executed; 127: the command was not found
+
+Environment:
+  DLM_REDIS_URL        the backend when --redis is not given (one URL or several, comma-separated)
+  DLM_REDIS_PASSWORD   the password for URLs that have none (never shown anywhere)
+  The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS.";
+
+/// Runs a command under a distributed lock on Redis (single instance or Redlock).
+#[derive(Debug, Parser)]
+#[command(name = "dlm", version, about, after_long_help = EXAMPLES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Acquire NAME, run a command while holding it, release when it exits.
+    #[command(after_long_help = EXAMPLES)]
+    Run(run::RunArgs),
+    /// Whether each NAME is held, and the remaining lease.
+    Status(status::StatusArgs),
+    /// Release NAME whoever holds it (administration).
+    Unlock(status::UnlockArgs),
+    /// Internal: becomes the command (after setting the parent-death signal).
+    #[command(name = "__exec", hide = true)]
+    Exec(run::ExecArgs),
+}
+
+/// Where the locks are: shared by every subcommand.
+#[derive(Debug, Args)]
+struct BackendArgs {
+    /// Redis URL(s), comma-separated: one for a single instance, three or more for
+    /// Redlock over independent masters. Default: $DLM_REDIS_URL. A password here is
+    /// visible in `ps`: prefer --password-file or $DLM_REDIS_PASSWORD.
+    #[arg(long, value_name = "URL[,URL...]")]
+    redis: Option<String>,
+    /// A file whose first line is the password for URLs that have none.
+    #[arg(long, value_name = "FILE")]
+    password_file: Option<std::path::PathBuf>,
+    /// For rediss:// URLs: a PEM file of CA certificates to trust instead of the system's.
+    #[arg(long, value_name = "FILE")]
+    tls_ca_file: Option<std::path::PathBuf>,
+    /// For rediss:// URLs: a PEM client certificate chain (mutual TLS); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// For rediss:// URLs: the PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// For rediss:// URLs: the name to verify in the server's certificate, when it is not
+    /// the URL's host.
+    #[arg(long, value_name = "NAME")]
+    tls_server_name: Option<String>,
+    /// The key prefix of dlm's Redis keys (default: dlm).
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+    /// More messages on stderr (-v: what dlm does, -vv: the library's debug messages).
+    /// Passwords never appear.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// No status line while waiting, and only errors on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Run(args) => {
+            logger::init(args.backend.verbose, args.backend.quiet);
+            Connection::from_args(&args.backend).and_then(|c| run::run(&c, &args))
+        }
+        Command::Status(args) => {
+            logger::init(args.backend.verbose, args.backend.quiet);
+            Connection::from_args(&args.backend).and_then(|c| status::status(&c, &args))
+        }
+        Command::Unlock(args) => {
+            logger::init(args.backend.verbose, args.backend.quiet);
+            Connection::from_args(&args.backend).and_then(|c| status::unlock(&c, &args))
+        }
+        Command::Exec(args) => run::exec(&args),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(Failure { code, message }) => {
+            if !message.is_empty() {
+                eprintln!("dlm: {message}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}

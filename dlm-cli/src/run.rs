@@ -1,0 +1,510 @@
+//! `dlm run`: acquire, run the command as a child, stop it if the lock is lost, release.
+
+use std::io::{IsTerminal, Write};
+use std::process::Command;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use dlm_core::{
+    DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, HoldState, Interrupter, Lock, LockGuard,
+    LockName, interrupt_pair,
+};
+use parking_lot::Mutex;
+use rustix::process::{Pid, Signal};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::iterator::exfiltrator::WithOrigin;
+
+use crate::BackendArgs;
+use crate::backend::Connection;
+use crate::exit::{self, Failure};
+
+/// The signals forwarded to the command (and that end a wait for the lock).
+const FORWARDED: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
+
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "dlm run [OPTIONS] NAME -- COMMAND [ARGS...]\n       dlm run [OPTIONS] NAME -c 'SHELL COMMAND'"
+)]
+pub(crate) struct RunArgs {
+    /// The lock's name (1 to 512 bytes, no control characters).
+    #[arg(value_name = "NAME")]
+    name: String,
+    /// The command and its arguments (after --).
+    #[arg(value_name = "COMMAND", last = true)]
+    command: Vec<String>,
+    /// Run this with `sh -c` instead of COMMAND.
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL COMMAND",
+        conflicts_with = "command"
+    )]
+    shell: Option<String>,
+    /// Fail at once when the lock is held.
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    no_wait: bool,
+    /// Give up after waiting SECS for the lock (default: wait forever).
+    #[arg(short = 'w', long, value_name = "SECS", value_parser = seconds)]
+    wait: Option<Duration>,
+    /// The exit status when the lock was not obtained.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT)]
+    conflict_exit_code: u8,
+    /// A fixed lease of SECS, never renewed: the command is stopped when it runs out.
+    /// Default: a 30 s lease renewed every 10 s while the command runs.
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    lease: Option<Duration>,
+    /// Stop renewing after SECS: the lease then runs out and the command is stopped.
+    #[arg(long, value_name = "SECS", value_parser = seconds, conflicts_with = "lease")]
+    max_hold: Option<Duration>,
+    /// What to do when the lock is lost while the command runs.
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
+    on_lost: OnLost,
+    /// After SIGTERM for a lost lock, SIGKILL the command if it still runs after SECS.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
+    kill_after: Duration,
+    #[command(flatten)]
+    pub(crate) backend: BackendArgs,
+}
+
+/// What `--on-lost` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnLost {
+    /// SIGTERM the command, SIGKILL after --kill-after; exit 70.
+    Term,
+    /// SIGKILL the command at once; exit 70.
+    Kill,
+    /// Only warn; the command runs on, and dlm exits with its status.
+    Ignore,
+}
+
+/// `dlm __exec PARENT -- COMMAND...` (internal).
+#[derive(Debug, Args)]
+pub(crate) struct ExecArgs {
+    /// The pid of the `dlm run` that started this.
+    parent: i32,
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// A positive, finite number of seconds.
+fn seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?} is not a number of seconds"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} seconds is too long"))
+}
+
+/// The command to run, as given.
+fn command_of(args: &RunArgs) -> Result<Vec<String>, Failure> {
+    match (&args.shell, args.command.is_empty()) {
+        (Some(shell), _) => Ok(vec!["sh".into(), "-c".into(), shell.clone()]),
+        (None, false) => Ok(args.command.clone()),
+        (None, true) => Err(Failure::usage(
+            "no command: give one after --, or -c 'shell command'",
+        )),
+    }
+}
+
+/// The signal that ended a wait or is forwarded, shared with the signal thread.
+#[derive(Default)]
+struct ChildState {
+    /// The running command, until it has exited (then never signalled again: its pid
+    /// could be another process's).
+    pid: Option<Pid>,
+    /// A signal received before the command ran (it ends the wait).
+    received: Option<i32>,
+}
+
+pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
+    let name = LockName::new(&args.name)
+        .map_err(|e| Failure::usage(format!("bad lock name: {}", e.reason())))?;
+    let command = command_of(args)?;
+    let mut builder = conn.client();
+    let lease = args.lease.unwrap_or(DEFAULT_WATCHDOG_TIMEOUT);
+    if let Some(lease) = args.lease {
+        builder = builder.lease(lease);
+    }
+    if let Some(max) = args.max_hold {
+        builder = builder.max_hold(max);
+    }
+    let client = builder
+        .build()
+        .map_err(|e| Failure::from_lock_error("bad settings", &e))?;
+    let lock = client
+        .get_lock(name.as_str())
+        .map_err(|e| Failure::from_lock_error("bad lock name", &e))?;
+
+    // Signals: they end a wait for the lock, and are forwarded to the command later.
+    let state = Arc::new(Mutex::new(ChildState::default()));
+    let (interrupter, interrupt) = interrupt_pair();
+    let signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
+        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot handle signals: {e}")))?;
+    let signals_handle = signals.handle();
+    let signal_thread = {
+        let state = state.clone();
+        thread::Builder::new()
+            .name("dlm-signals".into())
+            .spawn(move || forward_signals(signals, &state, &interrupter))
+            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}")))?
+    };
+    let result = acquire_and_run(conn, args, &lock, &interrupt, &state, &command, lease);
+    signals_handle.close();
+    let _ = signal_thread.join();
+    result
+}
+
+fn acquire_and_run(
+    conn: &Connection,
+    args: &RunArgs,
+    lock: &DistributedLock,
+    interrupt: &dlm_core::Interrupt,
+    state: &Arc<Mutex<ChildState>>,
+    command: &[String],
+    lease: Duration,
+) -> Result<u8, Failure> {
+    let conflict = || {
+        log::info!("{:?} is held by another owner", args.name);
+        Ok(args.conflict_exit_code)
+    };
+    let interrupted = || {
+        let signal = state.lock().received.unwrap_or(SIGTERM);
+        Failure::new(
+            u8::try_from(128 + signal).unwrap_or(u8::MAX),
+            format!("interrupted while waiting for {:?}", args.name),
+        )
+    };
+    let acquire_error = |e: Error| match e {
+        Error::Interrupted => interrupted(),
+        e => Failure::from_lock_error(
+            &format!("cannot acquire {:?} ({})", args.name, conn.describe),
+            &e,
+        ),
+    };
+    // One attempt first: only a wait shows the status line.
+    let guard = match lock.try_lock().map_err(acquire_error)? {
+        Some(guard) => guard,
+        None if args.no_wait => return conflict(),
+        None => {
+            let status = StatusLine::start(args, lock);
+            let got = match args.wait {
+                Some(wait) => lock.try_lock_interruptibly(wait, interrupt),
+                None => lock.lock_interruptibly(interrupt).map(Some),
+            };
+            drop(status);
+            match got.map_err(acquire_error)? {
+                Some(guard) => guard,
+                None => return conflict(),
+            }
+        }
+    };
+    if state.lock().received.is_some() {
+        // A signal came just as the lock was taken: do not start the command.
+        drop(guard.unlock());
+        return Err(interrupted());
+    }
+    log::info!(
+        "acquired {:?} (fencing token {:?}, lease {lease:?})",
+        args.name,
+        guard.fencing_token().map(|t| t.get())
+    );
+    run_child(args, guard, state, command, lease)
+}
+
+/// Runs the command while `guard` holds the lock; stops it if the lock is lost.
+fn run_child(
+    args: &RunArgs,
+    guard: LockGuard,
+    state: &Arc<Mutex<ChildState>>,
+    command: &[String],
+    lease: Duration,
+) -> Result<u8, Failure> {
+    let mut cmd = child_command(command)?;
+    cmd.env("DLM_LOCK_NAME", &args.name)
+        .env("DLM_LEASE_MS", lease.as_millis().to_string());
+    match guard.fencing_token() {
+        Some(token) => cmd.env("DLM_FENCING_TOKEN", token.get().to_string()),
+        None => cmd.env_remove("DLM_FENCING_TOKEN"),
+    };
+    let mut child = {
+        // Under the state lock: a signal arriving now is forwarded once the pid is known.
+        let mut s = state.lock();
+        let child = cmd.spawn().map_err(|e| {
+            Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!("cannot start {:?}: {e}", command[0]),
+            )
+        })?;
+        s.pid = Some(Pid::from_child(&child));
+        child
+    };
+    let pid = Pid::from_child(&child);
+
+    // The lost-lock watcher: stops the command when the lock is lost while it runs.
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let signal = guard.lost_signal();
+        let (state, lost) = (state.clone(), lost.clone());
+        let (on_lost, kill_after, name) = (args.on_lost, args.kill_after, args.name.clone());
+        thread::Builder::new()
+            .name("dlm-lost".into())
+            .spawn(move || {
+                watch_lost(&signal, &done_rx, &state, &lost, on_lost, kill_after, &name);
+            })
+            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}")))?
+    };
+
+    // Wait without reaping first, so that nobody signals a reaped (reusable) pid.
+    let _ = rustix::process::waitid(
+        rustix::process::WaitId::Pid(pid),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+    );
+    state.lock().pid = None;
+    let status = child.wait().map_err(|e| {
+        Failure::new(
+            exit::UNAVAILABLE,
+            format!("cannot wait for the command: {e}"),
+        )
+    })?;
+    let code = exit::of_status(status);
+    log::info!("the command exited: {status}");
+    // The watcher stops watching, and the release ends its wait.
+    let _ = done_tx.send(());
+    let released = guard.unlock();
+    let _ = watcher.join();
+    let was_lost = lost.load(std::sync::atomic::Ordering::SeqCst);
+    match released {
+        Ok(()) => {}
+        Err(Error::LockLost) if was_lost => {}
+        Err(Error::LockLost) => {
+            // Lost between the command's exit and the release, or unnoticed (no renewal
+            // was due): the command ran to its end, but maybe not alone at the end.
+            log::warn!(
+                "{:?}: the lock had been lost when the command exited (it may not have run alone)",
+                args.name
+            );
+            if args.on_lost != OnLost::Ignore {
+                return Ok(exit::LOST);
+            }
+        }
+        Err(e) => log::warn!(
+            "{:?}: releasing failed ({e}); the lock ends with its lease",
+            args.name
+        ),
+    }
+    if was_lost && args.on_lost != OnLost::Ignore {
+        return Err(Failure::new(
+            exit::LOST,
+            format!(
+                "the lock {:?} was lost while the command ran; the command was stopped",
+                args.name
+            ),
+        ));
+    }
+    Ok(code)
+}
+
+/// The command, started through `dlm __exec` on Linux so that it dies with `dlm` (a
+/// parent-death signal, set between fork and exec without unsafe code).
+fn child_command(command: &[String]) -> Result<Command, Failure> {
+    if cfg!(target_os = "linux")
+        && let Ok(me) = std::env::current_exe()
+    {
+        let mut cmd = Command::new(me);
+        cmd.arg("__exec")
+            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+            .arg("--")
+            .args(command);
+        return Ok(cmd);
+    }
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    Ok(cmd)
+}
+
+/// `dlm __exec PARENT -- COMMAND...`: asks for SIGKILL when the parent dies, checks the
+/// parent is still there, and becomes the command.
+pub(crate) fn exec(args: &ExecArgs) -> Result<u8, Failure> {
+    use std::os::unix::process::CommandExt;
+    #[cfg(target_os = "linux")]
+    {
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(|e| {
+            Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!("cannot set the parent-death signal: {e}"),
+            )
+        })?;
+        if rustix::process::getppid()
+            .map(Pid::as_raw_nonzero)
+            .map(i32::from)
+            != Some(args.parent)
+        {
+            // `dlm` died before the signal was set: do not run unlocked.
+            return Err(Failure::new(
+                exit::LOST,
+                "dlm exited before the command started",
+            ));
+        }
+    }
+    let e = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .exec();
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        exit::NOT_FOUND
+    } else {
+        exit::CANNOT_EXECUTE
+    };
+    Err(Failure::new(
+        code,
+        format!("cannot run {:?}: {e}", args.command[0]),
+    ))
+}
+
+/// Forwards the signals `dlm` gets to the command; before it runs, they end the wait.
+fn forward_signals(
+    mut signals: SignalsInfo<WithOrigin>,
+    state: &Mutex<ChildState>,
+    interrupter: &Interrupter,
+) {
+    for origin in signals.forever() {
+        let mut s = state.lock();
+        match s.pid {
+            Some(pid) => {
+                // A signal from the terminal (Ctrl-C, Ctrl-\) reached the command too: it is in
+                // our process group. One sent by a process (kill) is passed on.
+                if origin.process.is_none() {
+                    continue;
+                }
+                if let Some(sig) = Signal::from_named_raw(origin.signal) {
+                    log::info!("forwarding signal {} to the command", origin.signal);
+                    let _ = rustix::process::kill_process(pid, sig);
+                }
+            }
+            None => {
+                s.received.get_or_insert(origin.signal);
+                interrupter.interrupt();
+            }
+        }
+    }
+}
+
+/// Waits for the hold to end; if it was lost while the command runs, stops the command.
+fn watch_lost(
+    signal: &dlm_core::LostSignal,
+    done: &Receiver<()>,
+    state: &Mutex<ChildState>,
+    lost: &std::sync::atomic::AtomicBool,
+    on_lost: OnLost,
+    kill_after: Duration,
+    name: &str,
+) {
+    // The hold ends lost, or released after the command exited (`done` is sent first).
+    if signal.wait() != HoldState::Lost || done.try_recv().is_ok() {
+        return;
+    }
+    lost.store(true, std::sync::atomic::Ordering::SeqCst);
+    let send = |sig: Signal| {
+        let s = state.lock();
+        if let Some(pid) = s.pid {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+    };
+    match on_lost {
+        OnLost::Ignore => {
+            log::warn!("{name:?}: the lock was lost; the command runs on (--on-lost=ignore)");
+        }
+        OnLost::Kill => {
+            log::error!("{name:?}: the lock was lost: killing the command");
+            send(Signal::KILL);
+        }
+        OnLost::Term => {
+            log::error!(
+                "{name:?}: the lock was lost: stopping the command (SIGTERM, SIGKILL after {kill_after:?})"
+            );
+            send(Signal::TERM);
+            if let Err(RecvTimeoutError::Timeout) = done.recv_timeout(kill_after) {
+                log::error!("{name:?}: the command still runs after {kill_after:?}: SIGKILL");
+                send(Signal::KILL);
+            }
+        }
+    }
+}
+
+/// The line on stderr while waiting on a terminal: what is waited for, and how long.
+struct StatusLine {
+    stop: Option<Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl StatusLine {
+    fn start(args: &RunArgs, lock: &DistributedLock) -> StatusLine {
+        let none = StatusLine {
+            stop: None,
+            thread: None,
+        };
+        if args.backend.quiet || !std::io::stderr().is_terminal() {
+            return none;
+        }
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(1);
+        let lock = lock.clone();
+        let name = args.name.clone();
+        let thread = thread::Builder::new()
+            .name("dlm-status".into())
+            .spawn(move || {
+                let start = Instant::now();
+                let mut remaining = None;
+                let mut asked = None::<Instant>;
+                loop {
+                    // The holder's lease, asked every few seconds (display only).
+                    if asked.is_none_or(|t| t.elapsed() >= Duration::from_secs(3)) {
+                        remaining = lock.remaining_lease().ok().flatten();
+                        asked = Some(Instant::now());
+                    }
+                    let holder = match remaining {
+                        Some(r) => {
+                            let left =
+                                r.saturating_sub(asked.map_or(Duration::ZERO, |t| t.elapsed()));
+                            format!("held by another owner, lease ends in {}s", left.as_secs())
+                        }
+                        None => "held by another owner".to_owned(),
+                    };
+                    let mut err = std::io::stderr().lock();
+                    let _ = write!(
+                        err,
+                        "\r\x1b[2Kdlm: waiting for {name:?} ({holder}); waited {}s",
+                        start.elapsed().as_secs()
+                    );
+                    let _ = err.flush();
+                    drop(err);
+                    if !matches!(
+                        stopped.recv_timeout(Duration::from_secs(1)),
+                        Err(RecvTimeoutError::Timeout)
+                    ) {
+                        let _ = write!(std::io::stderr(), "\r\x1b[2K");
+                        return;
+                    }
+                }
+            })
+            .ok();
+        StatusLine {
+            stop: Some(stop),
+            thread,
+        }
+    }
+}
+
+impl Drop for StatusLine {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
