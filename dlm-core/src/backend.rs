@@ -368,7 +368,34 @@ impl<'a> Renewal<'a> {
 ///    knows what to retry.
 /// 5. Run the conformance suite of `dlm-testkit` against it.
 ///
-/// Contention is not an error: it is [`Acquire::Held`].
+/// The `dlm-testkit` crate's `guide` module walks through a complete backend (a map
+/// behind a mutex, about 80 lines) and the conformance suite run against it.
+///
+/// Contention is not an error: it is [`Acquire::Held`]. Calling a backend directly (the
+/// front does this; users rarely need to):
+///
+/// ```
+/// use std::time::Duration;
+/// use dlm_core::{Acquire, LockBackend, LockName, OwnerToken};
+/// use dlm_memory::MemoryBackend;
+///
+/// let backend = MemoryBackend::new();
+/// let name = LockName::new("report")?;
+/// let (me, other) = (OwnerToken::random_for_tests(1), OwnerToken::random_for_tests(2));
+/// let ttl = Duration::from_secs(10);
+/// let Acquire::Acquired(lease) = backend.try_acquire(&name, &me, ttl)? else {
+///     panic!("a free lock");
+/// };
+/// assert!(lease.fence().is_some());
+/// assert!(matches!(
+///     backend.try_acquire(&name, &other, ttl)?,
+///     Acquire::Held { retry_after: Some(_) }   // when the holder's lease ends, at most
+/// ));
+/// assert!(!backend.release(&name, &other)?);   // not its lock
+/// assert!(backend.release(&name, &me)?);
+/// assert_eq!(backend.inspect(&name)?, None);    // free
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// One bounded attempt to take `name` for `owner` for `ttl`.
     ///

@@ -18,6 +18,30 @@ use crate::watchdog::KeepAlive;
 /// to see the outcome. A guard is `Send` and `'static`: it can be moved to another thread
 /// or stored; the hold still belongs to the thread that acquired it (re-entrancy and
 /// [`Lock::unlock`](crate::Lock::unlock) go by that thread).
+///
+/// ```
+/// use std::time::Duration;
+/// use dlm_core::{Error, Lock, LockClient};
+/// use dlm_memory::MemoryBackend;
+///
+/// let client = LockClient::builder(MemoryBackend::new())
+///     .lease(Duration::from_secs(60))
+///     .build()?;
+/// let guard = client.get_lock("batch-7")?.lock()?;
+/// for step in 0..3 {
+///     guard.ensure_held()?;                  // stop if the lease is gone (no I/O)
+///     // ... step `step` of the work, writing with guard.fencing_token() ...
+/// #   let _ = step;
+/// }
+/// guard.extend(Duration::from_secs(60))?;    // more time, if still ours
+/// assert!(guard.is_held() && guard.fencing_token().is_some());
+/// match guard.unlock() {                     // or drop it: released, best effort
+///     Ok(()) => {}
+///     Err(Error::LockLost) => eprintln!("someone may have run at the same time"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), dlm_core::Error>(())
+/// ```
 #[must_use = "if unused the lock is released immediately"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {

@@ -20,6 +20,30 @@ use crate::watchdog::{KeepAlive, Registration, Ticket};
 /// Every acquisition returns a [`LockGuard`] that releases on drop. The Java-style
 /// [`unlock`](Lock::unlock) is there too: it gives back one hold of the calling thread, for
 /// code that keeps holds across scopes with [`LockGuard::into_hold`].
+///
+/// ```
+/// use std::time::Duration;
+/// use dlm_core::{Lock, LockClient};
+/// use dlm_memory::MemoryBackend;
+///
+/// let backend = std::sync::Arc::new(MemoryBackend::new());
+/// let lock = LockClient::new(backend.clone()).get_lock("report")?;
+/// let other = LockClient::new(backend).get_lock("report")?; // another owner
+///
+/// let guard = lock.lock()?;                        // waits as long as it takes
+/// assert!(other.try_lock()?.is_none());            // one attempt: held, so `None`
+/// assert!(other.try_lock_timeout(Duration::from_millis(20))?.is_none());
+/// let again = lock.lock()?;                        // re-entrant on this thread
+/// assert_eq!(lock.hold_count(), 2);
+/// drop(again);
+/// guard.unlock()?;                                 // the last hold releases
+/// assert!(other.try_lock()?.is_some());
+///
+/// // Java style: keep the hold past the guard, give it back with `Lock::unlock`.
+/// lock.lock()?.into_hold();
+/// lock.unlock()?;
+/// # Ok::<(), dlm_core::Error>(())
+/// ```
 pub trait Lock {
     /// Blocks until the lock is acquired. Not interruptible. Transient backend failures
     /// are retried for the retry policy's error timeout, then returned.

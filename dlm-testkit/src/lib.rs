@@ -10,6 +10,7 @@
 //! - [`faults`]: a TCP proxy that injects network faults (latency, stalls, loss, resets)
 //!   between a client and a server.
 //! - [`skew`]: wall-clock jumps on a server (an `LD_PRELOAD` shim built on first use).
+//! - [`guide`]: writing a backend, a complete one, and the conformance suite run on it.
 //! - [`CountingBackend`]: a wrapper that counts backend calls (to prove that bad input is
 //!   rejected before any I/O, or that a waiter sends nothing while it waits).
 #![deny(missing_docs)]
@@ -17,6 +18,7 @@
 pub mod conformance;
 mod counting;
 pub mod faults;
+pub mod guide;
 pub mod history;
 pub mod logs;
 pub mod redis_server;

@@ -1,0 +1,119 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlm_core::{
+    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
+    OwnerToken,
+};
+
+/// Locks in a map behind a mutex: one process, like dlm-memory, in a few lines.
+/// Cloning shares the map.
+#[derive(Clone, Debug, Default)]
+pub struct MapBackend {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: HashMap<LockName, Entry>,
+    /// The last fencing token given: one counter for every name, so tokens only grow.
+    last_token: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    owner: OwnerToken,
+    expires: Instant,
+    token: u64,
+}
+
+impl MapBackend {
+    /// Runs `f` on the live entry of `name` (an expired one is removed first).
+    fn with_live<T>(
+        &self,
+        name: &LockName,
+        f: impl FnOnce(&mut State, Option<Instant>) -> T,
+    ) -> Result<T, BackendError> {
+        let mut state = self.state.lock().map_err(|_| {
+            BackendError::new(BackendErrorKind::Unavailable, "the map's mutex is poisoned")
+        })?;
+        let now = Instant::now();
+        if state.locks.get(name).is_some_and(|e| e.expires <= now) {
+            state.locks.remove(name); // every entry ends with its lease: nothing leaks
+        }
+        Ok(f(&mut state, Some(now)))
+    }
+}
+
+impl LockBackend for MapBackend {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        self.with_live(name, |state, now| {
+            let now = now.expect("set");
+            let lease = |token| Lease::new(now + ttl).with_fence(FencingToken::new(token));
+            match state.locks.get_mut(name) {
+                // Ours already (a retry whose first reply was lost): refresh the lease.
+                Some(e) if e.owner == *owner => {
+                    e.expires = now + ttl;
+                    Acquire::Acquired(lease(e.token))
+                }
+                // Someone else's: say when it can be ours at the latest.
+                Some(e) => Acquire::Held {
+                    retry_after: Some(e.expires - now),
+                },
+                None => {
+                    state.last_token += 1;
+                    let token = state.last_token;
+                    let entry = Entry {
+                        owner: *owner,
+                        expires: now + ttl,
+                        token,
+                    };
+                    state.locks.insert(name.clone(), entry);
+                    Acquire::Acquired(lease(token))
+                }
+            }
+        })
+    }
+
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        self.with_live(name, |state, now| {
+            let now = now.expect("set");
+            // Only the holder's live entry; a missing one is never re-created.
+            let e = state.locks.get_mut(name).filter(|e| e.owner == *owner)?;
+            e.expires = now + ttl;
+            Some(Lease::new(e.expires).with_fence(FencingToken::new(e.token)))
+        })
+    }
+
+    fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
+        self.with_live(name, |state, _| {
+            let ours = state.locks.get(name).is_some_and(|e| e.owner == *owner);
+            if ours {
+                state.locks.remove(name);
+            }
+            ours
+        })
+    }
+
+    fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
+        self.with_live(name, |state, _| state.locks.remove(name).is_some())
+    }
+
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
+        self.with_live(name, |state, now| {
+            let now = now.expect("set");
+            state.locks.get(name).map(|e| e.expires - now)
+        })
+    }
+}
