@@ -368,8 +368,9 @@ impl<'a> Renewal<'a> {
 ///    knows what to retry.
 /// 5. Run the conformance suite of `dlm-testkit` against it.
 ///
-/// The `dlm-testkit` crate's `guide` module walks through a complete backend (a map
-/// behind a mutex, about 80 lines) and the conformance suite run against it.
+/// For a walk-through, see the `dlm-testkit` crate's `guide` module: the contract in
+/// detail, a complete backend (a map behind a mutex) and the conformance suite run
+/// against it.
 ///
 /// Contention is not an error: it is [`Acquire::Held`]. Calling a backend directly (the
 /// front does this; users rarely need to):

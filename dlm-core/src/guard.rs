@@ -27,7 +27,8 @@ use crate::watchdog::KeepAlive;
 /// let client = LockClient::builder(MemoryBackend::new())
 ///     .lease(Duration::from_secs(60))
 ///     .build()?;
-/// let guard = client.get_lock("batch-7")?.lock()?;
+/// let lock = client.get_lock("batch-7")?;
+/// let guard = lock.lock()?;
 /// for step in 0..3 {
 ///     guard.ensure_held()?;                  // stop if the lease is gone (no I/O)
 ///     // ... step `step` of the work, writing with guard.fencing_token() ...
@@ -35,11 +36,18 @@ use crate::watchdog::KeepAlive;
 /// }
 /// guard.extend(Duration::from_secs(60))?;    // more time, if still ours
 /// assert!(guard.is_held() && guard.fencing_token().is_some());
-/// match guard.unlock() {                     // or drop it: released, best effort
+/// match guard.unlock() {                     // the outcome of the release
 ///     Ok(()) => {}
 ///     Err(Error::LockLost) => eprintln!("someone may have run at the same time"),
 ///     Err(e) => return Err(e),
 /// }
+/// assert!(!lock.is_locked()?);
+///
+/// {
+///     let _guard = lock.lock()?;
+///     assert!(lock.is_locked()?);
+/// }                                          // dropped: released (best effort)
+/// assert!(!lock.is_locked()?);
 /// # Ok::<(), dlm_core::Error>(())
 /// ```
 #[must_use = "if unused the lock is released immediately"]

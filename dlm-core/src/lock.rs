@@ -39,6 +39,9 @@ use crate::watchdog::{KeepAlive, Registration, Ticket};
 /// guard.unlock()?;                                 // the last hold releases
 /// assert!(other.try_lock()?.is_some());
 ///
+/// // Closure form: the lock is released when the closure returns.
+/// assert_eq!(other.try_with_lock(Duration::ZERO, |_guard| "done")?, Some("done"));
+///
 /// // Java style: keep the hold past the guard, give it back with `Lock::unlock`.
 /// lock.lock()?.into_hold();
 /// lock.unlock()?;

@@ -3,11 +3,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlm_core::{
-    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
-    OwnerToken,
+    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName, OwnerToken,
 };
 
-/// Locks in a map behind a mutex: one process, like dlm-memory, in a few lines.
+/// Locks in a map behind a mutex, for the threads of one process (like dlm-memory).
 /// Cloning shares the map.
 #[derive(Clone, Debug, Default)]
 pub struct MapBackend {
@@ -18,7 +17,10 @@ pub struct MapBackend {
 struct State {
     locks: HashMap<LockName, Entry>,
     /// The last fencing token given: one counter for every name, so tokens only grow.
+    /// It lives as long as the locks: when the map is gone, so is every hold.
     last_token: u64,
+    /// The size at which expired entries of names nobody asks for again are swept out.
+    sweep_at: usize,
 }
 
 #[derive(Debug)]
@@ -29,20 +31,29 @@ struct Entry {
 }
 
 impl MapBackend {
-    /// Runs `f` on the live entry of `name` (an expired one is removed first).
+    /// Runs `f` on the map and the time now, after removing `name`'s entry if it has
+    /// expired: `f` sees only a live entry.
     fn with_live<T>(
         &self,
         name: &LockName,
-        f: impl FnOnce(&mut State, Option<Instant>) -> T,
+        f: impl FnOnce(&mut State, Instant) -> T,
     ) -> Result<T, BackendError> {
+        // A poisoned mutex does not recover: `Other` is not transient, so the front
+        // returns the error at once instead of retrying.
         let mut state = self.state.lock().map_err(|_| {
-            BackendError::new(BackendErrorKind::Unavailable, "the map's mutex is poisoned")
+            BackendError::new(BackendErrorKind::Other, "the map's mutex is poisoned")
         })?;
         let now = Instant::now();
         if state.locks.get(name).is_some_and(|e| e.expires <= now) {
-            state.locks.remove(name); // every entry ends with its lease: nothing leaks
+            state.locks.remove(name);
         }
-        Ok(f(&mut state, Some(now)))
+        // Every entry ends with its lease, also for names nobody asks for again: sweep
+        // when the map has doubled since the last sweep (amortised constant time).
+        if state.locks.len() > state.sweep_at {
+            state.locks.retain(|_, e| e.expires > now);
+            state.sweep_at = 2 * state.locks.len() + 64;
+        }
+        Ok(f(&mut state, now))
     }
 }
 
@@ -54,7 +65,6 @@ impl LockBackend for MapBackend {
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
         self.with_live(name, |state, now| {
-            let now = now.expect("set");
             let lease = |token| Lease::new(now + ttl).with_fence(FencingToken::new(token));
             match state.locks.get_mut(name) {
                 // Ours already (a retry whose first reply was lost): refresh the lease.
@@ -88,7 +98,6 @@ impl LockBackend for MapBackend {
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
         self.with_live(name, |state, now| {
-            let now = now.expect("set");
             // Only the holder's live entry; a missing one is never re-created.
             let e = state.locks.get_mut(name).filter(|e| e.owner == *owner)?;
             e.expires = now + ttl;
@@ -112,7 +121,6 @@ impl LockBackend for MapBackend {
 
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
         self.with_live(name, |state, now| {
-            let now = now.expect("set");
             state.locks.get(name).map(|e| e.expires - now)
         })
     }
