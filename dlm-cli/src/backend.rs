@@ -111,8 +111,13 @@ fn with_password(i: usize, url: &str, password: Option<&str>) -> Result<String, 
         // Has its own password, or a unix socket URL: left as given.
         return Ok(url.to_owned());
     }
+    // The URL's password is percent-decoded on the way to the server: encode every byte
+    // that is not a letter or digit, so that `%41` is sent as `%41` and not as `A`.
+    let encoded =
+        percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC)
+            .to_string();
     parsed
-        .set_password(Some(password))
+        .set_password(Some(&encoded))
         .map_err(|()| Failure::usage(format!("URL {} of --redis cannot take a password", i + 1)))?;
     Ok(parsed.into())
 }

@@ -57,6 +57,10 @@ pub(crate) struct RunArgs {
     /// Default: a 30 s lease renewed every 10 s while the command runs.
     #[arg(long, value_name = "SECS", value_parser = seconds)]
     lease: Option<Duration>,
+    /// The lease the watchdog keeps renewing (every third of it) while the command runs;
+    /// if dlm dies, others wait at most this long for the lock. Default: 30.
+    #[arg(long, value_name = "SECS", value_parser = seconds, conflicts_with = "lease")]
+    watchdog: Option<Duration>,
     /// Stop renewing after SECS: the lease then runs out and the command is stopped.
     #[arg(long, value_name = "SECS", value_parser = seconds, conflicts_with = "lease")]
     max_hold: Option<Duration>,
@@ -81,11 +85,14 @@ enum OnLost {
     Ignore,
 }
 
-/// `dlm __exec PARENT -- COMMAND...` (internal).
+/// `dlm __exec PARENT [--keep] -- COMMAND...` (internal).
 #[derive(Debug, Args)]
 pub(crate) struct ExecArgs {
     /// The pid of the `dlm run` that started this.
     parent: i32,
+    /// Stay as the keeper of the command's process group instead of becoming the command.
+    #[arg(long)]
+    keep: bool,
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
@@ -117,9 +124,33 @@ fn command_of(args: &RunArgs) -> Result<Vec<String>, Failure> {
 struct ChildState {
     /// The running command, until it has exited (then never signalled again: its pid
     /// could be another process's).
-    pid: Option<Pid>,
+    child: Option<Child>,
     /// A signal received before the command ran (it ends the wait).
     received: Option<i32>,
+}
+
+/// The process `dlm run` started, and how to signal the command through it.
+#[derive(Clone, Copy, Debug)]
+enum Child {
+    /// The keeper (`dlm __exec --keep`), leader of the command's own process group: it
+    /// passes on the signals `dlm` sends it to the whole group, and kills the group if
+    /// `dlm` dies. SIGKILL goes to the group directly.
+    Keeper(Pid),
+    /// The command itself, in `dlm`'s process group (the foreground job of a terminal):
+    /// the terminal's signals reach it directly; others go to it alone.
+    Command(Pid),
+}
+
+impl Child {
+    /// Sends `sig` to the command and, with a keeper, to everything it started.
+    fn signal(self, sig: Signal) {
+        let _ = match self {
+            Child::Keeper(pid) if sig == Signal::KILL => {
+                rustix::process::kill_process_group(pid, sig)
+            }
+            Child::Keeper(pid) | Child::Command(pid) => rustix::process::kill_process(pid, sig),
+        };
+    }
 }
 
 pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
@@ -127,9 +158,15 @@ pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
         .map_err(|e| Failure::usage(format!("bad lock name: {}", e.reason())))?;
     let command = command_of(args)?;
     let mut builder = conn.client();
-    let lease = args.lease.unwrap_or(DEFAULT_WATCHDOG_TIMEOUT);
+    let lease = args
+        .lease
+        .or(args.watchdog)
+        .unwrap_or(DEFAULT_WATCHDOG_TIMEOUT);
     if let Some(lease) = args.lease {
         builder = builder.lease(lease);
+    }
+    if let Some(timeout) = args.watchdog {
+        builder = builder.watchdog_timeout(timeout);
     }
     if let Some(max) = args.max_hold {
         builder = builder.max_hold(max);
@@ -225,7 +262,8 @@ fn run_child(
     command: &[String],
     lease: Duration,
 ) -> Result<u8, Failure> {
-    let mut cmd = child_command(command)?;
+    let own_group = !in_the_terminals_foreground();
+    let mut cmd = child_command(command, own_group);
     cmd.env("DLM_LOCK_NAME", &args.name)
         .env("DLM_LEASE_MS", lease.as_millis().to_string());
     match guard.fencing_token() {
@@ -241,7 +279,20 @@ fn run_child(
                 format!("cannot start {:?}: {e}", command[0]),
             )
         })?;
-        s.pid = Some(Pid::from_child(&child));
+        let pid = Pid::from_child(&child);
+        s.child = Some(if own_group {
+            Child::Keeper(pid)
+        } else {
+            Child::Command(pid)
+        });
+        log::debug!(
+            "started the command (pid {pid:?}, {})",
+            if own_group {
+                "in its own process group"
+            } else {
+                "in dlm's process group: the terminal's foreground job"
+            }
+        );
         child
     };
     let pid = Pid::from_child(&child);
@@ -266,7 +317,7 @@ fn run_child(
         rustix::process::WaitId::Pid(pid),
         rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
     );
-    state.lock().pid = None;
+    state.lock().child = None;
     let status = child.wait().map_err(|e| {
         Failure::new(
             exit::UNAVAILABLE,
@@ -311,28 +362,53 @@ fn run_child(
     Ok(code)
 }
 
-/// The command, started through `dlm __exec` on Linux so that it dies with `dlm` (a
-/// parent-death signal, set between fork and exec without unsafe code).
-fn child_command(command: &[String]) -> Result<Command, Failure> {
-    if cfg!(target_os = "linux")
-        && let Ok(me) = std::env::current_exe()
-    {
-        let mut cmd = Command::new(me);
-        cmd.arg("__exec")
-            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
-            .arg("--")
-            .args(command);
-        return Ok(cmd);
-    }
-    let mut cmd = Command::new(&command[0]);
-    cmd.args(&command[1..]);
-    Ok(cmd)
+/// Whether `dlm` is the foreground job of the terminal on its stdin: then the command
+/// stays in `dlm`'s process group, so that it can read the terminal and gets Ctrl-C from
+/// it. Anywhere else (cron, scripts, pipelines, services) it gets a group of its own.
+fn in_the_terminals_foreground() -> bool {
+    let stdin = std::io::stdin();
+    stdin.is_terminal()
+        && rustix::termios::tcgetpgrp(&stdin).is_ok_and(|g| g == rustix::process::getpgrp())
 }
 
-/// `dlm __exec PARENT -- COMMAND...`: asks for SIGKILL when the parent dies, checks the
-/// parent is still there, and becomes the command.
+/// The command, started through `dlm __exec` (this binary again) so that it dies with
+/// `dlm`, without unsafe code between fork and exec.
+///
+/// With `own_group`, the `__exec` process leads a new process group and stays as the
+/// command's keeper: a signal for the command reaches everything the command started,
+/// and the whole group is killed if `dlm` dies. Without, it sets the parent-death signal
+/// and becomes the command.
+fn child_command(command: &[String], own_group: bool) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = match std::env::current_exe() {
+        Ok(me) => Command::new(me),
+        Err(e) => {
+            log::warn!(
+                "cannot find dlm's own executable ({e}): the command would not die with dlm; running it directly"
+            );
+            let mut cmd = Command::new(&command[0]);
+            cmd.args(&command[1..]);
+            return cmd;
+        }
+    };
+    cmd.arg("__exec")
+        .arg(rustix::process::getpid().as_raw_nonzero().to_string());
+    if own_group {
+        // Set between fork and exec by the standard library: a group signal can never
+        // miss the keeper.
+        cmd.arg("--keep").process_group(0);
+    }
+    cmd.arg("--").args(command);
+    cmd
+}
+
+/// `dlm __exec PARENT [--keep] -- COMMAND...`: dies with the parent, then becomes the
+/// command or (with `--keep`) starts it and keeps its process group.
 pub(crate) fn exec(args: &ExecArgs) -> Result<u8, Failure> {
     use std::os::unix::process::CommandExt;
+    if args.keep {
+        return keep(args);
+    }
     #[cfg(target_os = "linux")]
     {
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(|e| {
@@ -341,30 +417,121 @@ pub(crate) fn exec(args: &ExecArgs) -> Result<u8, Failure> {
                 format!("cannot set the parent-death signal: {e}"),
             )
         })?;
-        if rustix::process::getppid()
-            .map(Pid::as_raw_nonzero)
-            .map(i32::from)
-            != Some(args.parent)
-        {
-            // `dlm` died before the signal was set: do not run unlocked.
-            return Err(Failure::new(
-                exit::LOST,
-                "dlm exited before the command started",
-            ));
-        }
+    }
+    if orphaned(args.parent) {
+        // `dlm` died before the signal was set: do not run unlocked.
+        return Err(Failure::new(
+            exit::LOST,
+            "dlm exited before the command started",
+        ));
     }
     let e = Command::new(&args.command[0])
         .args(&args.command[1..])
         .exec();
+    Err(cannot_run(&args.command[0], &e))
+}
+
+/// Whether the `dlm run` with pid `parent` is gone (this process was re-parented).
+fn orphaned(parent: i32) -> bool {
+    rustix::process::getppid()
+        .map(Pid::as_raw_nonzero)
+        .map(i32::from)
+        != Some(parent)
+}
+
+fn cannot_run(program: &str, e: &std::io::Error) -> Failure {
     let code = if e.kind() == std::io::ErrorKind::NotFound {
         exit::NOT_FOUND
     } else {
         exit::CANNOT_EXECUTE
     };
-    Err(Failure::new(
-        code,
-        format!("cannot run {:?}: {e}", args.command[0]),
-    ))
+    Failure::new(code, format!("cannot run {program:?}: {e}"))
+}
+
+/// The parent-death signal of the keeper (Linux); not one that is forwarded.
+const PARENT_DIED: i32 = signal_hook::consts::SIGUSR1;
+
+/// The keeper: leader of the command's process group (set by `dlm run` at spawn). It
+/// starts the command, passes the signals `dlm run` sends it on to the whole group, and
+/// SIGKILLs the group when `dlm run` dies (Linux: a parent-death signal; elsewhere it
+/// checks its parent every 250 ms). It exits with the command's status (128+N for
+/// signal N).
+fn keep(args: &ExecArgs) -> Result<u8, Failure> {
+    let failed = |what: &str, e: std::io::Error| {
+        Failure::new(exit::CANNOT_EXECUTE, format!("cannot {what}: {e}"))
+    };
+    // Handlers first: from here on, no signal ends the keeper (but SIGKILL).
+    let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED.iter().chain(&[PARENT_DIED]))
+        .map_err(|e| failed("handle signals", e))?;
+    #[cfg(target_os = "linux")]
+    rustix::process::set_parent_process_death_signal(Signal::from_named_raw(PARENT_DIED))
+        .map_err(|e| failed("set the parent-death signal", e.into()))?;
+    let parent = args.parent;
+    if orphaned(parent) {
+        return Err(Failure::new(
+            exit::LOST,
+            "dlm exited before the command started",
+        ));
+    }
+    let group = rustix::process::getpgrp();
+    let kill_group = move || {
+        let _ = rustix::process::kill_process_group(group, Signal::KILL);
+    };
+    // The command, once started; a signal from dlm before that is kept here.
+    let started: Arc<Mutex<(bool, Option<i32>)>> = Arc::default();
+    {
+        let started = started.clone();
+        thread::Builder::new()
+            .name("dlm-keeper".into())
+            .spawn(move || {
+                #[cfg(not(target_os = "linux"))]
+                thread::spawn(move || {
+                    while !orphaned(parent) {
+                        thread::sleep(Duration::from_millis(250));
+                    }
+                    kill_group();
+                });
+                for origin in signals.forever() {
+                    if orphaned(parent) {
+                        kill_group(); // this process included
+                    }
+                    // Only what dlm sends is passed on: the group's own signals (ours
+                    // passed on, or anyone's `kill -- -PGID`) reached the command already.
+                    let from_dlm = origin.process.is_some_and(|p| p.pid == parent);
+                    if origin.signal == PARENT_DIED || !from_dlm {
+                        continue;
+                    }
+                    let mut s = started.lock();
+                    if s.0 {
+                        if let Some(sig) = Signal::from_named_raw(origin.signal) {
+                            let _ = rustix::process::kill_process_group(group, sig);
+                        }
+                    } else {
+                        s.1.get_or_insert(origin.signal);
+                    }
+                }
+            })
+            .map_err(|e| failed("start a thread", e))?;
+    }
+    let mut child = {
+        let mut s = started.lock();
+        if let Some(signal) = s.1 {
+            // Stopped before it started: report it as the command's death by `signal`.
+            return Ok(u8::try_from(128 + signal).unwrap_or(u8::MAX));
+        }
+        // Spawn returns once the command has been executed: a signal passed on after
+        // this meets the command, not the fork in between.
+        let child = Command::new(&args.command[0])
+            .args(&args.command[1..])
+            .spawn()
+            .map_err(|e| cannot_run(&args.command[0], &e))?;
+        s.0 = true;
+        child
+    };
+    let status = child
+        .wait()
+        .map_err(|e| failed("wait for the command", e))?;
+    Ok(exit::of_status(status))
 }
 
 /// Forwards the signals `dlm` gets to the command; before it runs, they end the wait.
@@ -375,16 +542,16 @@ fn forward_signals(
 ) {
     for origin in signals.forever() {
         let mut s = state.lock();
-        match s.pid {
-            Some(pid) => {
-                // A signal from the terminal (Ctrl-C, Ctrl-\) reached the command too: it is in
-                // our process group. One sent by a process (kill) is passed on.
-                if origin.process.is_none() {
+        match s.child {
+            Some(child) => {
+                // A signal from the terminal (Ctrl-C, Ctrl-\) reached a command in our
+                // process group too. Any other is passed on.
+                if origin.process.is_none() && matches!(child, Child::Command(_)) {
                     continue;
                 }
                 if let Some(sig) = Signal::from_named_raw(origin.signal) {
                     log::info!("forwarding signal {} to the command", origin.signal);
-                    let _ = rustix::process::kill_process(pid, sig);
+                    child.signal(sig);
                 }
             }
             None => {
@@ -411,9 +578,8 @@ fn watch_lost(
     }
     lost.store(true, std::sync::atomic::Ordering::SeqCst);
     let send = |sig: Signal| {
-        let s = state.lock();
-        if let Some(pid) = s.pid {
-            let _ = rustix::process::kill_process(pid, sig);
+        if let Some(child) = state.lock().child {
+            child.signal(sig);
         }
     };
     match on_lost {
