@@ -5,6 +5,10 @@
 //!   a backend fixture.
 //! - [`redis_server`]: real `redis-server` processes on free 127.0.0.1 ports, with
 //!   controls to pause, kill and restart them; killed and reaped on drop.
+//! - [`sentinel`]: a Redis Sentinel topology of real processes (a master, replicas,
+//!   sentinels), ready when spawned, with failovers on demand.
+//! - [`cluster`]: a real Redis Cluster of such servers (masters and replicas), with
+//!   stepwise slot migration and failover.
 //! - [`history`]: a checker for recorded holds (mutual exclusion, fencing order).
 //! - [`logs`]: captures the process's log records, to check warnings and secrets.
 //! - [`faults`]: a TCP proxy that injects network faults (latency, stalls, loss, resets)
@@ -15,6 +19,7 @@
 //!   rejected before any I/O, or that a waiter sends nothing while it waits).
 #![deny(missing_docs)]
 
+pub mod cluster;
 pub mod conformance;
 mod counting;
 pub mod faults;
@@ -22,6 +27,7 @@ pub mod guide;
 pub mod history;
 pub mod logs;
 pub mod redis_server;
+pub mod sentinel;
 pub mod skew;
 pub mod tls;
 

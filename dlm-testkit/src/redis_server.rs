@@ -33,6 +33,8 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 const LOG_TAIL_LINES: usize = 40;
 const LOG_FILE: &str = "redis.log";
 const STDERR_FILE: &str = "stderr.log";
+/// The config file that [`RedisServerBuilder::config_file`] writes in the server's dir.
+const CONFIG_FILE: &str = "redis.conf";
 const NOT_FOUND: &str =
     "redis-server not found; install it (apt-get install redis-server) or set DLM_REDIS_SERVER";
 
@@ -121,6 +123,8 @@ pub struct RedisServerBuilder {
     env: Vec<(String, String)>,
     binary: Option<PathBuf>,
     tls: Option<TlsConfig>,
+    cluster_port: bool,
+    config_file: Option<String>,
 }
 
 /// The TLS port's certificate, key, CA and client-certificate rule.
@@ -215,10 +219,27 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Gives the server a cluster bus port of its own, `--cluster-port <free port>` (picked
+    /// like the main port, kept across restarts; see [`RedisServer::cluster_port`]), for
+    /// `--cluster-enabled yes` (see [`crate::cluster`]). Without it, the bus would listen on
+    /// the main port + 10000, which may be taken or out of range.
+    pub fn cluster_port(mut self, on: bool) -> Self {
+        self.cluster_port = on;
+        self
+    }
+
     /// Runs this `redis-server` binary instead of the one [`redis_server_binary`] finds
     /// (e.g. [`legacy_redis_server_binary`]).
     pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.binary = Some(path.into());
+        self
+    }
+
+    /// Starts the server from a config file with `contents`, written once into its dir
+    /// (the command-line options still apply on top). The file stays writable and is
+    /// reused by [`RedisServer::restart`], as Sentinel needs (it rewrites its file).
+    pub(crate) fn config_file(mut self, contents: &str) -> Self {
+        self.config_file = Some(contents.to_owned());
         self
     }
 
@@ -233,12 +254,17 @@ impl RedisServerBuilder {
             .prefix("dlm-redis-")
             .tempdir()
             .expect("creating a temp dir for redis-server");
+        if let Some(contents) = &self.config_file {
+            fs::write(dir.path().join(CONFIG_FILE), contents)
+                .expect("writing redis-server's config file");
+        }
         let mut server = RedisServer {
             config: self,
             binary,
             dir,
             port: 0,
             tls_port: 0,
+            cluster_port: 0,
             pid: 0,
             child: Mutex::new(None),
             paused: AtomicBool::new(false),
@@ -266,6 +292,8 @@ pub struct RedisServer {
     port: u16,
     /// The TLS port, 0 without TLS.
     tls_port: u16,
+    /// The cluster bus port, 0 without [`RedisServerBuilder::cluster_port`].
+    cluster_port: u16,
     pid: u32,
     child: Mutex<Option<Child>>,
     paused: AtomicBool,
@@ -325,6 +353,11 @@ impl RedisServer {
     /// The TLS port (0 without TLS).
     pub fn tls_port(&self) -> u16 {
         self.tls_port
+    }
+
+    /// The cluster bus port (0 without [`RedisServerBuilder::cluster_port`]).
+    pub fn cluster_port(&self) -> u16 {
+        self.cluster_port
     }
 
     /// The pid of the current (or, after [`kill`](Self::kill), the last) process.
@@ -497,6 +530,12 @@ impl RedisServer {
                 }
                 self.tls_port = pick_port();
             }
+            if self.config.cluster_port && (port.is_none() || self.cluster_port == 0) {
+                if self.cluster_port != 0 {
+                    registry(&USED_PORTS).remove(&self.cluster_port);
+                }
+                self.cluster_port = pick_port();
+            }
             let log_offset = fs::metadata(self.dir().join(LOG_FILE)).map_or(0, |m| m.len());
             let child = spawn_child(self.command()).unwrap_or_else(|e| {
                 panic!("spawning {}: {e}", self.binary.display());
@@ -542,6 +581,10 @@ impl RedisServer {
             }
             None => Command::new(&self.binary),
         };
+        if self.config.config_file.is_some() {
+            // The config file must be the first argument.
+            cmd.arg(dir.join(CONFIG_FILE));
+        }
         cmd.arg("--port").arg(self.port.to_string());
         cmd.args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"]);
         cmd.args(["--protected-mode", "no"]);
@@ -564,6 +607,9 @@ impl RedisServer {
                 "--tls-auth-clients",
                 if tls.auth_clients { "yes" } else { "no" },
             ]);
+        }
+        if self.cluster_port != 0 {
+            cmd.arg("--cluster-port").arg(self.cluster_port.to_string());
         }
         cmd.args(&self.config.args);
         cmd.envs(self.config.env.iter().map(|(k, v)| (k, v)));
@@ -623,6 +669,7 @@ impl Drop for RedisServer {
         self.kill();
         registry(&USED_PORTS).remove(&self.port);
         registry(&USED_PORTS).remove(&self.tls_port);
+        registry(&USED_PORTS).remove(&self.cluster_port);
     }
 }
 
