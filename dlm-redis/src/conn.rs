@@ -11,6 +11,7 @@ use redis::{
 };
 use rustls::ClientConfig;
 
+use crate::sentinel::Discovery;
 use crate::tls::TlsOptions;
 use crate::wire::{TlsTarget, Wire, is_tls_error};
 
@@ -29,6 +30,9 @@ pub(crate) struct Endpoint {
     tls: Option<TlsTarget>,
     /// `host:port/db` or `unix:path/db`: what logs and errors show.
     display: String,
+    /// Sentinel mode: the address is whichever master the sentinels name (`info` holds
+    /// the credentials and database).
+    sentinel: Option<Arc<Discovery>>,
 }
 
 /// A URL, parsed: whether it asks for TLS, and the rest.
@@ -135,7 +139,46 @@ impl Endpoint {
             info,
             tls: target,
             display,
+            sentinel: None,
         })
+    }
+
+    /// The master that `discovery`'s sentinels name, whichever server that is now.
+    pub(crate) fn sentinel(discovery: Arc<Discovery>) -> Endpoint {
+        Endpoint {
+            info: discovery.template().clone(),
+            tls: None,
+            display: format!("master {:?} (sentinel)", discovery.master_name()),
+            sentinel: Some(discovery),
+        }
+    }
+
+    /// The generation of the address: with Sentinel, it changes when the master does, and
+    /// connections of an older one must not be reused. Always 0 otherwise.
+    pub(crate) fn generation(&self) -> u64 {
+        self.sentinel.as_ref().map_or(0, |d| d.generation())
+    }
+
+    /// A redis error on a connection to this endpoint, typed. With Sentinel, a failure
+    /// casts doubt on the master's address (the next connection asks the sentinels
+    /// again), and `READONLY` (the server was demoted) is `Unavailable`: retried, by then
+    /// against the new master.
+    pub(crate) fn error(&self, e: &redis::RedisError) -> BackendError {
+        let err = map_error(e, &self.display);
+        if let Some(d) = &self.sentinel {
+            match err.kind() {
+                BackendErrorKind::ReadOnly => {
+                    d.suspect();
+                    return BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        format!("{err}: no longer the master; asking the sentinels again"),
+                    );
+                }
+                BackendErrorKind::Unavailable | BackendErrorKind::Timeout => d.suspect(),
+                _ => {}
+            }
+        }
+        err
     }
 
     /// The socket addresses this endpoint resolves to, for spotting one server listed
@@ -154,7 +197,16 @@ impl Endpoint {
     /// A new connection (plain or TLS, as the URL says), authenticated, with `t`'s
     /// timeouts.
     pub(crate) fn connect(&self, t: Timeouts) -> Result<Wire, BackendError> {
+        self.connect_in_generation(t).map(|(con, _)| con)
+    }
+
+    /// [`connect`](Self::connect), and the address's generation it was made in.
+    pub(crate) fn connect_in_generation(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
+        if let Some(d) = &self.sentinel {
+            return d.connect(t);
+        }
         Wire::connect(&self.info, self.tls.as_ref(), t.connect, t.io)
+            .map(|con| (con, 0))
             .map_err(|e| map_error(&e, &self.display))
     }
 }
@@ -176,6 +228,16 @@ impl fmt::Debug for Endpoint {
 pub(crate) struct Conn {
     pub(crate) con: Wire,
     pub(crate) broken: bool,
+    /// The endpoint's generation when it was made (see [`Endpoint::generation`]).
+    generation: u64,
+}
+
+impl Conn {
+    /// Whether this idle connection must not be used: the server closed it, or (Sentinel)
+    /// it goes to an address that is no longer the master's.
+    pub(crate) fn is_stale(&self, endpoint: &Endpoint) -> bool {
+        self.generation != endpoint.generation() || self.con.closed_while_idle()
+    }
 }
 
 /// The r2d2 manager: connects with a connect timeout and sets read and write timeouts
@@ -192,20 +254,27 @@ impl r2d2::ManageConnection for Manager {
     type Error = BackendError;
 
     fn connect(&self) -> Result<Conn, BackendError> {
-        let con = self.endpoint.connect(self.timeouts)?;
-        Ok(Conn { con, broken: false })
+        let (con, generation) = self.endpoint.connect_in_generation(self.timeouts)?;
+        Ok(Conn {
+            con,
+            broken: false,
+            generation,
+        })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), BackendError> {
         redis::cmd("PING")
             .query::<()>(&mut conn.con)
-            .map_err(|e| map_error(&e, &self.endpoint.display))
+            .map_err(|e| self.endpoint.error(&e))
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
         // A connection that still owes replies (given up on before they came) would answer
         // its next request with them.
-        conn.broken || !conn.con.is_open() || conn.con.owed() > 0
+        conn.broken
+            || !conn.con.is_open()
+            || conn.con.owed() > 0
+            || conn.generation != self.endpoint.generation()
     }
 }
 

@@ -35,7 +35,7 @@ use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 
-use crate::conn::{Manager, map_error};
+use crate::conn::Manager;
 use crate::node::{Call, Node, Ticket};
 
 /// The least time the replies of the other nodes are awaited once the outcome is
@@ -152,7 +152,7 @@ impl Late {
                 call.execute(&mut conn.con)
                     .map_err(|e| {
                         conn.broken = true;
-                        map_error(&e, &node.endpoint.to_string())
+                        node.endpoint.error(&e)
                     })
                     .and_then(|reply| node.parse_flag(reply))
             }
@@ -255,7 +255,7 @@ impl Fanout {
                     }),
                     Err(e) => {
                         conn.broken = true;
-                        replies.replies[i] = Some(Err(map_error(&e, &node.endpoint.to_string())));
+                        replies.replies[i] = Some(Err(node.endpoint.error(&e)));
                     }
                 }
                 continue;
@@ -323,7 +323,7 @@ impl Fanout {
                         if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
                             conn.broken = true;
                         }
-                        Err(map_error(&e, &node.endpoint.to_string()))
+                        Err(node.endpoint.error(&e))
                     }
                 });
             }
@@ -372,7 +372,7 @@ impl Fanout {
                         Ok(()) => Ok(conn),
                         Err(e) => {
                             conn.broken = true;
-                            Err(map_error(&e, &node.endpoint.to_string()))
+                            Err(node.endpoint.error(&e))
                         }
                     })
             };

@@ -17,7 +17,7 @@ use crossbeam_channel::{Receiver, Sender};
 use dlm_core::{BackendErrorKind, WaitList, Watch};
 use parking_lot::Mutex;
 
-use crate::conn::{Endpoint, Timeouts, map_error};
+use crate::conn::{Endpoint, Timeouts};
 use crate::wire::Resp;
 
 /// How often a listener looks up from its socket to notice a shutdown.
@@ -36,6 +36,10 @@ struct Shared {
     channels: Mutex<HashMap<String, Channel>>,
     /// Listeners currently subscribed.
     up: AtomicUsize,
+    /// Set while every listener that had subscribed has lost its connection and is
+    /// reconnecting (a restart, a failover): waiters keep their subscriptions, and all of
+    /// them are woken when a listener is back, for the releases missed meanwhile.
+    deaf: AtomicBool,
     shutdown: AtomicBool,
     /// Set once a server refused the subscription (ACL): warn once, then poll.
     denied: AtomicBool,
@@ -84,6 +88,13 @@ impl Shared {
         self.channels.lock().retain(|_, ch| !ch.waiters.is_empty());
     }
 
+    /// Wakes every waiter: a release may have gone unheard.
+    fn wake_all(&self) {
+        for ch in self.channels.lock().values() {
+            ch.waiters.notify_all();
+        }
+    }
+
     /// Closes every waiter's subscription: they fall back to polling.
     fn disconnect_waiters(&self) {
         for (_, ch) in self.channels.lock().drain() {
@@ -113,6 +124,7 @@ impl Hints {
                 pattern: format!("{prefix}:*:released"),
                 channels: Mutex::new(HashMap::new()),
                 up: AtomicUsize::new(0),
+                deaf: AtomicBool::new(false),
                 shutdown: AtomicBool::new(false),
                 denied: AtomicBool::new(false),
             }),
@@ -128,7 +140,8 @@ impl Hints {
     /// subscribed (the waiter then polls).
     pub(crate) fn watch(&self, channel: String) -> Option<Watch> {
         self.start();
-        if self.shared.up.load(Ordering::Acquire) == 0 {
+        if self.shared.up.load(Ordering::Acquire) == 0 && !self.shared.deaf.load(Ordering::Acquire)
+        {
             return None;
         }
         let mut channels = self.shared.channels.lock();
@@ -222,6 +235,11 @@ fn listen(shared: &Shared, endpoint: &Endpoint, timeouts: Timeouts, ready: Sende
                         shared.pattern
                     );
                 }
+                if shared.up.load(Ordering::Acquire) == 0 {
+                    // Nobody will hear releases: waiters poll.
+                    shared.deaf.store(false, Ordering::Release);
+                    shared.disconnect_waiters();
+                }
                 return;
             }
             Err(e) => {
@@ -244,7 +262,6 @@ fn subscribe_and_route(
     timeouts: Timeouts,
     ready: &mut Option<Sender<()>>,
 ) -> Result<(), dlm_core::BackendError> {
-    let server = endpoint.to_string();
     let mut con = endpoint.connect(Timeouts {
         connect: timeouts.connect,
         io: TICK,
@@ -259,8 +276,11 @@ fn subscribe_and_route(
     con.send(&psubscribe.0, 1)
         .and_then(|()| con.receive())
         .and_then(redis::Value::extract_error)
-        .map_err(|e| map_error(&e, &server))?;
-    shared.up.fetch_add(1, Ordering::AcqRel);
+        .map_err(|e| endpoint.error(&e))?;
+    if shared.up.fetch_add(1, Ordering::AcqRel) == 0 && shared.deaf.swap(false, Ordering::AcqRel) {
+        // Back after every listener was down: what was released meanwhile was not heard.
+        shared.wake_all();
+    }
     ready.take();
     let result = loop {
         if shared.shutdown.load(Ordering::Acquire) {
@@ -273,11 +293,12 @@ fn subscribe_and_route(
                 }
             }
             Ok(None) => shared.prune(),
-            Err(e) => break Err(map_error(&e, &server)),
+            Err(e) => break Err(endpoint.error(&e)),
         }
     };
-    if shared.up.fetch_sub(1, Ordering::AcqRel) == 1 {
-        shared.disconnect_waiters();
+    if shared.up.fetch_sub(1, Ordering::AcqRel) == 1 && !shared.shutdown.load(Ordering::Acquire) {
+        // Reconnecting: waiters keep their subscriptions (see `deaf`).
+        shared.deaf.store(true, Ordering::Release);
     }
     result
 }
@@ -309,6 +330,7 @@ mod tests {
             pattern: "dlm:*:released".into(),
             channels: Mutex::new(HashMap::new()),
             up: AtomicUsize::new(1),
+            deaf: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             denied: AtomicBool::new(false),
         }

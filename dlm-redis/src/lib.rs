@@ -60,6 +60,7 @@ mod hints;
 mod node;
 mod options;
 mod redlock;
+mod sentinel;
 mod single;
 mod slot;
 mod tls;

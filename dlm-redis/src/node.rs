@@ -10,7 +10,7 @@ use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
 use redis::Script;
 
-use crate::conn::{Conn, Endpoint, Manager, Timeouts, map_error};
+use crate::conn::{Conn, Endpoint, Manager, Timeouts};
 use crate::wire::{Resp, Wire};
 
 struct Scripts {
@@ -597,7 +597,7 @@ impl Node {
             if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
                 conn.broken = true;
             }
-            map_error(&e, &self.endpoint.to_string())
+            self.endpoint.error(&e)
         })
     }
 
@@ -607,10 +607,21 @@ impl Node {
         if let Some(e) = self.down() {
             return Err(e);
         }
-        let mut conn = self.pool.get().map_err(|e| {
-            let kind = self.connects.failure(true);
-            BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
-        })?;
+        // An idle connection the server has closed meanwhile (or, with Sentinel, one to
+        // a former master) is dropped, not handed out to fail its request; the pool holds
+        // at most `pool_size` of them.
+        let mut stale = 0;
+        let mut conn = loop {
+            let mut conn = self.pool.get().map_err(|e| {
+                let kind = self.connects.failure(true);
+                BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
+            })?;
+            if stale > self.pool.max_size() || !conn.is_stale(&self.endpoint) {
+                break conn;
+            }
+            conn.broken = true;
+            stale += 1;
+        };
         if !self.server_checked.swap(true, Ordering::Relaxed) {
             self.check_server(&mut conn.con);
         }
@@ -804,7 +815,7 @@ impl Node {
                         .unwrap_or_else(|_| unreachable!("three replies"));
                     // A refused PEXPIRE (an ACL denial) is an error like any other.
                     if let redis::Value::ServerError(e) = expire {
-                        return Err(map_error(&e.into(), &self.endpoint.to_string()));
+                        return Err(self.endpoint.error(&e.into()));
                     }
                     (set, Some(draw))
                 }
@@ -844,7 +855,7 @@ impl Node {
                 if e.code() == Some("WRONGTYPE") {
                     return Err(self.unexpected_key(name, "is not a string"));
                 }
-                Err(map_error(&e, &self.endpoint.to_string()))
+                Err(self.endpoint.error(&e))
             }
             other => Err(self.protocol("SET", &other)),
         }
@@ -901,7 +912,7 @@ impl Node {
                 );
             }
             if let redis::Value::ServerError(e) = expire {
-                return Err(map_error(&e.into(), &self.endpoint.to_string()));
+                return Err(self.endpoint.error(&e.into()));
             }
             return Ok((set, Some(draw)));
         }
@@ -943,7 +954,7 @@ impl Node {
                 if e.code() == Some("WRONGTYPE") {
                     return Err(self.foreign_fence(name));
                 }
-                Err(map_error(&e, &self.endpoint.to_string()))
+                Err(self.endpoint.error(&e))
             }
             other => Err(self.protocol("XADD", &other)),
         }
@@ -1014,7 +1025,7 @@ impl Node {
                 .into_iter()
                 .map(|v| match v.extract_error() {
                     Ok(v) => one(v),
-                    Err(e) => Err(map_error(&e, &self.endpoint.to_string())),
+                    Err(e) => Err(self.endpoint.error(&e)),
                 })
                 .collect()),
             other => Err(self.protocol("a batch", &other)),

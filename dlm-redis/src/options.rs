@@ -104,13 +104,25 @@ impl Options {
 
     pub(crate) fn nodes(&self, urls: &[String]) -> Result<Vec<Node>, InvalidArgument> {
         self.validate()?;
+        Ok(self
+            .endpoints(urls)?
+            .0
+            .into_iter()
+            .map(|e| self.node(e))
+            .collect())
+    }
+
+    /// The endpoints of `urls`, and the TLS configuration (loaded once for every
+    /// `rediss://` URL) with its options, if any URL asks for TLS.
+    pub(crate) fn endpoints(
+        &self,
+        urls: &[String],
+    ) -> Result<(Vec<Endpoint>, Tls), InvalidArgument> {
         let parsed = urls
             .iter()
             .map(|u| ParsedUrl::parse(u))
             .collect::<Result<Vec<_>, _>>()?;
-        // One TLS configuration for every rediss:// server, loaded once.
-        let default_tls = TlsOptions::new();
-        let tls_options = self.tls.as_ref().unwrap_or(&default_tls);
+        let tls_options = self.tls.clone().unwrap_or_default();
         let config = if parsed.iter().any(|p| p.tls) {
             Some(tls_options.load()?)
         } else if self.tls.is_some() {
@@ -123,36 +135,39 @@ impl Options {
         };
         let endpoints = parsed
             .into_iter()
-            .map(|p| Endpoint::new(p, config.as_ref().map(|c| (c, tls_options))))
+            .map(|p| Endpoint::new(p, config.as_ref().map(|c| (c, &tls_options))))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(endpoints
-            .into_iter()
-            .map(|e| {
-                // One maintenance thread per server: r2d2 opens new connections on it, and
-                // a paused server (handshake done by the kernel, then silence) holds it for
-                // a whole connect timeout, which must not stall the other servers' pools.
-                let threads = Arc::new(
-                    ScheduledThreadPool::builder()
-                        .num_threads(1)
-                        .thread_name_pattern("dlm-redis-pool")
-                        // The pool's only timed job is the idle-connection reaper: when the
-                        // pool is gone, stop at once instead of waiting for its next run.
-                        .on_drop_behavior(
-                            scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
-                        )
-                        .build(),
-                );
-                Node::new(
-                    e,
-                    Keys::new(self.prefix.clone(), self.fence_ttl),
-                    self.timeouts(),
-                    self.pool_size,
-                    threads,
+        Ok((endpoints, config.map(|c| (c, tls_options))))
+    }
+
+    /// A node for `endpoint`, with its own pool.
+    pub(crate) fn node(&self, endpoint: Endpoint) -> Node {
+        // One maintenance thread per server: r2d2 opens new connections on it, and a
+        // paused server (handshake done by the kernel, then silence) holds it for a whole
+        // connect timeout, which must not stall the other servers' pools.
+        let threads = Arc::new(
+            ScheduledThreadPool::builder()
+                .num_threads(1)
+                .thread_name_pattern("dlm-redis-pool")
+                // The pool's only timed job is the idle-connection reaper: when the pool is
+                // gone, stop at once instead of waiting for its next run.
+                .on_drop_behavior(
+                    scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
                 )
-            })
-            .collect())
+                .build(),
+        );
+        Node::new(
+            endpoint,
+            Keys::new(self.prefix.clone(), self.fence_ttl),
+            self.timeouts(),
+            self.pool_size,
+            threads,
+        )
     }
 }
+
+/// A loaded TLS configuration and the options it was loaded from.
+pub(crate) type Tls = Option<(Arc<rustls::ClientConfig>, TlsOptions)>;
 
 /// Turns a construction failure into the crate's error type.
 pub(crate) fn invalid(e: InvalidArgument) -> dlm_core::Error {

@@ -52,6 +52,48 @@ impl RedisBackend {
         RedisBackendBuilder {
             url: url.to_owned(),
             options: Options::single(),
+            sentinel: None,
+            sentinel_only: None,
+        }
+    }
+
+    /// A builder for a backend on the master of a Redis Sentinel deployment: the server
+    /// that the `sentinels` (URLs `redis://[user:pass@]host:port`, with the sentinels' own
+    /// credentials; `rediss://` when the deployment uses TLS, for the sentinels and the
+    /// data nodes alike) name as the master of `master_name`. The data nodes' credentials
+    /// and database are [`master_auth`](RedisBackendBuilder::master_auth) and
+    /// [`master_db`](RedisBackendBuilder::master_db).
+    ///
+    /// Each new connection asks the sentinels for the master (the answer is cached until
+    /// a failure casts doubt on it) and checks it with `ROLE`; connections to a former
+    /// master are dropped, and its `READONLY` refusals are retried against the new one.
+    /// Safe only while the master keeps its data: a failover to a replica that had not
+    /// received the latest writes can lose a held lock (see the README's "Which deployment
+    /// gives which guarantee").
+    ///
+    /// ```no_run
+    /// use dlm_redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::sentinel(
+    ///     "mymaster",
+    ///     &["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    /// )
+    /// .master_auth(None, "data-password")
+    /// .build()?;
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    pub fn sentinel<S: AsRef<str>>(master_name: &str, sentinels: &[S]) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: String::new(),
+            options: Options::single(),
+            sentinel: Some(SentinelSpec {
+                master_name: master_name.to_owned(),
+                sentinels: sentinels.iter().map(|s| s.as_ref().to_owned()).collect(),
+                username: None,
+                password: None,
+                db: None,
+            }),
+            sentinel_only: None,
         }
     }
 
@@ -282,6 +324,18 @@ impl fmt::Debug for RedisBackend {
 pub struct RedisBackendBuilder {
     url: String,
     options: Options,
+    sentinel: Option<SentinelSpec>,
+    /// A Sentinel-only setter used on a single server's builder: refused by `build`.
+    sentinel_only: Option<&'static str>,
+}
+
+/// What [`RedisBackend::sentinel`] and its setters were given.
+struct SentinelSpec {
+    master_name: String,
+    sentinels: Vec<String>,
+    username: Option<String>,
+    password: Option<String>,
+    db: Option<i64>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -289,6 +343,10 @@ impl fmt::Debug for RedisBackendBuilder {
         // The URL may hold a password: not shown.
         f.debug_struct("RedisBackendBuilder")
             .field("options", &self.options)
+            .field(
+                "sentinel_master",
+                &self.sentinel.as_ref().map(|s| &s.master_name),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -296,17 +354,52 @@ impl fmt::Debug for RedisBackendBuilder {
 impl RedisBackendBuilder {
     option_setters!();
 
-    /// Builds the backend. No I/O: the pool connects on first use.
+    /// Sentinel mode ([`RedisBackend::sentinel`]): the ACL user (if any) and password of
+    /// the data nodes. The sentinels' own credentials go in their URLs.
+    pub fn master_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        if let Some(s) = &mut self.sentinel {
+            s.username = username.map(str::to_owned);
+            s.password = Some(password.to_owned());
+        } else {
+            self.sentinel_only.get_or_insert("master_auth");
+        }
+        self
+    }
+
+    /// Sentinel mode ([`RedisBackend::sentinel`]): the database number on the master.
+    /// Defaults to 0.
+    pub fn master_db(mut self, db: i64) -> Self {
+        if let Some(s) = &mut self.sentinel {
+            s.db = Some(db);
+        } else {
+            self.sentinel_only.get_or_insert("master_db");
+        }
+        self
+    }
+
+    /// Builds the backend. No I/O for a single server: the pool connects on first use.
+    /// In Sentinel mode, every sentinel is asked for the master once.
     ///
     /// # Errors
-    /// [`dlm_core::Error::InvalidArgument`] for a malformed URL or setting.
+    /// [`dlm_core::Error::InvalidArgument`] for a malformed URL or setting, and in
+    /// Sentinel mode for a master name the sentinels do not know, or sentinels that
+    /// disagree about the master; [`dlm_core::Error::Backend`] when no sentinel answers.
     pub fn build(self) -> dlm_core::Result<RedisBackend> {
-        let node = self
-            .options
-            .nodes(std::slice::from_ref(&self.url))
-            .map_err(invalid)?
-            .pop()
-            .expect("one URL gives one node");
+        let node = match &self.sentinel {
+            Some(spec) => self.sentinel_node(spec)?,
+            None if self.sentinel_only.is_some() => {
+                return Err(invalid(dlm_core::InvalidArgument::new(
+                    self.sentinel_only.unwrap_or_default(),
+                    "only for RedisBackend::sentinel: a server's URL carries its credentials and database",
+                )));
+            }
+            None => self
+                .options
+                .nodes(std::slice::from_ref(&self.url))
+                .map_err(invalid)?
+                .pop()
+                .expect("one URL gives one node"),
+        };
         let hints = self.options.hints(std::slice::from_ref(&node));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
@@ -315,5 +408,57 @@ impl RedisBackendBuilder {
                 hints,
             }),
         })
+    }
+
+    /// The node of a Sentinel deployment's master; asks every sentinel once.
+    fn sentinel_node(&self, spec: &SentinelSpec) -> dlm_core::Result<Node> {
+        use redis::IntoConnectionInfo;
+        let bad =
+            |field: &'static str, why: &str| invalid(dlm_core::InvalidArgument::new(field, why));
+        self.options.validate().map_err(invalid)?;
+        if spec.master_name.is_empty() || spec.master_name.len() > 256 {
+            return Err(bad("master_name", "must be 1 to 256 bytes"));
+        }
+        if spec.sentinels.is_empty() {
+            return Err(bad("sentinels", "no sentinel URL"));
+        }
+        let (sentinels, tls) = self.options.endpoints(&spec.sentinels).map_err(invalid)?;
+        let tls_urls = spec
+            .sentinels
+            .iter()
+            .filter(|u| u.to_ascii_lowercase().starts_with("rediss://"))
+            .count();
+        if tls_urls != 0 && tls_urls != spec.sentinels.len() {
+            return Err(bad(
+                "sentinels",
+                "some sentinel URLs are rediss:// and some are not: a deployment uses TLS everywhere or nowhere",
+            ));
+        }
+        let mut settings = "redis://127.0.0.1/"
+            .into_connection_info()
+            .expect("a valid URL")
+            .redis_settings()
+            .clone()
+            .set_db(spec.db.unwrap_or(0));
+        if let Some(user) = &spec.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(password) = &spec.password {
+            settings = settings.set_password(password);
+        }
+        let template = "redis://127.0.0.1/"
+            .into_connection_info()
+            .expect("a valid URL")
+            .set_redis_settings(settings);
+        let discovery = Arc::new(crate::sentinel::Discovery::new(
+            spec.master_name.clone(),
+            sentinels,
+            template,
+            tls,
+        ));
+        discovery.check(self.options.timeouts())?;
+        Ok(self
+            .options
+            .node(crate::conn::Endpoint::sentinel(discovery)))
     }
 }

@@ -544,6 +544,34 @@ impl redis::ConnectionLike for Wire {
     }
 }
 
+impl Wire {
+    /// Whether an idle connection was closed by the server (a restart, `CLIENT KILL`, a
+    /// demotion by Sentinel, its idle timeout) or holds bytes nobody asked for: one
+    /// zero-timeout `poll`, so that a pooled connection is not handed out to fail its
+    /// first request. A plain stream that is readable while idle is unusable (EOF or an
+    /// unsolicited reply). A TLS stream can be readable with session tickets, so only the
+    /// peer's shutdown counts there.
+    pub(crate) fn closed_while_idle(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let tls = matches!(self.stream, Stream::Tls(_));
+        let watch = PollFlags::IN | PollFlags::RDHUP;
+        let mut fds = [PollFd::new(&self.stream, watch)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match poll(&mut fds, Some(&zero)) {
+            Ok(0) => false,
+            Ok(_) => {
+                let r = fds[0].revents();
+                let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+                r.intersects(gone) || (!tls && r.contains(PollFlags::IN))
+            }
+            Err(_) => true,
+        }
+    }
+}
+
 /// One request in the Redis protocol (RESP), written straight into bytes: no
 /// intermediate argument lists or key strings.
 pub(crate) struct Resp(pub(crate) Vec<u8>);

@@ -88,3 +88,26 @@ fn a_password_the_server_does_not_expect_is_an_auth_error() {
     }
     assert!(!err.to_string().contains("not-needed"), "password in {err}");
 }
+
+/// Pooled connections the server closed while they were idle (`CLIENT KILL`, a restart,
+/// its `timeout`, a Sentinel demotion) are dropped when taken from the pool, not used:
+/// the holder's release right after the kill succeeds (it failed with an I/O error).
+#[test]
+fn idle_connections_the_server_closed_are_not_used() {
+    common::require();
+    let server = RedisServer::spawn();
+    let client = LockClient::new(RedisBackend::new(&server.url()).unwrap());
+    let lock = client.get_lock("idle-killed").unwrap();
+    let guard = lock.lock().unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut server.connection())
+        .unwrap();
+    assert!(killed >= 1, "the client's pooled connection was not killed");
+    guard.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap());
+}

@@ -52,7 +52,7 @@ fn slow_retry() -> RetryPolicy {
 }
 
 #[test]
-fn a_killed_subscriber_connection_falls_back_to_polling_and_resubscribes() {
+fn a_killed_subscriber_connection_is_replaced_and_the_waiter_served() {
     let _serial = SERIAL.lock();
     let fixture = common::Single::new();
     let url = fixture.server.url();
@@ -80,7 +80,8 @@ fn a_killed_subscriber_connection_falls_back_to_polling_and_resubscribes() {
         .query(&mut fixture.server.connection())
         .unwrap();
     assert_eq!(killed, 1, "one subscriber connection expected");
-    // The waiter polls now; the release is seen within its backoff, not the 30 s lease.
+    // The release is seen soon (the listener is back, or the waiter's backoff), not at the
+    // end of the 30 s lease.
     assert!(matches!(
         rx.recv_timeout(Duration::from_millis(300)),
         Err(RecvTimeoutError::Timeout)
@@ -99,6 +100,123 @@ fn a_killed_subscriber_connection_falls_back_to_polling_and_resubscribes() {
     wait_for("the listener to resubscribe", || {
         waiting_backend.release_hints_active()
     });
+}
+
+/// A holder, and a waiter on another backend of the same server with a 10 s backoff (so
+/// that only a release hint wakes it sooner), waiting; returns once it waits.
+fn held_and_awaited(
+    fixture: &common::Single,
+    name: &str,
+) -> (
+    dlm_core::LockGuard,
+    Arc<RedisBackend>,
+    thread::JoinHandle<()>,
+    crossbeam_channel::Receiver<Instant>,
+) {
+    let url = fixture.server.url();
+    let holder = LockClient::new(backend(&url))
+        .get_lock(name)
+        .unwrap()
+        .lock()
+        .unwrap();
+    let waiting_backend = Arc::new(backend(&url));
+    let ten_seconds = RetryPolicy::new()
+        .backoff(Duration::from_secs(10), Duration::from_secs(10))
+        .unwrap();
+    let waiter = LockClient::builder(waiting_backend.clone())
+        .retry(ten_seconds)
+        .build()
+        .unwrap()
+        .get_lock(name)
+        .unwrap();
+    let (t, rx) = spawn_waiter(waiter);
+    wait_for("the listener to subscribe", || {
+        waiting_backend.release_hints_active()
+    });
+    // The waiter marks the key once it waits (see the crate docs).
+    let key = format!("dlm:{{{name}}}");
+    wait_for("the waiter to wait", || {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query(&mut fixture.server.connection())
+            .unwrap();
+        v.is_some_and(|v| v.ends_with('~'))
+    });
+    (holder, waiting_backend, t, rx)
+}
+
+fn kill_subscribers(fixture: &common::Single) {
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut fixture.server.connection())
+        .unwrap();
+    assert_eq!(killed, 1, "one subscriber connection expected");
+}
+
+/// A waiter keeps its subscription while the listener reconnects (a restart, a failover,
+/// `CLIENT KILL`): a release after the reconnection wakes it at once. Before, the lost
+/// subscription left it polling with its (here 10 s) backoff for good; found by the
+/// Sentinel failover test.
+#[test]
+fn a_waiter_is_woken_after_its_listener_reconnected() {
+    let _serial = SERIAL.lock();
+    let fixture = common::Single::new();
+    let name = unique_name("reconnected");
+    let (holder, waiting_backend, t, rx) = held_and_awaited(&fixture, &name);
+    kill_subscribers(&fixture);
+    wait_for("the listener to resubscribe", || {
+        waiting_backend.release_hints_active()
+    });
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_millis(300)),
+        Err(RecvTimeoutError::Timeout)
+    ));
+    let released = Instant::now();
+    holder.unlock().unwrap();
+    let after = rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("waiter stuck")
+        - released;
+    eprintln!("woken {after:?} after the release");
+    assert!(
+        after < Duration::from_secs(2),
+        "took {after:?}: the release after the reconnection was not heard"
+    );
+    t.join().unwrap();
+}
+
+/// Every waiter is woken when its listener is back: a release that went unheard while it
+/// was away (here the key is deleted without a message before the connection is killed)
+/// costs the reconnection, not the waiter's backoff.
+#[test]
+fn a_release_unheard_while_the_listener_reconnects_wakes_the_waiter() {
+    let _serial = SERIAL.lock();
+    let fixture = common::Single::new();
+    let name = unique_name("unheard");
+    let (holder, _backend, t, rx) = held_and_awaited(&fixture, &name);
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut fixture.server.connection())
+        .unwrap();
+    assert!(
+        matches!(
+            rx.recv_timeout(Duration::from_millis(300)),
+            Err(RecvTimeoutError::Timeout)
+        ),
+        "woken without a message"
+    );
+    let killed_at = Instant::now();
+    kill_subscribers(&fixture);
+    let after = rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("waiter stuck")
+        - killed_at;
+    eprintln!("woken {after:?} after the listener's connection was killed");
+    assert!(after < Duration::from_secs(2), "took {after:?}");
+    t.join().unwrap();
+    holder.into_hold(); // its key is gone: nothing to release
 }
 
 #[test]

@@ -1,0 +1,277 @@
+//! Redis Sentinel: finding the master of a monitored group through its sentinels, and
+//! finding it again after a failover.
+//!
+//! The lock connections of a Sentinel-mode [`RedisBackend`](crate::RedisBackend) go to
+//! whichever server the sentinels name as the master. Every new connection asks for it
+//! (the answer is cached until something casts doubt on it) and checks with `ROLE` that
+//! the server is a master, as the Sentinel client guidelines ask. Doubt comes from a
+//! `READONLY` reply (the server was demoted), a connection failure or a timeout; a changed
+//! answer bumps a generation, and pooled connections of an older generation are dropped
+//! instead of being reused.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
+use parking_lot::Mutex;
+use redis::{ConnectionAddr, ConnectionInfo};
+use rustls::ClientConfig;
+
+use crate::conn::{Endpoint, Timeouts};
+use crate::tls::TlsOptions;
+use crate::wire::{TlsTarget, Wire};
+
+/// A master's address, as the sentinels give it.
+type Addr = (String, u16);
+
+/// The sentinels of one master group, and what they last said.
+pub(crate) struct Discovery {
+    master_name: String,
+    sentinels: Vec<Endpoint>,
+    /// The data nodes' credentials and database (the address is the sentinels' answer).
+    template: ConnectionInfo,
+    /// For a deployment behind TLS (the sentinels' URLs are `rediss://`): the data nodes
+    /// are reached over TLS too, verified against the name the options give or the host
+    /// the sentinels name.
+    tls: Option<(Arc<ClientConfig>, TlsOptions)>,
+    current: Mutex<Option<Addr>>,
+    /// Set when the current answer is in doubt: the next connection asks again.
+    suspect: AtomicBool,
+    generation: AtomicU64,
+}
+
+impl Discovery {
+    pub(crate) fn new(
+        master_name: String,
+        sentinels: Vec<Endpoint>,
+        template: ConnectionInfo,
+        tls: Option<(Arc<ClientConfig>, TlsOptions)>,
+    ) -> Discovery {
+        Discovery {
+            master_name,
+            sentinels,
+            template,
+            tls,
+            current: Mutex::new(None),
+            suspect: AtomicBool::new(true),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The data nodes' credentials and database, at no address in particular.
+    pub(crate) fn template(&self) -> &ConnectionInfo {
+        &self.template
+    }
+
+    pub(crate) fn master_name(&self) -> &str {
+        &self.master_name
+    }
+
+    /// Changes whenever the master's address does: connections made before are stale.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Something went wrong on a connection to the master: ask the sentinels again before
+    /// the next connection.
+    pub(crate) fn suspect(&self) {
+        self.suspect.store(true, Ordering::Release);
+    }
+
+    /// One sentinel's answer: the master's address, or `None` if it does not know the
+    /// name.
+    fn ask(&self, sentinel: &Endpoint, t: Timeouts) -> Result<Option<Addr>, BackendError> {
+        let mut con = sentinel.connect(t)?;
+        let reply: Option<(String, String)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master_name)
+            .query(&mut con)
+            .map_err(|e| sentinel.error(&e))?;
+        reply
+            .map(|(host, port)| {
+                port.parse().map(|p| (host, p)).map_err(|_| {
+                    BackendError::new(
+                        BackendErrorKind::Protocol,
+                        format!("{sentinel}: the master's port is not a number"),
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    /// Every sentinel's answer (for the check at build).
+    fn ask_all(&self, t: Timeouts) -> Vec<(String, Result<Option<Addr>, BackendError>)> {
+        self.sentinels
+            .iter()
+            .map(|s| (s.to_string(), self.ask(s, t)))
+            .collect()
+    }
+
+    /// At build: at least one sentinel answers, they know the master's name, and those
+    /// that answer agree on its address.
+    pub(crate) fn check(&self, t: Timeouts) -> Result<(), dlm_core::Error> {
+        let answers = self.ask_all(t);
+        let mut known: Vec<(Addr, Vec<String>)> = Vec::new();
+        let mut unknown = Vec::new();
+        let mut failed = Vec::new();
+        for (sentinel, answer) in answers {
+            match answer {
+                Ok(Some(addr)) => match known.iter_mut().find(|(a, _)| *a == addr) {
+                    Some((_, who)) => who.push(sentinel),
+                    None => known.push((addr, vec![sentinel])),
+                },
+                Ok(None) => unknown.push(sentinel),
+                Err(e) => failed.push(e),
+            }
+        }
+        if known.is_empty() && unknown.is_empty() {
+            // Nobody answered: the first error says why (credentials, TLS, down).
+            let first = failed.into_iter().next().expect("at least one sentinel");
+            return Err(dlm_core::Error::Backend(first));
+        }
+        if known.is_empty() {
+            return Err(InvalidArgument::new(
+                "master_name",
+                format!(
+                    "the sentinels ({}) do not know a master named {:?}",
+                    unknown.join(", "),
+                    self.master_name
+                ),
+            )
+            .into());
+        }
+        if known.len() > 1 || !unknown.is_empty() {
+            let mut views: Vec<String> = known
+                .iter()
+                .map(|((h, p), who)| format!("{h}:{p} by {}", who.join(", ")))
+                .collect();
+            if !unknown.is_empty() {
+                views.push(format!("unknown to {}", unknown.join(", ")));
+            }
+            return Err(InvalidArgument::new(
+                "sentinels",
+                format!(
+                    "the sentinels disagree about master {:?}: {}",
+                    self.master_name,
+                    views.join("; ")
+                ),
+            )
+            .into());
+        }
+        self.remember(known.remove(0).0);
+        Ok(())
+    }
+
+    /// The first answer of the sentinels in turn (a sentinel that is down or does not
+    /// know the name is skipped).
+    fn lookup(&self, t: Timeouts) -> Result<Addr, BackendError> {
+        let mut why = Vec::new();
+        for sentinel in &self.sentinels {
+            match self.ask(sentinel, t) {
+                Ok(Some(addr)) => {
+                    self.remember(addr.clone());
+                    return Ok(addr);
+                }
+                Ok(None) => why.push(format!("{sentinel}: does not know it")),
+                Err(e) => why.push(e.to_string()),
+            }
+        }
+        Err(BackendError::new(
+            BackendErrorKind::Unavailable,
+            format!(
+                "no sentinel names a master {:?} ({})",
+                self.master_name,
+                why.join("; ")
+            ),
+        ))
+    }
+
+    fn remember(&self, addr: Addr) {
+        let mut current = self.current.lock();
+        if current.as_ref() != Some(&addr) {
+            if let Some((h, p)) = current.as_ref() {
+                log::warn!(
+                    "redis sentinel: master {:?} moved from {h}:{p} to {}:{}",
+                    self.master_name,
+                    addr.0,
+                    addr.1
+                );
+            }
+            *current = Some(addr);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        self.suspect.store(false, Ordering::Release);
+    }
+
+    /// A connection to the master, authenticated and checked with `ROLE`, and the
+    /// generation it belongs to.
+    pub(crate) fn connect(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
+        let mut asked = false;
+        loop {
+            let cached = (!self.suspect.load(Ordering::Acquire))
+                .then(|| self.current.lock().clone())
+                .flatten();
+            let addr = match cached {
+                Some(addr) => addr,
+                None => {
+                    asked = true;
+                    self.lookup(t)?
+                }
+            };
+            let generation = self.generation();
+            match self.connect_to(&addr, t) {
+                Ok(con) => return Ok((con, generation)),
+                Err(e) => {
+                    self.suspect();
+                    // The cached answer may be old: ask once, then give up for now (the
+                    // caller retries within its deadline).
+                    if asked {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn connect_to(&self, (host, port): &Addr, t: Timeouts) -> Result<Wire, BackendError> {
+        let display = format!("{host}:{port} (master {:?})", self.master_name);
+        let info = self
+            .template
+            .clone()
+            .set_addr(ConnectionAddr::Tcp(host.clone(), *port));
+        let tls = match &self.tls {
+            Some((config, options)) => Some(TlsTarget {
+                config: config.clone(),
+                name: options.name_to_verify(host).map_err(|e| {
+                    BackendError::new(BackendErrorKind::Tls, format!("{display}: {e}"))
+                })?,
+            }),
+            None => None,
+        };
+        let mut con = Wire::connect(&info, tls.as_ref(), t.connect, t.io)
+            .map_err(|e| crate::conn::map_error(&e, &display))?;
+        let role: redis::Value = redis::cmd("ROLE")
+            .query(&mut con)
+            .map_err(|e| crate::conn::map_error(&e, &display))?;
+        let is_master = matches!(&role, redis::Value::Array(parts)
+            if matches!(parts.first(), Some(redis::Value::BulkString(r)) if r == b"master"));
+        if !is_master {
+            return Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!("{display}: not a master (a failover under way?)"),
+            ));
+        }
+        Ok(con)
+    }
+}
+
+impl fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Discovery")
+            .field("master_name", &self.master_name)
+            .field("sentinels", &self.sentinels)
+            .field("current", &*self.current.lock())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,31 @@
+//! The shared conformance suite against a Redis Sentinel deployment the testkit starts
+//! for each case (a master, two replicas, three sentinels): the backend finds the master
+//! through the sentinels.
+mod common;
+
+use std::sync::Arc;
+
+use dlm_core::LockBackend;
+use dlm_redis::RedisBackend;
+use dlm_testkit::sentinel::SentinelTopology;
+
+struct Sentinel(SentinelTopology);
+
+impl Sentinel {
+    fn new() -> Self {
+        common::require();
+        Sentinel(SentinelTopology::spawn())
+    }
+}
+
+impl dlm_testkit::Fixture for Sentinel {
+    fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(
+            RedisBackend::sentinel(self.0.master_name(), &self.0.sentinel_urls())
+                .build()
+                .unwrap(),
+        )
+    }
+}
+
+dlm_testkit::conformance_tests!(Sentinel::new());

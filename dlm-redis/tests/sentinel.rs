@@ -1,0 +1,330 @@
+//! Redis Sentinel, on real topologies the testkit starts (a master, two replicas, three
+//! sentinels): the backend finds the master through the sentinels, follows a failover
+//! under load (locks taken after it work, waiters are woken by releases on the new
+//! master), refuses bad settings at build, and shows the documented failure: a lock
+//! granted on a master that dies before replicating it is granted twice, which fencing
+//! catches.
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use dlm_core::{BackendErrorKind, Error, FencedResource, Lock, LockClient, RetryPolicy};
+use dlm_redis::{RedisBackend, redis};
+use dlm_testkit::history::History;
+use dlm_testkit::sentinel::SentinelTopology;
+use dlm_testkit::unique_name;
+
+fn backend(t: &SentinelTopology) -> RedisBackend {
+    RedisBackend::sentinel(t.master_name(), &t.sentinel_urls())
+        .io_timeout(common::CALM)
+        .connect_timeout(common::CALM)
+        .build()
+        .unwrap()
+}
+
+fn client(t: &SentinelTopology) -> LockClient {
+    LockClient::builder(backend(t))
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// The lock's key is on the server `t` names as the master.
+fn on_master(t: &SentinelTopology, name: &str) -> bool {
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut t.master().connection())
+        .unwrap();
+    exists == 1
+}
+
+#[test]
+fn finds_the_master_through_the_sentinels() {
+    common::require();
+    let t = SentinelTopology::spawn();
+    let c = client(&t);
+    let name = unique_name("sentinel");
+    let g = c.get_lock(&name).unwrap().lock().unwrap();
+    assert!(on_master(&t, &name), "the key is not on the master");
+    assert!(g.fencing_token().is_some());
+    g.unlock().unwrap();
+    assert!(!on_master(&t, &name));
+}
+
+/// Four threads take and release locks while `SENTINEL FAILOVER` moves the master: every
+/// thread takes locks again after the failover, on the new master, and a waiter that
+/// waits across the failover is woken by a release on the new master (its backoff is
+/// 10 s: only a release hint wakes it sooner).
+#[test]
+fn a_failover_under_load_keeps_locks_available_and_waiters_woken() {
+    common::require();
+    let t = SentinelTopology::spawn();
+    let old_master = t.master_index();
+    let stop = AtomicBool::new(false);
+    let failed_over = AtomicBool::new(false);
+    let after = AtomicUsize::new(0);
+    let errors = AtomicUsize::new(0);
+    let holder_client = client(&t);
+    let waited = unique_name("waited");
+    let held = holder_client.get_lock(&waited).unwrap().lock().unwrap();
+    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
+    /// Stops the load threads also when an assertion fails (the scope joins them).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        for i in 0..4 {
+            let (t, stop, failed_over, after, errors) = (&t, &stop, &failed_over, &after, &errors);
+            s.spawn(move || {
+                let c = client(t);
+                let lock = c.get_lock(&format!("load-{i}")).unwrap();
+                while !stop.load(Ordering::Acquire) {
+                    let moved = failed_over.load(Ordering::Acquire);
+                    match lock.try_lock_timeout(Duration::from_secs(10)) {
+                        Ok(Some(g)) => {
+                            // A release refused during the switch is not an error of the
+                            // lock: it expires with its lease.
+                            let _ = g.unlock();
+                            if moved {
+                                after.fetch_add(1, Ordering::AcqRel);
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::AcqRel);
+                            eprintln!("thread {i}: {e}");
+                        }
+                    }
+                }
+            });
+        }
+        // The waiter: waits across the failover, with a backoff that only a hint beats.
+        let waiter = s.spawn(|| {
+            let c = LockClient::builder(backend(&t))
+                .retry(
+                    RetryPolicy::new()
+                        .backoff(Duration::from_secs(10), Duration::from_secs(10))
+                        .unwrap(),
+                )
+                .lease(Duration::from_secs(30))
+                .build()
+                .unwrap();
+            let lock = c.get_lock(&waited).unwrap();
+            assert!(lock.try_lock().unwrap().is_none());
+            started_tx.send(()).unwrap();
+            let g = lock.lock().unwrap();
+            let got = Instant::now();
+            g.unlock().unwrap();
+            got
+        });
+        started_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(300)); // load before the failover
+        let new_master = t.failover();
+        assert_ne!(new_master, old_master);
+        failed_over.store(true, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while after.load(Ordering::Acquire) < 40 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The holder's lock replicated before the failover: still held, on the new master.
+        assert!(
+            on_master(&t, &waited),
+            "the held lock is not on the new master"
+        );
+        let released = Instant::now();
+        held.unlock().unwrap();
+        let got = waiter.join().unwrap();
+        let woken = got.saturating_duration_since(released);
+        eprintln!("waiter woken {woken:?} after the release on the new master");
+        assert!(
+            woken < Duration::from_secs(3),
+            "the waiter was not woken by the release on the new master ({woken:?})"
+        );
+    });
+    let after = after.load(Ordering::Acquire);
+    eprintln!(
+        "holds after the failover: {after}; errors during it: {}",
+        errors.load(Ordering::Acquire)
+    );
+    assert!(after >= 40, "only {after} holds after the failover");
+}
+
+/// The documented failure: the replicas are cut off, A takes the lock on the master, the
+/// master dies, and Sentinel promotes a replica that never saw A's lock: B takes it too.
+/// The history checker sees two holders; fencing keeps A's late write out.
+#[test]
+fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_old_holder() {
+    common::require();
+    let mut t = SentinelTopology::spawn();
+    let name = unique_name("lost");
+    let a = client(&t);
+    for _ in 0..3 {
+        a.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
+    }
+    let old = t.master_index();
+    // Both replicas have everything so far (the earlier holders' fencing stream).
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(2)
+        .arg(10_000)
+        .query(&mut t.master().connection())
+        .unwrap();
+    assert_eq!(acked, 2);
+    // The replicas stop (so they cannot reconnect) and the master drops its side.
+    for r in t.replica_indexes() {
+        t.data_node(r).pause();
+    }
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut t.master().connection())
+        .unwrap();
+    let history = History::new();
+    let ga = a.get_lock(&name).unwrap().lock().unwrap();
+    let hold_a = history.begin("A (on the old master)", &ga);
+    let ta = ga.fencing_token().unwrap();
+    let resource = FencedResource::new(Vec::new());
+    resource.write(ta, |w| w.push("A")).unwrap();
+    // The master dies with the grant; the sentinels promote a replica.
+    t.data_node_mut(old).kill();
+    for r in t.replica_indexes() {
+        t.data_node(r).resume();
+    }
+    let new = t.wait_for_new_master(old, Duration::from_secs(30));
+    assert_ne!(new, old);
+
+    let b = client(&t);
+    let gb = b
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("the promoted replica has no trace of A's lock: the documented double grant");
+    let hold_b = history.begin("B (on the promoted replica)", &gb);
+    assert!(ga.is_held() && gb.is_held(), "two holders at once");
+    history.end(hold_a, &ga);
+    history.end(hold_b, &gb);
+    let report = history.check();
+    assert!(
+        report.has_overlap(),
+        "the checker must see the double grant"
+    );
+    let tb = gb.fencing_token().unwrap();
+    assert!(
+        tb > ta,
+        "the token went back after the failover: {tb} after {ta}"
+    );
+    resource.write(tb, |w| w.push("B")).unwrap();
+    assert!(resource.write(ta, |w| w.push("A, late")).is_err());
+    assert_eq!(resource.read(|w| w.clone()), ["A", "B"]);
+    ga.into_hold();
+    gb.unlock().unwrap();
+}
+
+#[test]
+fn data_node_and_sentinel_passwords() {
+    common::require();
+    let t = SentinelTopology::builder()
+        .password("data pw%41")
+        .sentinel_password("sentinel pw")
+        .spawn();
+    let c = LockClient::new(
+        RedisBackend::sentinel(t.master_name(), &t.sentinel_urls())
+            .master_auth(None, "data pw%41")
+            .build()
+            .unwrap(),
+    );
+    let name = unique_name("auth");
+    c.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
+
+    // A wrong data password: the sentinels answer (build succeeds), the master refuses.
+    let wrong = LockClient::new(
+        RedisBackend::sentinel(t.master_name(), &t.sentinel_urls())
+            .master_auth(None, "wrong")
+            .build()
+            .unwrap(),
+    );
+    let e = wrong.get_lock(&name).unwrap().try_lock().unwrap_err();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(BackendErrorKind::Auth),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("data pw") && !e.to_string().contains("wrong"));
+
+    // Sentinel URLs without the sentinels' password: refused at build.
+    let plain: Vec<String> = t
+        .sentinel_addrs()
+        .iter()
+        .map(|a| format!("redis://{a}"))
+        .collect();
+    let e = RedisBackend::sentinel(t.master_name(), &plain)
+        .master_auth(None, "data pw%41")
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(BackendErrorKind::Auth),
+        "{e}"
+    );
+}
+
+/// Each bad setting is a typed error from `build`, before any lock is attempted.
+#[test]
+fn bad_settings_are_refused_at_build() {
+    common::require();
+    let t = SentinelTopology::spawn();
+    let urls = t.sentinel_urls();
+    let invalid = |r: dlm_core::Result<RedisBackend>| match r {
+        Err(Error::InvalidArgument(e)) => e.to_string(),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+
+    let m = invalid(RedisBackend::sentinel("no-such-master", &urls).build());
+    assert!(
+        m.contains("no-such-master") && m.contains("do not know"),
+        "{m}"
+    );
+    invalid(RedisBackend::sentinel("", &urls).build());
+    invalid(RedisBackend::sentinel::<&str>(t.master_name(), &[]).build());
+    let mixed = vec![
+        urls[0].clone(),
+        urls[1].replacen("redis://", "rediss://", 1),
+    ];
+    invalid(RedisBackend::sentinel(t.master_name(), &mixed).build());
+    let m = invalid(
+        RedisBackend::builder("redis://127.0.0.1:1/")
+            .master_auth(None, "pw")
+            .build(),
+    );
+    assert!(m.contains("master_auth"), "{m}");
+
+    // Sentinels of two deployments that both monitor "mymaster": they disagree.
+    let other = SentinelTopology::spawn();
+    let both = vec![
+        urls[0].clone(),
+        urls[1].clone(),
+        other.sentinel_urls()[0].clone(),
+    ];
+    let m = invalid(RedisBackend::sentinel(t.master_name(), &both).build());
+    assert!(m.contains("disagree"), "{m}");
+
+    // No sentinel answers: a backend error, within the connect timeout per sentinel.
+    let nobody = ["redis://127.0.0.1:1", "redis://127.0.0.1:2"];
+    let started = Instant::now();
+    let e = RedisBackend::sentinel(t.master_name(), &nobody)
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(BackendErrorKind::Unavailable),
+        "{e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
