@@ -262,8 +262,7 @@ fn run_child(
     command: &[String],
     lease: Duration,
 ) -> Result<u8, Failure> {
-    let own_group = !in_the_terminals_foreground();
-    let mut cmd = child_command(command, own_group);
+    let (mut cmd, own_group) = child_command(command, !in_the_terminals_foreground());
     cmd.env("DLM_LOCK_NAME", &args.name)
         .env("DLM_LEASE_MS", lease.as_millis().to_string());
     match guard.fencing_token() {
@@ -377,8 +376,9 @@ fn in_the_terminals_foreground() -> bool {
 /// With `own_group`, the `__exec` process leads a new process group and stays as the
 /// command's keeper: a signal for the command reaches everything the command started,
 /// and the whole group is killed if `dlm` dies. Without, it sets the parent-death signal
-/// and becomes the command.
-fn child_command(command: &[String], own_group: bool) -> Command {
+/// and becomes the command. Also returns whether the command got its own group (under a
+/// keeper).
+fn child_command(command: &[String], own_group: bool) -> (Command, bool) {
     use std::os::unix::process::CommandExt;
     let mut cmd = match std::env::current_exe() {
         Ok(me) => Command::new(me),
@@ -388,7 +388,7 @@ fn child_command(command: &[String], own_group: bool) -> Command {
             );
             let mut cmd = Command::new(&command[0]);
             cmd.args(&command[1..]);
-            return cmd;
+            return (cmd, false);
         }
     };
     cmd.arg("__exec")
@@ -399,7 +399,7 @@ fn child_command(command: &[String], own_group: bool) -> Command {
         cmd.arg("--keep").process_group(0);
     }
     cmd.arg("--").args(command);
-    cmd
+    (cmd, own_group)
 }
 
 /// `dlm __exec PARENT [--keep] -- COMMAND...`: dies with the parent, then becomes the
@@ -448,6 +448,15 @@ fn cannot_run(program: &str, e: &std::io::Error) -> Failure {
     Failure::new(code, format!("cannot run {program:?}: {e}"))
 }
 
+/// What the keeper's signal thread needs to know of the command.
+#[derive(Default)]
+struct KeeperState {
+    /// The command runs: signals from dlm are passed on to the group.
+    started: bool,
+    /// A signal from dlm before the command started: it is not started.
+    early_signal: Option<i32>,
+}
+
 /// The parent-death signal of the keeper (Linux); not one that is forwarded.
 const PARENT_DIED: i32 = signal_hook::consts::SIGUSR1;
 
@@ -477,8 +486,7 @@ fn keep(args: &ExecArgs) -> Result<u8, Failure> {
     let kill_group = move || {
         let _ = rustix::process::kill_process_group(group, Signal::KILL);
     };
-    // The command, once started; a signal from dlm before that is kept here.
-    let started: Arc<Mutex<(bool, Option<i32>)>> = Arc::default();
+    let started: Arc<Mutex<KeeperState>> = Arc::default();
     {
         let started = started.clone();
         thread::Builder::new()
@@ -502,12 +510,12 @@ fn keep(args: &ExecArgs) -> Result<u8, Failure> {
                         continue;
                     }
                     let mut s = started.lock();
-                    if s.0 {
+                    if s.started {
                         if let Some(sig) = Signal::from_named_raw(origin.signal) {
                             let _ = rustix::process::kill_process_group(group, sig);
                         }
                     } else {
-                        s.1.get_or_insert(origin.signal);
+                        s.early_signal.get_or_insert(origin.signal);
                     }
                 }
             })
@@ -515,7 +523,7 @@ fn keep(args: &ExecArgs) -> Result<u8, Failure> {
     }
     let mut child = {
         let mut s = started.lock();
-        if let Some(signal) = s.1 {
+        if let Some(signal) = s.early_signal {
             // Stopped before it started: report it as the command's death by `signal`.
             return Ok(u8::try_from(128 + signal).unwrap_or(u8::MAX));
         }
@@ -525,7 +533,7 @@ fn keep(args: &ExecArgs) -> Result<u8, Failure> {
             .args(&args.command[1..])
             .spawn()
             .map_err(|e| cannot_run(&args.command[0], &e))?;
-        s.0 = true;
+        s.started = true;
         child
     };
     let status = child

@@ -9,9 +9,8 @@ mod common;
 
 use std::time::Duration;
 
-use dlm_core::{FencedResource, Lock, LockClient};
+use dlm_core::{Lock, LockClient};
 use dlm_redis::RedisBackend;
-use dlm_testkit::history::History;
 use dlm_testkit::redis_server::RedisServer;
 use dlm_testkit::unique_name;
 
@@ -75,12 +74,7 @@ fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_o
         .arg("replica")
         .query(&mut master.connection())
         .unwrap();
-    let history = History::new();
-    let ga = a.get_lock(&name).unwrap().lock().unwrap();
-    let hold_a = history.begin("A (on the old master)", &ga);
-    let ta = ga.fencing_token().unwrap();
-    let resource = FencedResource::new(Vec::new());
-    resource.write(ta, |w| w.push("A")).unwrap();
+    let old = common::OldHolder::new(a.get_lock(&name).unwrap().lock().unwrap());
     // The master dies with the grant; the replica is promoted (what Sentinel or a
     // managed service does).
     master.kill();
@@ -98,26 +92,5 @@ fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_o
         .try_lock()
         .unwrap()
         .expect("the promoted replica has no trace of A's lock: the documented double grant");
-    let hold_b = history.begin("B (on the promoted replica)", &gb);
-    assert!(ga.is_held() && gb.is_held(), "two holders at once");
-    history.end(hold_a, &ga);
-    history.end(hold_b, &gb);
-    let report = history.check();
-    assert!(
-        report.has_overlap(),
-        "the checker must see the double grant"
-    );
-    // Fencing: the promoted replica's token is newer, so the resource keeps out A's late
-    // write once B has written.
-    let tb = gb.fencing_token().unwrap();
-    assert!(
-        tb > ta,
-        "the token went back on the promoted replica: {tb} after {ta}"
-    );
-    assert!(!report.has_token_disorder(), "{:?}", report.violations);
-    resource.write(tb, |w| w.push("B")).unwrap();
-    assert!(resource.write(ta, |w| w.push("A, late")).is_err());
-    assert_eq!(resource.read(|w| w.clone()), ["A", "B"]);
-    ga.into_hold();
-    gb.unlock().unwrap();
+    old.assert_double_grant_is_caught(gb);
 }

@@ -73,13 +73,7 @@ fn a_killed_subscriber_connection_is_replaced_and_the_waiter_served() {
     wait_for("the listener to subscribe", || {
         waiting_backend.release_hints_active()
     });
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query(&mut fixture.server.connection())
-        .unwrap();
-    assert_eq!(killed, 1, "one subscriber connection expected");
+    kill_subscribers(&fixture);
     // The release is seen soon (the listener is back, or the waiter's backoff), not at the
     // end of the 30 s lease.
     assert!(matches!(

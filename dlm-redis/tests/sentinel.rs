@@ -9,9 +9,8 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlm_core::{BackendErrorKind, Error, FencedResource, Lock, LockClient, RetryPolicy};
+use dlm_core::{BackendErrorKind, Error, Lock, LockClient, RetryPolicy};
 use dlm_redis::{RedisBackend, redis};
-use dlm_testkit::history::History;
 use dlm_testkit::sentinel::SentinelTopology;
 use dlm_testkit::unique_name;
 
@@ -184,12 +183,7 @@ fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_o
         .arg("replica")
         .query(&mut t.master().connection())
         .unwrap();
-    let history = History::new();
-    let ga = a.get_lock(&name).unwrap().lock().unwrap();
-    let hold_a = history.begin("A (on the old master)", &ga);
-    let ta = ga.fencing_token().unwrap();
-    let resource = FencedResource::new(Vec::new());
-    resource.write(ta, |w| w.push("A")).unwrap();
+    let holder = common::OldHolder::new(a.get_lock(&name).unwrap().lock().unwrap());
     // The master dies with the grant; the sentinels promote a replica.
     t.data_node_mut(old).kill();
     for r in t.replica_indexes() {
@@ -205,25 +199,7 @@ fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_o
         .try_lock_timeout(Duration::from_secs(10))
         .unwrap()
         .expect("the promoted replica has no trace of A's lock: the documented double grant");
-    let hold_b = history.begin("B (on the promoted replica)", &gb);
-    assert!(ga.is_held() && gb.is_held(), "two holders at once");
-    history.end(hold_a, &ga);
-    history.end(hold_b, &gb);
-    let report = history.check();
-    assert!(
-        report.has_overlap(),
-        "the checker must see the double grant"
-    );
-    let tb = gb.fencing_token().unwrap();
-    assert!(
-        tb > ta,
-        "the token went back after the failover: {tb} after {ta}"
-    );
-    resource.write(tb, |w| w.push("B")).unwrap();
-    assert!(resource.write(ta, |w| w.push("A, late")).is_err());
-    assert_eq!(resource.read(|w| w.clone()), ["A", "B"]);
-    ga.into_hold();
-    gb.unlock().unwrap();
+    holder.assert_double_grant_is_caught(gb);
 }
 
 #[test]

@@ -252,3 +252,61 @@ impl dlm_testkit::Fixture for MutualTlsCluster {
         )
     }
 }
+
+/// The first holder of a failover negative control: it took the lock on a master that is
+/// about to be lost, its hold is recorded, and it wrote once through a fenced resource.
+pub struct OldHolder {
+    history: dlm_testkit::history::History,
+    hold: dlm_testkit::history::OpenHold,
+    guard: dlm_core::LockGuard,
+    resource: dlm_core::FencedResource<Vec<&'static str>>,
+}
+
+impl OldHolder {
+    pub fn new(guard: dlm_core::LockGuard) -> OldHolder {
+        let history = dlm_testkit::history::History::new();
+        let hold = history.begin("A (on the old master)", &guard);
+        let resource = dlm_core::FencedResource::new(Vec::new());
+        resource
+            .write(guard.fencing_token().unwrap(), |w| w.push("A"))
+            .unwrap();
+        OldHolder {
+            history,
+            hold,
+            guard,
+            resource,
+        }
+    }
+
+    /// `b` got the same lock from the promoted replica: the documented double grant. Both
+    /// hold at once and the history checker sees it; fencing still holds: `b`'s token is
+    /// newer, so the resource keeps out A's late write once `b` has written.
+    pub fn assert_double_grant_is_caught(self, b: dlm_core::LockGuard) {
+        let OldHolder {
+            history,
+            hold,
+            guard: a,
+            resource,
+        } = self;
+        let hold_b = history.begin("B (on the promoted replica)", &b);
+        assert!(a.is_held() && b.is_held(), "two holders at once");
+        history.end(hold, &a);
+        history.end(hold_b, &b);
+        let report = history.check();
+        assert!(
+            report.has_overlap(),
+            "the checker must see the double grant"
+        );
+        let (ta, tb) = (a.fencing_token().unwrap(), b.fencing_token().unwrap());
+        assert!(
+            tb > ta,
+            "the token went back on the promoted replica: {tb} after {ta}"
+        );
+        assert!(!report.has_token_disorder(), "{:?}", report.violations);
+        resource.write(tb, |w| w.push("B")).unwrap();
+        assert!(resource.write(ta, |w| w.push("A, late")).is_err());
+        assert_eq!(resource.read(|w| w.clone()), ["A", "B"]);
+        a.into_hold();
+        b.unlock().unwrap();
+    }
+}
