@@ -400,21 +400,13 @@ fn sigkill_of_dlm_kills_the_command_and_the_lease_frees_the_lock() {
     );
 }
 
-/// Run from a terminal (here a pseudo-terminal from `script(1)`), as its foreground job,
-/// `dlm` keeps the command in its own process group: the command reads the terminal. (In
-/// a group of its own it would be a background job there, stopped by SIGTTIN: the run
-/// would hang.)
-#[test]
-fn a_command_run_from_a_terminal_can_read_it() {
-    use std::io::{Read, Write};
+/// `dlm ARGS...` run from a terminal (a pseudo-terminal from `script(1)`), as its
+/// foreground job, followed by the shell commands `then` (`sh -c` is the session leader,
+/// as a login shell would be, when `then` is not empty); what is written to the returned
+/// stdin is typed at the terminal (keep it open until the run ends).
+fn on_a_terminal(args: &str, then: &str) -> (std::process::Child, std::process::ChildStdin) {
     use std::process::Stdio;
-    let _serial = SERIAL.lock();
-    let server = server();
-    let line = format!(
-        "{} run --redis {} tty -c 'read x; echo got:$x'",
-        env!("CARGO_BIN_EXE_dlm"),
-        server.url()
-    );
+    let line = format!("{} {args}{then}", env!("CARGO_BIN_EXE_dlm"));
     let mut script = std::process::Command::new("script")
         .args(["-qec", &line, "/dev/null"])
         .env_remove("DLM_REDIS_URL")
@@ -423,9 +415,14 @@ fn a_command_run_from_a_terminal_can_read_it() {
         .stderr(Stdio::null())
         .spawn()
         .expect("script(1) (util-linux) is needed for a pseudo-terminal");
-    // Typed at the terminal; stdin stays open until the run ends.
-    let mut typed = script.stdin.take().unwrap();
-    typed.write_all(b"hello\n").unwrap();
+    let typed = script.stdin.take().unwrap();
+    (script, typed)
+}
+
+/// Waits for `script` (see [`on_a_terminal`]) to end and returns its status and output;
+/// after 20 s kills it and everything under it, and fails with `hang`.
+fn terminal_run(mut script: std::process::Child, hang: &str) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
     let deadline = Instant::now() + 20 * SECOND;
     let status = loop {
         if let Some(status) = script.try_wait().unwrap() {
@@ -445,11 +442,10 @@ fn a_command_run_from_a_terminal_can_read_it() {
                     .status();
             }
             let _ = script.wait();
-            panic!("the run from a terminal hangs: the command cannot read the terminal");
+            panic!("{hang}");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    drop(typed);
     let mut out = String::new();
     script
         .stdout
@@ -457,11 +453,119 @@ fn a_command_run_from_a_terminal_can_read_it() {
         .unwrap()
         .read_to_string(&mut out)
         .unwrap();
+    (status, out)
+}
+
+/// Run from a terminal, as its foreground job, `dlm` keeps the command in its own (dlm's)
+/// process group: the command reads the terminal. (In a group of its own it would be a
+/// background job there, stopped by SIGTTIN: the run would hang.)
+#[test]
+fn a_command_run_from_a_terminal_can_read_it() {
+    use std::io::Write;
+    let _serial = SERIAL.lock();
+    let server = server();
+    let (script, mut typed) = on_a_terminal(
+        &format!("run --redis {} tty -c 'read x; echo got:$x'", server.url()),
+        "",
+    );
+    typed.write_all(b"hello\n").unwrap();
+    let (status, out) = terminal_run(
+        script,
+        "the run from a terminal hangs: the command cannot read the terminal",
+    );
+    drop(typed);
     assert!(status.success(), "{status}: {out}");
     assert!(
         out.contains("got:hello"),
         "the command did not read the line: {out:?}"
     );
+}
+
+/// The documented limit of that mode: from a terminal, `end` (a lost lock, SIGTERM to
+/// `dlm`, SIGKILL of `dlm`) stops the command (the shell) but not what it started, which
+/// runs on once the lock is free. (Elsewhere the command's own group is stopped whole:
+/// [`descendants_stop_with_the_command`].) The shell that runs `dlm` stays, reading the
+/// terminal, as an interactive one would: a session leader's exit would hang up the
+/// terminal's foreground group.
+fn from_a_terminal_the_commands_descendants_outlive(end: End) {
+    use std::io::Write;
+    let _serial = SERIAL.lock();
+    let server = server();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let mut reaper = Reaper::default();
+    let (lease, status) = match end {
+        End::Lost => ("--lease 1 --kill-after 1", 70),
+        End::Term => ("", 128 + 15),
+        End::Kill => ("--lease 1", 128 + 9),
+    };
+    let (script, mut typed) = on_a_terminal(
+        &format!(
+            "run {lease} --redis {url} tty-tree -c 'echo $$ > {}; sleep 60; exit 0'",
+            q(&pid_file)
+        ),
+        "; echo dlm-exit:$?; read end",
+    );
+    let shell = read_pid(&pid_file);
+    reaper.add(shell);
+    let mut grandchild = None;
+    wait_until(Duration::from_secs(10), "the shell to start sleep", || {
+        grandchild = children_of(shell).first().copied();
+        grandchild.is_some()
+    });
+    let grandchild = grandchild.unwrap();
+    reaper.add(grandchild);
+    // In this mode the command is dlm's own child (no keeper).
+    let stat = read(Path::new(&format!("/proc/{shell}/stat")));
+    let dlm: i32 = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    match end {
+        End::Lost => {}
+        End::Term => common::signal(dlm, "TERM"),
+        End::Kill => common::signal(dlm, "KILL"),
+    }
+    wait_until(Duration::from_secs(10), "the shell to be stopped", || {
+        !alive(shell)
+    });
+    wait_until(Duration::from_secs(10), "the lock to be free", || {
+        try_once(&url, "tty-tree") == 0
+    });
+    assert!(
+        alive(grandchild),
+        "{end:?}: the shell's `sleep` was stopped too: the documented limit no longer holds (update the README)"
+    );
+    common::signal(grandchild, "KILL");
+    typed.write_all(b"\n").unwrap();
+    let (done, out) = terminal_run(script, "the terminal's shell did not end");
+    drop(typed);
+    assert!(done.success(), "{done}: {out}");
+    assert!(
+        out.contains(&format!("dlm-exit:{status}")),
+        "{end:?}: dlm's status was not {status}: {out:?}"
+    );
+}
+
+#[test]
+fn from_a_terminal_a_lost_lock_leaves_the_commands_descendants() {
+    from_a_terminal_the_commands_descendants_outlive(End::Lost);
+}
+
+#[test]
+fn from_a_terminal_sigterm_to_dlm_leaves_the_commands_descendants() {
+    from_a_terminal_the_commands_descendants_outlive(End::Term);
+}
+
+#[test]
+fn from_a_terminal_sigkill_of_dlm_leaves_the_commands_descendants() {
+    from_a_terminal_the_commands_descendants_outlive(End::Kill);
 }
 
 /// A `dlm` waiting for a held lock (not running anything yet) ends at SIGINT with 130,

@@ -49,6 +49,24 @@ fn finds_the_master_through_the_sentinels() {
     assert!(g.fencing_token().is_some());
     g.unlock().unwrap();
     assert!(!on_master(&t, &name));
+
+    // `master_db`: the lock lives in that database of the master.
+    let in_db_5 = LockClient::new(
+        RedisBackend::sentinel(t.master_name(), &t.sentinel_urls())
+            .master_db(5)
+            .build()
+            .unwrap(),
+    );
+    let g = in_db_5.get_lock(&name).unwrap().lock().unwrap();
+    let mut con = t.master().connection();
+    let _: () = redis::cmd("SELECT").arg(5).query(&mut con).unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(exists, 1, "the key is not in database 5");
+    assert!(!on_master(&t, &name), "the key is in database 0");
+    g.unlock().unwrap();
 }
 
 /// Four threads take and release locks while `SENTINEL FAILOVER` moves the master: every
