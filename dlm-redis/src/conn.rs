@@ -11,6 +11,7 @@ use redis::{
 };
 use rustls::ClientConfig;
 
+use crate::cluster::Cluster;
 use crate::sentinel::Discovery;
 use crate::tls::TlsOptions;
 use crate::wire::{TlsTarget, Wire, is_tls_error};
@@ -33,6 +34,8 @@ pub(crate) struct Endpoint {
     /// Sentinel mode: the address is whichever master the sentinels name (`info` holds
     /// the credentials and database).
     sentinel: Option<Arc<Discovery>>,
+    /// Redis Cluster's release-hint listener: whichever node of the cluster answers.
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// A URL, parsed: whether it asks for TLS, and the rest.
@@ -140,7 +143,76 @@ impl Endpoint {
             tls: target,
             display,
             sentinel: None,
+            cluster: None,
         })
+    }
+
+    /// This endpoint's credentials, database and TLS at another address (a cluster node
+    /// named by the cluster); `tls` is the configuration of this endpoint's URL.
+    pub(crate) fn moved_to(
+        &self,
+        host: &str,
+        port: u16,
+        tls: Option<(&Arc<ClientConfig>, &TlsOptions)>,
+    ) -> Result<Endpoint, InvalidArgument> {
+        let info = self
+            .info
+            .clone()
+            .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
+        let target = match (&self.tls, tls) {
+            (Some(_), Some((config, options))) => Some(TlsTarget {
+                config: config.clone(),
+                name: options.name_to_verify(host)?,
+            }),
+            (Some(_), None) => {
+                return Err(InvalidArgument::new("tls", "no TLS configuration loaded"));
+            }
+            (None, _) => None,
+        };
+        let scheme = if target.is_some() { "rediss://" } else { "" };
+        let db = info.redis_settings().db();
+        Ok(Endpoint {
+            display: format!("{scheme}{host}:{port}/{db}"),
+            info,
+            tls: target,
+            sentinel: None,
+            cluster: None,
+        })
+    }
+
+    /// The host of a TCP endpoint.
+    pub(crate) fn host(&self) -> Option<String> {
+        match self.info.addr() {
+            ConnectionAddr::Tcp(host, _) => Some(host.clone()),
+            _ => None,
+        }
+    }
+
+    /// `host:port` of a TCP endpoint.
+    pub(crate) fn host_port(&self) -> Option<String> {
+        match self.info.addr() {
+            ConnectionAddr::Tcp(host, port) => Some(format!("{host}:{port}")),
+            _ => None,
+        }
+    }
+
+    /// Any node of `cluster` that answers (the release-hint listener's endpoint).
+    pub(crate) fn any_cluster_node(cluster: Arc<Cluster>) -> Endpoint {
+        let template = cluster.masters().first().map(|n| n.endpoint.clone());
+        Endpoint {
+            info: template.map_or_else(
+                || {
+                    "redis://127.0.0.1/"
+                        .into_connection_info()
+                        .expect("a valid URL")
+                },
+                |e| e.info,
+            ),
+            tls: None,
+            display: "redis cluster (any node)".into(),
+            sentinel: None,
+            cluster: Some(cluster),
+        }
     }
 
     /// The master that `discovery`'s sentinels name, whichever server that is now.
@@ -150,6 +222,7 @@ impl Endpoint {
             tls: None,
             display: format!("master {:?} (sentinel)", discovery.master_name()),
             sentinel: Some(discovery),
+            cluster: None,
         }
     }
 
@@ -204,6 +277,9 @@ impl Endpoint {
     pub(crate) fn connect_in_generation(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
         if let Some(d) = &self.sentinel {
             return d.connect(t);
+        }
+        if let Some(c) = &self.cluster {
+            return c.connect_any(t).map(|con| (con, 0));
         }
         Wire::connect(&self.info, self.tls.as_ref(), t.connect, t.io)
             .map(|con| (con, 0))

@@ -15,7 +15,9 @@
 //! `fence_ttl` (24 h by default) after its last use: at most 16,384 such keys per prefix,
 //! whatever the number of names. A lost stream starts again from the server's clock,
 //! above the tokens it gave (see the README's "Fencing"). Every key has a TTL;
-//! [`RedisBackend::keys`] names a lock's keys. Lock names travel only in KEYS. Taking a
+//! [`RedisBackend::keys`] names a lock's keys. Lock names travel in KEYS, and in ARGV only
+//! as the release channel (a channel is not a key; for a name that begins with `}` it
+//! hashes to another cluster slot than the lock key, so it cannot be declared). Taking a
 //! free lock is a plain `SET key token NX PX ms GET` (Redis 7.0 or later; older servers are
 //! detected and get the acquire script); the single-instance acquisition with fencing
 //! sends it with the `XADD` in one `MULTI`/`EXEC` transaction, so that nothing runs between
@@ -53,6 +55,7 @@
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench_internals;
+mod cluster;
 mod conn;
 mod fanout;
 mod fenced;

@@ -3,13 +3,14 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
 
 use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
 use redis::Script;
 
+use crate::cluster::{Cluster, Redirect};
 use crate::conn::{Conn, Endpoint, Manager, Timeouts};
 use crate::wire::{Resp, Wire};
 
@@ -265,6 +266,19 @@ impl Call {
         }
     }
 
+    /// The cluster redirection a reply asks for (a refusal of the request's key, kept as
+    /// a value: the whole request was refused, a transaction aborted). `None` for a
+    /// batch, whose requests can go to different slots: its caller looks at each.
+    pub(crate) fn redirect_in(&self, value: &redis::Value) -> Option<Redirect> {
+        match (&self.parts, value) {
+            (Parts::Batch(_), _) => None,
+            (Parts::One(Shape::Transaction | Shape::SetDraw), redis::Value::Array(v)) => {
+                v.iter().find_map(Redirect::of_value)
+            }
+            (Parts::One(_), value) => Redirect::of_value(value),
+        }
+    }
+
     /// Sends the request and reads its replies.
     pub(crate) fn execute(&self, con: &mut Wire) -> redis::RedisResult<redis::Value> {
         self.send(con)?;
@@ -484,6 +498,8 @@ pub(crate) struct Node {
     background: Background,
     io_timeout: Duration,
     connect_timeout: Duration,
+    /// A Redis Cluster master: its requests follow the cluster's redirections.
+    cluster: Option<Weak<Cluster>>,
 }
 
 /// What the pool's connection attempts have shown: whether the server is down (its last
@@ -582,23 +598,69 @@ impl Node {
             background: Background::default(),
             io_timeout: timeouts.io,
             connect_timeout: timeouts.connect,
+            cluster: None,
         }
     }
 
+    /// This node as a master of `cluster`. Fenced acquisitions use the acquire script,
+    /// not the `MULTI` transaction: during a slot migration a transaction's commands are
+    /// redirected one by one (the `SET` of a lock key already moved is asked elsewhere
+    /// while the fencing stream is still here), and taken to the importing node it would
+    /// make a second fencing stream there, which the migration of the first then refuses
+    /// (`BUSYKEY`). The script names both keys, so the cluster answers `TRYAGAIN` until
+    /// they are on one node.
+    pub(crate) fn in_cluster(mut self, cluster: Weak<Cluster>) -> Node {
+        self.cluster = Some(cluster);
+        self.no_multi = AtomicBool::new(true);
+        self
+    }
+
     /// Runs `f` on a pooled connection. A connection that saw an I/O error or timeout is
-    /// discarded: a late reply could otherwise answer the next command.
+    /// discarded: a late reply could otherwise answer the next command. In a cluster, a
+    /// redirection is followed.
     pub(crate) fn run<T>(
         &self,
-        f: impl FnOnce(&mut Wire) -> redis::RedisResult<T>,
+        f: impl Fn(&mut Wire) -> redis::RedisResult<T>,
     ) -> Result<T, BackendError> {
+        self.run_routed(&f, &|_| None)
+    }
+
+    /// [`run`](Self::run), where `redirect_in` finds a cluster's redirection in a reply
+    /// that keeps server errors as values.
+    fn run_routed<T>(
+        &self,
+        f: &dyn Fn(&mut Wire) -> redis::RedisResult<T>,
+        redirect_in: &dyn Fn(&T) -> Option<Redirect>,
+    ) -> Result<T, BackendError> {
+        if let Some(cluster) = self.cluster.as_ref().and_then(Weak::upgrade) {
+            return cluster.run(self, f, redirect_in);
+        }
+        self.run_here(f, false)?
+            .map_err(|e| self.endpoint.error(&e))
+    }
+
+    /// Runs `f` on a pooled connection of this server (after `ASKING` if `asking`); the
+    /// outer error is a connection that could not be had.
+    pub(crate) fn run_here<T>(
+        &self,
+        f: &dyn Fn(&mut Wire) -> redis::RedisResult<T>,
+        asking: bool,
+    ) -> Result<redis::RedisResult<T>, BackendError> {
         let mut conn = self.connection()?;
         let conn: &mut Conn = &mut conn;
-        f(&mut conn.con).map_err(|e| {
+        let result = if asking {
+            redis::cmd("ASKING")
+                .query::<()>(&mut conn.con)
+                .and_then(|()| f(&mut conn.con))
+        } else {
+            f(&mut conn.con)
+        };
+        if let Err(e) = &result {
             if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
                 conn.broken = true;
             }
-            self.endpoint.error(&e)
-        })
+        }
+        Ok(result)
     }
 
     /// A pooled connection, connecting if none is idle (within the connect timeout); the
@@ -1042,14 +1104,13 @@ impl Node {
         &self,
         script: &'static Script,
         name: &LockName,
-        second: Option<&str>,
+        channel: bool,
         args: &[&[u8]],
     ) -> Call {
-        let keys = 1 + usize::from(second.is_some());
-        let mut r = Resp::evalsha(script, keys, args.len());
+        let mut r = Resp::evalsha(script, 1, args.len() + usize::from(channel));
         self.keys.arg(&mut r, name, LOCK);
-        if let Some(suffix) = second {
-            self.keys.arg(&mut r, name, suffix);
+        if channel {
+            self.keys.arg(&mut r, name, CHANNEL);
         }
         for a in args {
             r.arg(a);
@@ -1066,7 +1127,7 @@ impl Node {
         self.script_call(
             &SCRIPTS.extend,
             name,
-            None,
+            false,
             &[
                 owner.encoded().as_bytes(),
                 ms.format(millis(ttl)).as_bytes(),
@@ -1111,7 +1172,7 @@ impl Node {
         self.script_call(
             &SCRIPTS.release,
             name,
-            Some(CHANNEL),
+            true,
             &[owner.encoded().as_bytes(), id.format(release_id).as_bytes()],
         )
     }
@@ -1129,7 +1190,7 @@ impl Node {
 
     /// Runs a prepared call on a pooled connection.
     pub(crate) fn execute(&self, call: &Call) -> Result<redis::Value, BackendError> {
-        self.run(|con| call.execute(con))
+        self.run_routed(&|con| call.execute(con), &|value| call.redirect_in(value))
     }
 
     /// An idle pooled connection, if one is ready (never connects, never waits).
@@ -1166,7 +1227,7 @@ impl Node {
         self.script_call(
             &SCRIPTS.force_release,
             name,
-            Some(CHANNEL),
+            true,
             &[id.format(release_id).as_bytes()],
         )
     }
@@ -1192,7 +1253,7 @@ impl Node {
     }
 
     pub(crate) fn inspect_call(&self, name: &LockName) -> Call {
-        self.script_call(&SCRIPTS.inspect, name, None, &[])
+        self.script_call(&SCRIPTS.inspect, name, false, &[])
     }
 
     pub(crate) fn parse_inspect(

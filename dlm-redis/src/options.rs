@@ -93,13 +93,13 @@ impl Options {
 
     /// The release-hint listeners for `nodes` (started on the first wait), if enabled.
     pub(crate) fn hints(&self, nodes: &[Node]) -> Option<crate::hints::Hints> {
-        self.hints.then(|| {
-            crate::hints::Hints::new(
-                &self.prefix,
-                nodes.iter().map(|n| n.endpoint.clone()).collect(),
-                self.timeouts(),
-            )
-        })
+        self.hints_at(nodes.iter().map(|n| n.endpoint.clone()).collect())
+    }
+
+    /// The release-hint listeners for `endpoints` (one each), if enabled.
+    pub(crate) fn hints_at(&self, endpoints: Vec<Endpoint>) -> Option<crate::hints::Hints> {
+        self.hints
+            .then(|| crate::hints::Hints::new(&self.prefix, endpoints, self.timeouts()))
     }
 
     pub(crate) fn nodes(&self, urls: &[String]) -> Result<Vec<Node>, InvalidArgument> {

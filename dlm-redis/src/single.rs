@@ -9,8 +9,9 @@ use dlm_core::{
     OwnerToken, Renewal, Watch,
 };
 
+use crate::cluster::{Cluster, Redirect};
 use crate::hints::Hints;
-use crate::node::{Call, Fencing, Node, NodeAcquire};
+use crate::node::{Call, Fencing, Keys, Node, NodeAcquire};
 
 /// The most extensions sent in one write by [`RedisBackend::extend_many`].
 const BATCH: usize = 4096;
@@ -40,9 +41,18 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    node: Node,
+    target: Target,
+    keys: Keys,
     options: Options,
     hints: Option<Hints>,
+}
+
+/// Where the lock keys live.
+enum Target {
+    /// One server (or the master that Sentinel names).
+    One(Node),
+    /// The master of the key's slot in a Redis Cluster.
+    Cluster(Arc<Cluster>),
 }
 
 impl RedisBackend {
@@ -54,6 +64,36 @@ impl RedisBackend {
             options: Options::single(),
             sentinel: None,
             sentinel_only: None,
+            cluster: None,
+        }
+    }
+
+    /// A builder for a backend on a Redis Cluster, given one or more of its nodes
+    /// (`redis://[user:pass@]host:port`, `rediss://` for TLS; every node is reached with
+    /// the seeds' credentials and TLS settings). `build` asks every seed for the cluster's
+    /// slot map, and refuses a server without cluster mode and seeds of two clusters.
+    ///
+    /// A lock's keys share one hash slot (the name is the hash tag), so each lock lives
+    /// on one master: the slot's. `MOVED` and `ASK` are followed (slot migrations keep
+    /// working), and the map is read again when a master stops answering. Safe only while
+    /// that master keeps its data: a failover to a replica that had not received the
+    /// grant can lose a held lock (see the README's "Which deployment gives which
+    /// guarantee").
+    ///
+    /// ```no_run
+    /// use dlm_redis::RedisBackend;
+    ///
+    /// let backend =
+    ///     RedisBackend::cluster(&["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]).build()?;
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    pub fn cluster<S: AsRef<str>>(seeds: &[S]) -> RedisBackendBuilder {
+        RedisBackendBuilder {
+            url: String::new(),
+            options: Options::single(),
+            sentinel: None,
+            sentinel_only: None,
+            cluster: Some(seeds.iter().map(|s| s.as_ref().to_owned()).collect()),
         }
     }
 
@@ -94,6 +134,7 @@ impl RedisBackend {
                 db: None,
             }),
             sentinel_only: None,
+            cluster: None,
         }
     }
 
@@ -111,7 +152,7 @@ impl RedisBackend {
     /// # Errors
     /// [`dlm_core::Error::InvalidArgument`] for a name that [`LockName::new`] rejects.
     pub fn keys(&self, name: &str) -> dlm_core::Result<crate::LockKeys> {
-        Ok(self.inner.node.keys.all(&LockName::new(name)?))
+        Ok(self.inner.keys.all(&LockName::new(name)?))
     }
 
     /// [`fenced_set`](crate::fenced_set) on this backend's server, over its pooled
@@ -146,9 +187,9 @@ impl RedisBackend {
         value: &[u8],
     ) -> Result<(), crate::FencedWriteError> {
         let reply = self
-            .inner
-            .node
-            .run(|con| crate::fenced::set_request(con, key, token, value))
+            .on_node_of_key(key, |node| {
+                node.run(|con| crate::fenced::set_request(con, key, token, value))
+            })
             .map_err(crate::FencedWriteError::Backend)?;
         crate::fenced::set_verdict(token, reply)
     }
@@ -160,9 +201,9 @@ impl RedisBackend {
     /// # Errors
     /// [`BackendError`] when Redis fails.
     pub fn fenced_get(&self, key: &str) -> Result<Option<(Vec<u8>, FencingToken)>, BackendError> {
-        self.inner
-            .node
-            .run(|con| crate::fenced::get_request(con, key))
+        self.on_node_of_key(key, |node| {
+            node.run(|con| crate::fenced::get_request(con, key))
+        })
     }
 
     /// Whether the release-hint listener is subscribed now (it starts with the first
@@ -177,7 +218,37 @@ impl RedisBackend {
     /// Wakes a waiter of this process for the release `id` at once (see `Hints::released`).
     fn released_here(&self, name: &LockName, id: u64) {
         if let Some(hints) = &self.inner.hints {
-            hints.released(|| self.inner.node.keys.channel(name), id);
+            hints.released(|| self.inner.keys.channel(name), id);
+        }
+    }
+
+    /// Runs `f` on the node that serves the lock `name` (in a cluster, on the new master
+    /// if the slot's master failed and was replaced).
+    fn on_node<T>(
+        &self,
+        name: &LockName,
+        f: impl Fn(&Node) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        self.on_slot(|| self.inner.keys.slot(name), f)
+    }
+
+    /// [`on_node`](Self::on_node) for the node that serves `key`.
+    fn on_node_of_key<T>(
+        &self,
+        key: &str,
+        f: impl Fn(&Node) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        self.on_slot(|| crate::slot::key_slot(key.as_bytes()), f)
+    }
+
+    fn on_slot<T>(
+        &self,
+        slot: impl FnOnce() -> u16,
+        f: impl Fn(&Node) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        match &self.inner.target {
+            Target::One(node) => f(node),
+            Target::Cluster(cluster) => cluster.on_slot(slot(), f),
         }
     }
 
@@ -195,14 +266,57 @@ impl RedisBackend {
     }
 }
 
-impl LockBackend for RedisBackend {
-    fn try_acquire(
+impl RedisBackend {
+    /// Renewals on one node, pipelined, [`BATCH`] per write. In a cluster, a renewal that
+    /// the node refused with a redirection (its slot moved) is sent again on its own,
+    /// where the cluster says.
+    fn extend_batches(
         &self,
+        node: &Node,
+        renewals: &[Renewal<'_>],
+    ) -> Vec<Result<Option<Lease>, BackendError>> {
+        let mut out = Vec::with_capacity(renewals.len());
+        for chunk in renewals.chunks(BATCH) {
+            let start = Instant::now();
+            let call = Call::batch(
+                chunk
+                    .iter()
+                    .map(|r| node.extend_call(r.name, r.owner, r.ttl)),
+            );
+            let values = node.execute(&call).and_then(|reply| match reply {
+                redis::Value::Array(values) if values.len() == chunk.len() => Ok(values),
+                other => node.parse_batch(other, chunk.len(), Ok).map(|_| Vec::new()),
+            });
+            match values {
+                Ok(values) => out.extend(chunk.iter().zip(values).map(|(r, value)| {
+                    if Redirect::of_value(&value).is_some() {
+                        return self.extend(r.name, r.owner, r.ttl);
+                    }
+                    let ok = value
+                        .extract_error()
+                        .map_err(|e| node.endpoint.error(&e))
+                        .and_then(|v| node.parse_flag(v))?;
+                    // The front keeps the acquisition's fencing token.
+                    Ok(ok.then(|| self.lease(start, r.ttl, 0)).flatten())
+                })),
+                Err(e) => out.extend(
+                    chunk
+                        .iter()
+                        .map(|_| Err(BackendError::new(e.kind(), e.message().to_owned()))),
+                ),
+            }
+        }
+        out
+    }
+
+    /// One acquisition attempt on `node`.
+    fn acquire_on(
+        &self,
+        node: &Node,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
-        let node = &self.inner.node;
         let start = Instant::now();
         let fencing = if self.inner.options.fencing {
             Fencing::Single
@@ -229,6 +343,17 @@ impl LockBackend for RedisBackend {
             }),
         }
     }
+}
+
+impl LockBackend for RedisBackend {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        self.on_node(name, |node| self.acquire_on(node, name, owner, ttl))
+    }
 
     fn extend(
         &self,
@@ -236,47 +361,49 @@ impl LockBackend for RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        let start = Instant::now();
-        if !self.inner.node.extend(name, owner, ttl)? {
-            return Ok(None);
-        }
-        // The front keeps the acquisition's fencing token.
-        Ok(self.lease(start, ttl, 0))
+        self.on_node(name, |node| {
+            let start = Instant::now();
+            if !node.extend(name, owner, ttl)? {
+                return Ok(None);
+            }
+            // The front keeps the acquisition's fencing token.
+            Ok(self.lease(start, ttl, 0))
+        })
     }
 
     /// The extensions go pipelined on one connection, up to 4,096 per write: a round of
-    /// renewals costs one round trip per 4,096 holds.
+    /// renewals costs one round trip per 4,096 holds (in a cluster, per master).
     fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
-        let node = &self.inner.node;
-        let mut out = Vec::with_capacity(renewals.len());
-        for chunk in renewals.chunks(BATCH) {
-            let start = Instant::now();
-            let call = Call::batch(
-                chunk
-                    .iter()
-                    .map(|r| node.extend_call(r.name, r.owner, r.ttl)),
-            );
-            let flags = node
-                .execute(&call)
-                .and_then(|reply| node.parse_batch(reply, chunk.len(), |v| node.parse_flag(v)));
-            match flags {
-                Ok(flags) => out.extend(chunk.iter().zip(flags).map(|(r, ok)| {
-                    // The front keeps the acquisition's fencing token.
-                    ok.map(|ok| ok.then(|| self.lease(start, r.ttl, 0)).flatten())
-                })),
-                Err(e) => out.extend(
-                    chunk
-                        .iter()
-                        .map(|_| Err(BackendError::new(e.kind(), e.message().to_owned()))),
-                ),
+        let cluster = match &self.inner.target {
+            Target::One(node) => return self.extend_batches(node, renewals),
+            Target::Cluster(cluster) => cluster,
+        };
+        let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
+            renewals.iter().map(|_| None).collect();
+        let mut groups: Vec<(Arc<Node>, Vec<usize>)> = Vec::new();
+        for (i, r) in renewals.iter().enumerate() {
+            match cluster.node(self.inner.keys.slot(r.name)) {
+                Ok(node) => match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
+                    Some((_, group)) => group.push(i),
+                    None => groups.push((node, vec![i])),
+                },
+                Err(e) => out[i] = Some(Err(e)),
             }
         }
-        out
+        for (node, group) in groups {
+            let part: Vec<Renewal<'_>> = group.iter().map(|&i| renewals[i]).collect();
+            for (i, result) in group.into_iter().zip(self.extend_batches(&node, &part)) {
+                out[i] = Some(result);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every renewal has its result"))
+            .collect()
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         let id = rand::random();
-        let released = self.inner.node.release(name, owner, id)?;
+        let released = self.on_node(name, |node| node.release(name, owner, id))?;
         if released {
             self.released_here(name, id);
         }
@@ -285,7 +412,7 @@ impl LockBackend for RedisBackend {
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
         let id = rand::random();
-        let released = self.inner.node.force_release(name, id)?;
+        let released = self.on_node(name, |node| node.force_release(name, id))?;
         if released {
             self.released_here(name, id);
         }
@@ -294,25 +421,31 @@ impl LockBackend for RedisBackend {
 
     fn watch(&self, name: &LockName) -> Option<Watch> {
         let hints = self.inner.hints.as_ref()?;
-        hints.watch(self.inner.node.keys.channel(name))
+        hints.watch(self.inner.keys.channel(name))
     }
 
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
-        self.inner.node.inspect(name)
+        self.on_node(name, |node| node.inspect(name))
     }
 
     fn wake_pending(&self, name: &LockName) -> bool {
         self.inner
             .hints
             .as_ref()
-            .is_some_and(|h| h.wake_pending(|| self.inner.node.keys.channel(name)))
+            .is_some_and(|h| h.wake_pending(|| self.inner.keys.channel(name)))
     }
 }
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("server", &self.inner.node.endpoint)
+            .field(
+                "server",
+                &match &self.inner.target {
+                    Target::One(node) => format!("{}", node.endpoint),
+                    Target::Cluster(cluster) => format!("{cluster:?}"),
+                },
+            )
             .field("prefix", &self.inner.options.prefix)
             .field("fencing", &self.inner.options.fencing)
             .finish_non_exhaustive()
@@ -327,6 +460,8 @@ pub struct RedisBackendBuilder {
     sentinel: Option<SentinelSpec>,
     /// A Sentinel-only setter used on a single server's builder: refused by `build`.
     sentinel_only: Option<&'static str>,
+    /// Cluster mode: the seed URLs.
+    cluster: Option<Vec<String>>,
 }
 
 /// What [`RedisBackend::sentinel`] and its setters were given.
@@ -385,6 +520,29 @@ impl RedisBackendBuilder {
     /// Sentinel mode for a master name the sentinels do not know, or sentinels that
     /// disagree about the master; [`dlm_core::Error::Backend`] when no sentinel answers.
     pub fn build(self) -> dlm_core::Result<RedisBackend> {
+        let keys = Keys::new(self.options.prefix.clone(), self.options.fence_ttl);
+        if let Some(seeds) = &self.cluster {
+            if let Some(setter) = self.sentinel_only {
+                return Err(invalid(dlm_core::InvalidArgument::new(
+                    setter,
+                    "only for RedisBackend::sentinel: the seed URLs carry the cluster's credentials",
+                )));
+            }
+            let cluster = Cluster::connect(self.options.clone(), seeds)?;
+            let hints = self
+                .options
+                .hints_at(vec![crate::conn::Endpoint::any_cluster_node(
+                    cluster.clone(),
+                )]);
+            return Ok(RedisBackend {
+                inner: Arc::new(Inner {
+                    target: Target::Cluster(cluster),
+                    keys,
+                    options: self.options,
+                    hints,
+                }),
+            });
+        }
         let node = match &self.sentinel {
             Some(spec) => self.sentinel_node(spec)?,
             None if self.sentinel_only.is_some() => {
@@ -403,7 +561,8 @@ impl RedisBackendBuilder {
         let hints = self.options.hints(std::slice::from_ref(&node));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
-                node,
+                target: Target::One(node),
+                keys,
                 options: self.options,
                 hints,
             }),

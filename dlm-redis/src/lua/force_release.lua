@@ -1,5 +1,5 @@
 -- Force release: delete the lock whoever holds it (only a string key, never foreign data).
--- KEYS[1] lock key, KEYS[2] release channel; ARGV[1] release id
+-- KEYS[1] lock key; ARGV[1] release channel (not a key, see release.lua), ARGV[2] release id
 -- Returns 1 when a lock was deleted, 0 when it was free, -1 for a key of another type.
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err then
@@ -12,5 +12,5 @@ if v == false then
   return 0
 end
 redis.call('DEL', KEYS[1])
-redis.pcall('PUBLISH', KEYS[2], ARGV[1])
+redis.pcall('PUBLISH', ARGV[1], ARGV[2])
 return 1

@@ -1,0 +1,553 @@
+//! Redis Cluster: the slot map, one node (and pool) per master, and the redirections.
+//!
+//! A lock's keys share one hash slot (`node.rs`: the name is the hash tag, the fencing
+//! stream's tag is chosen for that slot), so every request of a lock goes to one master:
+//! the slot's, from the map. A `MOVED` updates the map and sends the request again to the
+//! node it names; an `ASK` (a slot half migrated) sends it once, after `ASKING`, to the
+//! importing node; `TRYAGAIN` and `CLUSTERDOWN` are retried after a short pause, within
+//! the I/O timeout, then reported as `Unavailable` (the front retries those within its
+//! error budget). A node that cannot be reached makes the map be asked for again (at most
+//! every [`REFRESH_EVERY`]), so that a promoted replica is found after a failover.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
+use parking_lot::{Mutex, RwLock};
+
+use crate::conn::{Endpoint, Timeouts};
+use crate::node::Node;
+use crate::options::{Options, Tls};
+use crate::slot::SLOTS;
+use crate::wire::Wire;
+
+/// The shortest time between two reads of the slot map.
+const REFRESH_EVERY: Duration = Duration::from_millis(100);
+/// The most redirections one request follows.
+const MAX_REDIRECTS: usize = 16;
+
+/// What a cluster node's refusal asks the client to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Redirect {
+    /// The slot is served by `addr` now.
+    Moved { slot: u16, addr: String },
+    /// This one request goes to `addr`, after `ASKING` (the slot is being migrated there).
+    Ask { addr: String },
+    /// `TRYAGAIN` (a multi-key request during a migration) or `CLUSTERDOWN`: later.
+    Retry,
+}
+
+impl Redirect {
+    fn of(code: &str, detail: Option<&str>) -> Option<Redirect> {
+        match code {
+            "MOVED" | "ASK" => {
+                let mut words = detail?.split_ascii_whitespace();
+                let slot: u16 = words.next()?.parse().ok()?;
+                let addr = words.next()?.to_owned();
+                Some(if code == "MOVED" {
+                    Redirect::Moved { slot, addr }
+                } else {
+                    Redirect::Ask { addr }
+                })
+            }
+            "TRYAGAIN" | "CLUSTERDOWN" => Some(Redirect::Retry),
+            _ => None,
+        }
+    }
+
+    /// The redirection an error asks for, if any.
+    pub(crate) fn of_error(e: &redis::RedisError) -> Option<Redirect> {
+        Redirect::of(e.code()?, e.detail())
+    }
+
+    /// The redirection a reply (a server error kept as a value) asks for, if any.
+    pub(crate) fn of_value(v: &redis::Value) -> Option<Redirect> {
+        match v {
+            redis::Value::ServerError(e) => Redirect::of(e.code(), e.details()),
+            _ => None,
+        }
+    }
+}
+
+/// The masters and who serves which slot.
+struct SlotMap {
+    /// By `host:port`.
+    nodes: HashMap<String, Arc<Node>>,
+    /// The master of each slot; `None` for a slot no master serves.
+    slots: Vec<Option<Arc<Node>>>,
+}
+
+/// One Redis Cluster.
+pub(crate) struct Cluster {
+    options: Options,
+    /// The seeds, for the first read of the map and when no known master answers.
+    seeds: Vec<Endpoint>,
+    /// The TLS configuration of the seeds (`rediss://`), used for every node.
+    tls: Tls,
+    map: RwLock<SlotMap>,
+    /// When the map was last read; locked while it is being read.
+    refreshed: Mutex<Option<Instant>>,
+    /// Given to the nodes, which route their requests through the cluster.
+    me: Weak<Cluster>,
+}
+
+/// A seed's answer at build.
+struct SeedView {
+    seed: String,
+    /// Its own node id, and every node id it knows (`CLUSTER NODES`).
+    id: String,
+    known: Vec<String>,
+    slots: redis::Value,
+}
+
+impl Cluster {
+    /// Asks every seed for its view; refuses a server without cluster mode and seeds of
+    /// different clusters, then makes the map from the first view.
+    pub(crate) fn connect(options: Options, seeds: &[String]) -> dlm_core::Result<Arc<Cluster>> {
+        let bad = |field: &'static str, why: String| -> dlm_core::Error {
+            InvalidArgument::new(field, why).into()
+        };
+        options.validate()?;
+        if seeds.is_empty() {
+            return Err(bad("seeds", "no seed URL".into()));
+        }
+        let (endpoints, tls) = options.endpoints(seeds)?;
+        let t = options.timeouts();
+        let mut views = Vec::new();
+        let mut failed = Vec::new();
+        for seed in &endpoints {
+            match view(seed, t) {
+                Ok(v) => views.push(v),
+                Err(e) if e.message().contains("cluster support disabled") => {
+                    return Err(bad(
+                        "seeds",
+                        format!(
+                            "{seed} is not in cluster mode (cluster-enabled no): use RedisBackend::builder for a single server"
+                        ),
+                    ));
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+        let Some(first) = views.first() else {
+            return Err(dlm_core::Error::Backend(
+                failed.into_iter().next().expect("at least one seed"),
+            ));
+        };
+        if let Some(other) = views[1..]
+            .iter()
+            .find(|v| !first.known.contains(&v.id) || !v.known.contains(&first.id))
+        {
+            return Err(bad(
+                "seeds",
+                format!(
+                    "{} and {} belong to different clusters (neither knows the other's node id)",
+                    first.seed, other.seed
+                ),
+            ));
+        }
+        let cluster = Arc::new_cyclic(|me| Cluster {
+            options,
+            seeds: endpoints,
+            tls,
+            map: RwLock::new(SlotMap {
+                nodes: HashMap::new(),
+                slots: vec![None; SLOTS],
+            }),
+            refreshed: Mutex::new(Some(Instant::now())),
+            me: me.clone(),
+        });
+        let seed = cluster
+            .seeds
+            .iter()
+            .find(|s| s.to_string() == first.seed)
+            .expect("the view of a seed")
+            .clone();
+        cluster
+            .apply(&seed, &first.slots)
+            .map_err(dlm_core::Error::Backend)?;
+        Ok(cluster)
+    }
+
+    /// The master of `slot` now.
+    pub(crate) fn node(&self, slot: u16) -> Result<Arc<Node>, BackendError> {
+        if let Some(node) = &self.map.read().slots[usize::from(slot)] {
+            return Ok(node.clone());
+        }
+        self.refresh();
+        self.map.read().slots[usize::from(slot)]
+            .clone()
+            .ok_or_else(|| {
+                BackendError::new(
+                    BackendErrorKind::Unavailable,
+                    format!("redis cluster: no master serves slot {slot} (CLUSTERDOWN)"),
+                )
+            })
+    }
+
+    /// The masters now, one each.
+    pub(crate) fn masters(&self) -> Vec<Arc<Node>> {
+        self.map.read().nodes.values().cloned().collect()
+    }
+
+    /// Runs `f` on `first` (the slot's master when the request was made), following the
+    /// redirections the replies ask for (`redirect_in` finds those kept in a value).
+    pub(crate) fn run<T>(
+        &self,
+        first: &Node,
+        f: &dyn Fn(&mut Wire) -> redis::RedisResult<T>,
+        redirect_in: &dyn Fn(&T) -> Option<Redirect>,
+    ) -> Result<T, BackendError> {
+        let deadline = Instant::now() + self.options.io_timeout;
+        let mut pause = Duration::from_millis(2);
+        let mut other: Option<Arc<Node>> = None;
+        let mut asking = false;
+        let mut redirects = 0;
+        loop {
+            let node = other.as_deref().unwrap_or(first);
+            let result = match node.run_here(f, asking) {
+                Ok(result) => result,
+                Err(e) => {
+                    // Down or unreachable: a failover may have moved its slots.
+                    if e.is_transient() {
+                        self.refresh();
+                    }
+                    return Err(e);
+                }
+            };
+            let redirect = match &result {
+                Ok(value) => redirect_in(value),
+                Err(e) => Redirect::of_error(e),
+            };
+            let Some(redirect) = redirect else {
+                return result.map_err(|e| node.endpoint.error(&e));
+            };
+            if matches!(redirect, Redirect::Moved { .. } | Redirect::Ask { .. }) {
+                redirects += 1;
+                if redirects > MAX_REDIRECTS {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        format!(
+                            "redis cluster: more than {MAX_REDIRECTS} redirections for one request"
+                        ),
+                    ));
+                }
+            }
+            match redirect {
+                Redirect::Moved { slot, addr } => {
+                    log::debug!("{}: slot {slot} moved to {addr}", node.endpoint);
+                    other = Some(self.moved(node, slot, &addr)?);
+                    asking = false;
+                    self.refresh();
+                }
+                Redirect::Ask { addr } => {
+                    other = Some(self.node_at(node, &addr)?);
+                    asking = true;
+                }
+                // The same request again, to the same node, the same way (with `ASKING`
+                // if it was asked there).
+                Redirect::Retry => {
+                    let now = Instant::now();
+                    if now + pause > deadline {
+                        return Err(BackendError::new(
+                            BackendErrorKind::Unavailable,
+                            format!(
+                                "{}: still refused after {:?} ({})",
+                                node.endpoint,
+                                self.options.io_timeout,
+                                match &result {
+                                    Err(e) => e.code().unwrap_or("error").to_owned(),
+                                    Ok(_) => "TRYAGAIN or CLUSTERDOWN".to_owned(),
+                                }
+                            ),
+                        ));
+                    }
+                    if matches!(&result, Err(e) if e.code() == Some("CLUSTERDOWN")) {
+                        self.refresh();
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    /// The node at `addr` (`host:port`, or `:port` for the host of `from`), made if new.
+    fn node_at(&self, from: &Node, addr: &str) -> Result<Arc<Node>, BackendError> {
+        if let Some(node) = self.map.read().nodes.get(addr) {
+            return Ok(node.clone());
+        }
+        let endpoint = self.endpoint_at(&from.endpoint, addr)?;
+        let key = endpoint.host_port().unwrap_or_else(|| addr.to_owned());
+        let mut map = self.map.write();
+        Ok(map
+            .nodes
+            .entry(key)
+            .or_insert_with(|| self.new_node(endpoint))
+            .clone())
+    }
+
+    /// After `MOVED slot addr`: the slot's master is `addr`.
+    fn moved(&self, from: &Node, slot: u16, addr: &str) -> Result<Arc<Node>, BackendError> {
+        let node = self.node_at(from, addr)?;
+        self.map.write().slots[usize::from(slot)] = Some(node.clone());
+        Ok(node)
+    }
+
+    /// The endpoint of `addr` (`host:port`, or `:port` for the host of `from`), with the
+    /// seeds' credentials, database and TLS.
+    fn endpoint_at(&self, from: &Endpoint, addr: &str) -> Result<Endpoint, BackendError> {
+        let bad = || {
+            BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{from}: a node address makes no sense: {addr:?}"),
+            )
+        };
+        let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host = if host.is_empty() || host == "?" {
+            from.host().ok_or_else(bad)?
+        } else {
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned()
+        };
+        from.moved_to(&host, port, self.tls.as_ref().map(|(c, o)| (c, o)))
+            .map_err(|e| BackendError::new(BackendErrorKind::Tls, format!("{addr}: {e}")))
+    }
+
+    fn new_node(&self, endpoint: Endpoint) -> Arc<Node> {
+        Arc::new(self.options.node(endpoint).in_cluster(self.me.clone()))
+    }
+
+    /// Runs `f` on the master of `slot`; when it fails with a transient error (the master
+    /// is down or gone), reads the slot map again and, if the slot has another master
+    /// now, runs `f` there once (a holder's release after a failover goes to the new
+    /// master instead of failing).
+    pub(crate) fn on_slot<T>(
+        &self,
+        slot: u16,
+        f: impl Fn(&Node) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let node = self.node(slot)?;
+        let failed = match f(&node) {
+            Err(e) if e.is_transient() => e,
+            other => return other,
+        };
+        let failed_at = Instant::now();
+        self.refresh_since(failed_at);
+        match self.node(slot) {
+            Ok(now) if !Arc::ptr_eq(&now, &node) => f(&now),
+            _ => Err(failed),
+        }
+    }
+
+    /// Reads the slot map again, from a master that answers (or a seed), unless another
+    /// thread is doing it or it was read less than [`REFRESH_EVERY`] ago.
+    pub(crate) fn refresh(&self) {
+        let Some(refreshed) = self.refreshed.try_lock() else {
+            return;
+        };
+        if refreshed.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
+            return;
+        }
+        self.read_map(refreshed);
+    }
+
+    /// Reads the slot map again unless it was read after `since` (waits for a read under
+    /// way).
+    fn refresh_since(&self, since: Instant) {
+        let refreshed = self.refreshed.lock();
+        if refreshed.is_some_and(|t| t > since) {
+            return;
+        }
+        self.read_map(refreshed);
+    }
+
+    fn read_map(&self, mut refreshed: parking_lot::MutexGuard<'_, Option<Instant>>) {
+        let t = self.options.timeouts();
+        let known: Vec<Endpoint> = self
+            .masters()
+            .iter()
+            .filter(|n| n.down().is_none())
+            .map(|n| n.endpoint.clone())
+            .collect();
+        for endpoint in known.iter().chain(&self.seeds) {
+            let slots = endpoint
+                .connect(t)
+                .and_then(|mut con| cluster_slots(&mut con, endpoint));
+            match slots.and_then(|slots| self.apply(endpoint, &slots)) {
+                Ok(()) => break,
+                Err(e) => log::debug!("redis cluster: reading the slot map: {e}"),
+            }
+        }
+        *refreshed = Some(Instant::now());
+    }
+
+    /// Makes the map from a `CLUSTER SLOTS` reply of `from`.
+    fn apply(&self, from: &Endpoint, reply: &redis::Value) -> Result<(), BackendError> {
+        let bad = |why: &str| {
+            BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{from}: CLUSTER SLOTS: {why}"),
+            )
+        };
+        let redis::Value::Array(ranges) = reply else {
+            return Err(bad("not an array"));
+        };
+        let mut owners: Vec<(u16, u16, String)> = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let redis::Value::Array(parts) = range else {
+                return Err(bad("a range is not an array"));
+            };
+            let (Some(redis::Value::Int(start)), Some(redis::Value::Int(end)), Some(master)) =
+                (parts.first(), parts.get(1), parts.get(2))
+            else {
+                return Err(bad("a range without its bounds and master"));
+            };
+            let redis::Value::Array(master) = master else {
+                return Err(bad("a master is not an array"));
+            };
+            let host = match master.first() {
+                Some(redis::Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+                _ => String::new(),
+            };
+            let Some(redis::Value::Int(port)) = master.get(1) else {
+                return Err(bad("a master without a port"));
+            };
+            let (Ok(start), Ok(end), Ok(port)) = (
+                u16::try_from(*start),
+                u16::try_from(*end),
+                u16::try_from(*port),
+            ) else {
+                return Err(bad("a number out of range"));
+            };
+            if usize::from(end) >= SLOTS || start > end {
+                return Err(bad("a slot out of range"));
+            }
+            owners.push((start, end, format!("{host}:{port}")));
+        }
+        let mut endpoints = HashMap::new();
+        for (_, _, addr) in &owners {
+            if !endpoints.contains_key(addr) {
+                endpoints.insert(addr.clone(), self.endpoint_at(from, addr)?);
+            }
+        }
+        let mut map = self.map.write();
+        let mut nodes = HashMap::new();
+        for (addr, endpoint) in endpoints {
+            let key = endpoint.host_port().unwrap_or_else(|| addr.clone());
+            let node = match map.nodes.get(&key) {
+                Some(node) => node.clone(),
+                None => self.new_node(endpoint),
+            };
+            nodes.insert(addr, node);
+        }
+        let mut slots = vec![None; SLOTS];
+        for (start, end, addr) in &owners {
+            for slot in &mut slots[usize::from(*start)..=usize::from(*end)] {
+                *slot = nodes.get(addr).cloned();
+            }
+        }
+        map.slots = slots;
+        map.nodes = nodes
+            .into_values()
+            .map(|n| (n.endpoint.host_port().unwrap_or_default(), n))
+            .collect();
+        Ok(())
+    }
+
+    /// A connection to any master that answers, or else a seed (for the release-hint
+    /// listener: classic pub/sub reaches every node of a cluster).
+    pub(crate) fn connect_any(&self, t: Timeouts) -> Result<Wire, BackendError> {
+        let masters: Vec<Endpoint> = self.masters().iter().map(|n| n.endpoint.clone()).collect();
+        let mut last = None;
+        for endpoint in masters.iter().chain(&self.seeds) {
+            match endpoint.connect(t) {
+                Ok(con) => return Ok(con),
+                Err(e) if !e.is_transient() => return Err(e),
+                Err(e) => last = Some(e),
+            }
+        }
+        self.refresh();
+        Err(last.unwrap_or_else(|| {
+            BackendError::new(BackendErrorKind::Unavailable, "redis cluster: no node")
+        }))
+    }
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let map = self.map.read();
+        f.debug_struct("Cluster")
+            .field("masters", &map.nodes.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `CLUSTER SLOTS` on `con`.
+fn cluster_slots(con: &mut Wire, endpoint: &Endpoint) -> Result<redis::Value, BackendError> {
+    redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query(con)
+        .map_err(|e| endpoint.error(&e))
+}
+
+/// What a seed says about itself and its cluster.
+fn view(seed: &Endpoint, t: Timeouts) -> Result<SeedView, BackendError> {
+    let mut con = seed.connect(t)?;
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut con)
+        .map_err(|e| seed.error(&e))?;
+    let mut id = String::new();
+    let mut known = Vec::new();
+    for line in nodes.lines() {
+        let mut fields = line.split(' ');
+        let (Some(node_id), _, Some(flags)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        if flags.split(',').any(|f| f == "myself") {
+            id = node_id.to_owned();
+        }
+        known.push(node_id.to_owned());
+    }
+    let slots = cluster_slots(&mut con, seed)?;
+    Ok(SeedView {
+        seed: seed.to_string(),
+        id,
+        known,
+        slots,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirections_are_read_from_errors_and_values() {
+        assert_eq!(
+            Redirect::of("MOVED", Some("3999 127.0.0.1:6381")),
+            Some(Redirect::Moved {
+                slot: 3999,
+                addr: "127.0.0.1:6381".into()
+            })
+        );
+        assert_eq!(
+            Redirect::of("ASK", Some("3999 :6381")),
+            Some(Redirect::Ask {
+                addr: ":6381".into()
+            })
+        );
+        assert_eq!(Redirect::of("TRYAGAIN", None), Some(Redirect::Retry));
+        assert_eq!(
+            Redirect::of("CLUSTERDOWN", Some("The cluster is down")),
+            Some(Redirect::Retry)
+        );
+        assert_eq!(Redirect::of("MOVED", Some("nonsense")), None);
+        assert_eq!(Redirect::of("ERR", Some("3999 127.0.0.1:6381")), None);
+    }
+}

@@ -1,0 +1,450 @@
+//! Redis Cluster, on real clusters the testkit starts (three masters, one replica each):
+//! each lock's keys live in one slot, whatever braces its name holds; a slot migration
+//! under load keeps the locks of that slot working through `ASK` and `MOVED`; a master
+//! that dies under load is replaced and locks are available again (a lock that had
+//! replicated survives, and its waiter is woken); bad settings are refused at build; and
+//! the documented failure: a lock granted on a master that dies before replicating it is
+//! granted twice, which fencing catches.
+mod common;
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use dlm_core::{Error, Lock, LockClient, RetryPolicy};
+use dlm_redis::{RedisBackend, redis};
+use dlm_testkit::cluster::{RedisCluster, slot_of};
+use dlm_testkit::redis_server::RedisServer;
+use dlm_testkit::unique_name;
+
+fn backend(c: &RedisCluster) -> RedisBackend {
+    RedisBackend::cluster(&c.seed_urls()[..2])
+        .io_timeout(common::CALM)
+        .connect_timeout(common::CALM)
+        .build()
+        .unwrap()
+}
+
+fn client(c: &RedisCluster) -> LockClient {
+    LockClient::builder(backend(c))
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Whether node `i` holds `key` (`ASKING` first: it may be importing the key's slot).
+fn has_key(c: &RedisCluster, i: usize, key: &str) -> bool {
+    let ((), exists): ((), i64) = redis::pipe()
+        .cmd("ASKING")
+        .cmd("EXISTS")
+        .arg(key)
+        .query(&mut c.node(i).connection())
+        .unwrap();
+    exists == 1
+}
+
+#[test]
+fn each_locks_keys_live_in_one_slot_whatever_braces_its_name_holds() {
+    common::require();
+    let c = RedisCluster::spawn();
+    let backend = std::sync::Arc::new(backend(&c));
+    let client = LockClient::new(backend.clone());
+    let names = ["plain", "a{b}c", "{x}", "}y{", "{}", "{{}}", "x}", "é{ü}"];
+    let mut masters = std::collections::BTreeSet::new();
+    for name in names {
+        let name = unique_name(name);
+        let keys = backend.keys(&name).unwrap();
+        let slot = slot_of(keys.lock.as_bytes());
+        assert_eq!(
+            slot_of(keys.fencing_stream.as_bytes()),
+            slot,
+            "{name}: the fencing stream is in another slot"
+        );
+        let master = c.master_of_slot(slot);
+        masters.insert(master);
+        let lock = client.get_lock(&name).unwrap();
+        let g = lock.lock().unwrap();
+        assert!(g.fencing_token().is_some());
+        assert!(has_key(&c, master, &keys.lock), "{name}: not on its master");
+        assert!(has_key(&c, master, &keys.fencing_stream));
+        assert!(lock.is_locked().unwrap());
+        // The value next to the lock, fenced, goes to its slot's master too.
+        let value = format!("value:{{{name}}}");
+        backend
+            .fenced_set(&value, g.fencing_token().unwrap(), b"v")
+            .unwrap();
+        assert_eq!(
+            backend.fenced_get(&value).unwrap().map(|(v, _)| v),
+            Some(b"v".to_vec())
+        );
+        g.unlock().unwrap();
+        assert!(!has_key(&c, master, &keys.lock));
+        // Force-unlock reaches the right node as well.
+        let g = lock.lock().unwrap();
+        assert!(lock.force_unlock().unwrap());
+        assert!(!lock.is_locked().unwrap());
+        g.into_hold();
+    }
+    assert!(masters.len() > 1, "the names all went to one master");
+}
+
+/// The load of the migration and failover tests: threads that lock and unlock names of
+/// one slot and check that nobody else holds a name they hold.
+struct Load {
+    stop: AtomicBool,
+    holds: AtomicUsize,
+    /// Acquisitions that failed (the front retries transient errors for 10 s first).
+    errors: AtomicUsize,
+    /// Releases that failed: a master that died with the lock. Not a lock error: the
+    /// lock ends with its lease (30 s) and the thread leaves its name alone.
+    lost_releases: AtomicUsize,
+    /// The names held now (mutual exclusion, checked by every holder).
+    held: Mutex<std::collections::HashSet<String>>,
+    /// The longest time between two holds of any thread, from `since` on.
+    last_hold: Mutex<Option<Instant>>,
+    longest_gap: Mutex<Duration>,
+}
+
+impl Load {
+    fn new() -> Load {
+        Load {
+            stop: AtomicBool::new(false),
+            holds: AtomicUsize::new(0),
+            errors: AtomicUsize::new(0),
+            lost_releases: AtomicUsize::new(0),
+            held: Mutex::new(Default::default()),
+            last_hold: Mutex::new(None),
+            longest_gap: Mutex::new(Duration::ZERO),
+        }
+    }
+
+    fn run(&self, c: &RedisCluster, name: &str) {
+        let client = client(c);
+        let lock = client.get_lock(name).unwrap();
+        while !self.stop.load(Ordering::Acquire) {
+            match lock.try_lock_timeout(Duration::from_secs(15)) {
+                Ok(Some(g)) => {
+                    assert!(
+                        self.held.lock().unwrap().insert(name.to_owned()),
+                        "{name} held twice"
+                    );
+                    self.holds.fetch_add(1, Ordering::AcqRel);
+                    let now = Instant::now();
+                    if let Some(last) = self.last_hold.lock().unwrap().replace(now) {
+                        let mut gap = self.longest_gap.lock().unwrap();
+                        *gap = (*gap).max(now - last);
+                    }
+                    self.held.lock().unwrap().remove(name);
+                    if let Err(e) = g.unlock() {
+                        eprintln!("{name}: release failed: {e}");
+                        self.lost_releases.fetch_add(1, Ordering::AcqRel);
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("{name}: {e}");
+                    self.errors.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    /// Waits until `n` more holds were made (at most `limit`).
+    fn wait_for_holds(&self, n: usize, limit: Duration) -> usize {
+        let start = self.holds.load(Ordering::Acquire);
+        common::wait_until(limit, "holds under load", || {
+            self.holds.load(Ordering::Acquire) >= start + n
+        });
+        self.holds.load(Ordering::Acquire) - start
+    }
+}
+
+/// Stops the load threads also when an assertion fails (the scope joins them).
+struct StopOnDrop<'a>(&'a AtomicBool);
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// A slot migrated key by key (as `redis-cli --cluster reshard` does) while threads lock
+/// and unlock names of that slot. What Redis Cluster allows during the migration: a held
+/// lock is released (and renewed) through `ASK` once its key has moved; an unfenced
+/// acquisition (one key) follows `ASK` too; a fenced acquisition of a free lock names
+/// two keys (the lock and the slot's fencing stream), one of them absent, and gets
+/// `TRYAGAIN` until the slot is assigned: it waits, retried, and succeeds after.
+#[test]
+fn a_slot_migration_under_load_keeps_the_slots_locks_working() {
+    common::require();
+    let c = RedisCluster::spawn();
+    // Names whose hash tag is "mig{x": all in one slot (the name's first '}' ends it).
+    let names: Vec<String> = (0..3).map(|i| format!("mig{{x}}-{i}")).collect();
+    let slot = slot_of(b"mig{x");
+    let keys = backend(&c).keys(&names[0]).unwrap();
+    assert_eq!(slot_of(keys.lock.as_bytes()), slot);
+    let source = c.master_of_slot(slot);
+    let target = c.masters().into_iter().find(|&m| m != source).unwrap();
+    let unfenced = LockClient::builder(
+        RedisBackend::cluster(&c.seed_urls())
+            .fencing(false)
+            .io_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    )
+    .lease(Duration::from_secs(30))
+    .build()
+    .unwrap();
+    let unfenced_lock = unfenced.get_lock("mig{x}-unfenced").unwrap();
+    let holder = client(&c);
+    let held_lock = holder.get_lock("mig{x}-held").unwrap();
+    let held = held_lock.lock().unwrap();
+    let load = Load::new();
+    let (migrating, unfenced_holds) = std::thread::scope(|s| {
+        let _stop = StopOnDrop(&load.stop);
+        for name in &names {
+            let (load, c) = (&load, &c);
+            s.spawn(move || load.run(c, name));
+        }
+        load.wait_for_holds(50, Duration::from_secs(20));
+        let began = Instant::now();
+        let migration = c.begin_migration(slot, target);
+        let mut moved = 0;
+        while migration.move_some(1) > 0 {
+            moved += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Every key of the slot is on the target; the source answers ASK for all.
+        assert!(
+            moved >= 2,
+            "only {moved} keys moved (the held lock and the stream at least)"
+        );
+        assert!(has_key(
+            &c,
+            target,
+            &backend(&c).keys("mig{x}-held").unwrap().lock
+        ));
+        let mut unfenced_holds = 0;
+        for _ in 0..5 {
+            let g = unfenced_lock
+                .try_lock()
+                .unwrap()
+                .expect("an unfenced acquisition follows ASK");
+            g.unlock().unwrap();
+            unfenced_holds += 1;
+        }
+        // The held lock is renewed and released through ASK.
+        held.extend(Duration::from_secs(30)).unwrap();
+        held.unlock().unwrap();
+        migration.finish();
+        let migrating = began.elapsed();
+        load.wait_for_holds(50, Duration::from_secs(20));
+        (migrating, unfenced_holds)
+    });
+    let errors = load.errors.load(Ordering::Acquire) + load.lost_releases.load(Ordering::Acquire);
+    let asking = common::command_stat(c.node(target), "asking", "calls");
+    eprintln!(
+        "migration {migrating:?}; {errors} errors; {unfenced_holds} unfenced holds through ASK; ASKING sent {asking} times; longest time without a fenced hold {:?}",
+        load.longest_gap.lock().unwrap()
+    );
+    assert_eq!(errors, 0);
+    assert!(
+        asking >= 7,
+        "too few requests redirected with ASK: {asking}"
+    );
+    assert_eq!(c.master_of_slot(slot), target);
+    // Everything of the slot is on the target now: nothing was left on the source.
+    let left: Vec<Vec<u8>> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(10)
+        .query(&mut c.node(source).connection())
+        .unwrap();
+    assert!(left.is_empty());
+    assert!(has_key(&c, target, &keys.fencing_stream));
+}
+
+#[test]
+fn a_master_that_dies_under_load_is_replaced_and_its_replicated_locks_survive() {
+    common::require();
+    let mut c = RedisCluster::spawn();
+    let names: Vec<String> = (0..4).map(|i| format!("fo{{y}}-{i}")).collect();
+    let slot = slot_of(b"fo{y");
+    let master = c.master_of_slot(slot);
+    let holder = client(&c);
+    let waited = unique_name("fo{y}-waited");
+    let held = holder.get_lock(&waited).unwrap().lock().unwrap();
+    // The held lock reached the replica before the master dies.
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(10_000)
+        .query(&mut c.node(master).connection())
+        .unwrap();
+    assert_eq!(acked, 1);
+    let load = Load::new();
+    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
+    let mut killed_at = None;
+    let (new_master, after) = std::thread::scope(|s| {
+        let _stop = StopOnDrop(&load.stop);
+        for name in &names {
+            let (load, c) = (&load, &c);
+            s.spawn(move || load.run(c, name));
+        }
+        let waiter = s.spawn(|| {
+            // A backoff that only a release hint beats.
+            let client = LockClient::builder(backend(&c))
+                .retry(
+                    RetryPolicy::new()
+                        .backoff(Duration::from_secs(10), Duration::from_secs(10))
+                        .unwrap()
+                        .error_timeout(Duration::from_secs(30)),
+                )
+                .lease(Duration::from_secs(30))
+                .build()
+                .unwrap();
+            let lock = client.get_lock(&waited).unwrap();
+            assert!(lock.try_lock().unwrap().is_none());
+            started_tx.send(()).unwrap();
+            let g = lock.lock().unwrap();
+            let got = Instant::now();
+            g.unlock().unwrap();
+            got
+        });
+        started_rx.recv().unwrap();
+        load.wait_for_holds(50, Duration::from_secs(20));
+        let c = &c;
+        // The threads borrow the cluster, so the master is killed by its pid (reaped
+        // by the testkit, which sees it gone).
+        let pid = c.node(master).pid();
+        killed_at = Some(Instant::now());
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+        let new_master = c.wait_for_master_change(master, Duration::from_secs(30));
+        let after = load.wait_for_holds(50, Duration::from_secs(30));
+        assert!(
+            has_key(c, new_master, &backend(c).keys(&waited).unwrap().lock),
+            "the held lock is not on the new master"
+        );
+        let released = Instant::now();
+        held.unlock().unwrap();
+        let got = waiter.join().unwrap();
+        let woken = got.saturating_duration_since(released);
+        eprintln!("waiter woken {woken:?} after the release on the new master");
+        assert!(
+            woken < Duration::from_secs(3),
+            "the waiter was not woken by the release on the new master ({woken:?})"
+        );
+        (new_master, after)
+    });
+    c.node_mut(master).kill();
+    let gap = *load.longest_gap.lock().unwrap();
+    eprintln!(
+        "master {master} killed {:?} ago, node {new_master} took over; holds after: {after}; acquisition errors: {}; releases lost with the master: {}; longest time without a hold: {gap:?}",
+        killed_at.unwrap().elapsed(),
+        load.errors.load(Ordering::Acquire),
+        load.lost_releases.load(Ordering::Acquire),
+    );
+    assert_eq!(load.errors.load(Ordering::Acquire), 0);
+    // Availability came back: holds went on after the failover, and the time without
+    // one is the failover's (node timeout 2 s, then the election), not the lease's.
+    assert!(gap < Duration::from_secs(20), "{gap:?} without a hold");
+}
+
+/// The documented failure: the replica is cut off, A takes the lock on the master, the
+/// master dies, and the cluster promotes the replica, which never saw A's lock: B takes
+/// it too. The history checker sees two holders; fencing keeps A's late write out.
+#[test]
+fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_old_holder() {
+    common::require();
+    let mut c = RedisCluster::spawn();
+    let name = unique_name("lost");
+    let a = client(&c);
+    for _ in 0..3 {
+        a.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
+    }
+    let slot = slot_of(backend(&c).keys(&name).unwrap().lock.as_bytes());
+    let master = c.master_of_slot(slot);
+    let replica = c.replicas_of(master)[0];
+    // The replica has everything so far (the earlier holders' fencing stream).
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(10_000)
+        .query(&mut c.node(master).connection())
+        .unwrap();
+    assert_eq!(acked, 1);
+    // The replica stops (so it cannot resync) and the master drops its side.
+    c.node(replica).pause();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut c.node(master).connection())
+        .unwrap();
+    let holder = common::OldHolder::new(a.get_lock(&name).unwrap().lock().unwrap());
+    // The master dies with the grant; the cluster promotes the replica.
+    c.node_mut(master).kill();
+    c.node(replica).resume();
+    let new = c.wait_for_master_change(master, Duration::from_secs(30));
+    assert_eq!(new, replica);
+
+    let b = client(&c);
+    let gb = b
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("the promoted replica has no trace of A's lock: the documented double grant");
+    holder.assert_double_grant_is_caught(gb);
+}
+
+#[test]
+fn bad_settings_are_refused_at_build() {
+    common::require();
+    let c = RedisCluster::spawn();
+    let invalid = |r: dlm_core::Result<RedisBackend>| match r {
+        Err(Error::InvalidArgument(e)) => e,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    // A server without cluster mode.
+    let single = RedisServer::spawn();
+    let e = invalid(RedisBackend::cluster(&[single.url()]).build());
+    assert_eq!(e.argument(), "seeds");
+    assert!(e.reason().contains("not in cluster mode"), "{e}");
+    // Seeds of two clusters.
+    let other = RedisCluster::builder().replicas(0).spawn();
+    let e = invalid(
+        RedisBackend::cluster(&[c.seed_urls()[0].clone(), other.seed_urls()[0].clone()]).build(),
+    );
+    assert_eq!(e.argument(), "seeds");
+    assert!(e.reason().contains("different clusters"), "{e}");
+    // No seed, a malformed one, a Sentinel-only setting.
+    assert_eq!(
+        invalid(RedisBackend::cluster::<&str>(&[]).build()).argument(),
+        "seeds"
+    );
+    assert_eq!(
+        invalid(RedisBackend::cluster(&["http://x"]).build()).argument(),
+        "url"
+    );
+    let e = invalid(
+        RedisBackend::cluster(&c.seed_urls())
+            .master_auth(None, "pw")
+            .build(),
+    );
+    assert_eq!(e.argument(), "master_auth");
+    // No seed answers: a backend error, not a hang.
+    let mut gone = RedisServer::spawn();
+    let url = gone.url();
+    gone.kill();
+    let start = Instant::now();
+    match RedisBackend::cluster(&[url])
+        .connect_timeout(common::CALM)
+        .build()
+    {
+        Err(Error::Backend(e)) => assert!(e.is_transient(), "{e}"),
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
