@@ -339,7 +339,12 @@ fn pump(
         match from.read(&mut buf) {
             Ok(0) => {
                 // Deliver what is left (unless stalled or black-holed), then pass the end on.
-                if !stalled {
+                // The faults as they are now: a stall set while this read waited counts.
+                let held = {
+                    let f = shared.faults.lock();
+                    f.stalled[way] || f.blackhole[way]
+                };
+                if !held {
                     for (_, chunk) in queue.drain(..) {
                         let _ = to.write_all(&chunk);
                     }
