@@ -167,6 +167,10 @@ pub enum BackendErrorKind {
     /// name, unknown authority, expired), the server refused ours, or one side does not
     /// speak TLS. Never retried: it does not fix itself.
     Tls,
+    /// The write was not acknowledged by enough replicas in time (the Redis backend's
+    /// `wait_for_replicas`): an acquisition was undone, a renewal keeps the previous
+    /// lease. Transient: the replicas may catch up.
+    NotReplicated,
     /// Anything else.
     Other,
 }
@@ -181,6 +185,7 @@ impl BackendErrorKind {
                 | BackendErrorKind::Timeout
                 | BackendErrorKind::NoQuorum
                 | BackendErrorKind::Busy
+                | BackendErrorKind::NotReplicated
         )
     }
 
@@ -197,6 +202,7 @@ impl BackendErrorKind {
             BackendErrorKind::UnexpectedKey => "unexpected key",
             BackendErrorKind::Protocol => "protocol error",
             BackendErrorKind::Tls => "TLS failure",
+            BackendErrorKind::NotReplicated => "not replicated",
             BackendErrorKind::Other => "backend error",
         }
     }

@@ -12,6 +12,7 @@ use redis::Script;
 
 use crate::cluster::{Cluster, Redirect};
 use crate::conn::{Conn, Endpoint, Manager, Timeouts};
+use crate::options::ReplicaWait;
 use crate::wire::{Resp, Wire};
 
 struct Scripts {
@@ -276,6 +277,36 @@ impl Call {
                 v.iter().find_map(Redirect::of_value)
             }
             (Parts::One(_), value) => Redirect::of_value(value),
+        }
+    }
+
+    /// Whether the reply says the request wrote the lock: a grant (a plain `SET` that
+    /// found the key free, a transaction whose `SET` did, the acquire script's `1`) or a
+    /// renewal (the extend script's `1`; for a batch, any of them). What `WAIT` is for.
+    pub(crate) fn wrote(&self, value: &redis::Value) -> bool {
+        use redis::Value::{Array, Int, Nil};
+        fn one(shape: Shape, v: &redis::Value) -> bool {
+            match shape {
+                Shape::SetGet => matches!(v, Nil),
+                Shape::SetDraw => matches!(v, Array(r) if matches!(r.first(), Some(Nil))),
+                // MULTI refused: the SET ran on its own (its reply second); otherwise the
+                // EXEC's first reply is the SET's.
+                Shape::Transaction => matches!(v, Array(r) if r.len() == 5
+                    && (matches!(r[1], Nil)
+                        || matches!(&r[4], Array(e) if matches!(e.first(), Some(Nil))))),
+                Shape::Script(_) => {
+                    matches!(v, Int(1))
+                        || matches!(v, Array(r) if matches!(r.first(), Some(Int(1))))
+                }
+            }
+        }
+        match (&self.parts, value) {
+            (Parts::One(shape), v) => one(*shape, v),
+            (Parts::Batch(parts), Array(values)) => parts
+                .iter()
+                .zip(values)
+                .any(|((shape, _), v)| one(*shape, v)),
+            (Parts::Batch(_), _) => false,
         }
     }
 
@@ -1041,22 +1072,23 @@ impl Node {
     }
 
     /// One whole acquisition attempt on this node: the plain request, then the script
-    /// when the reply needs it.
+    /// when the reply needs it; with `wait`, also how many replicas acknowledged a grant.
     pub(crate) fn acquire(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
         fencing: Fencing,
-    ) -> Result<NodeAcquire, BackendError> {
+        wait: Option<ReplicaWait>,
+    ) -> Result<(NodeAcquire, Option<u32>), BackendError> {
         let call = self.acquire_call(name, owner, ttl, fencing);
-        let reply = self.execute(&call)?;
+        let (reply, acked) = self.execute_acked(&call, wait)?;
         match self.parse_acquire(name, &call, reply)? {
-            Step::Done(answer) => Ok(answer),
+            Step::Done(answer) => Ok((answer, acked)),
             Step::Script => {
                 let call = self.acquire_script_call(name, owner, ttl, fencing);
-                let reply = self.execute(&call)?;
-                self.parse_acquire_script(name, reply)
+                let (reply, acked) = self.execute_acked(&call, wait)?;
+                Ok((self.parse_acquire_script(name, reply)?, acked))
             }
         }
     }
@@ -1135,14 +1167,17 @@ impl Node {
         )
     }
 
+    /// Renews the lock if it is still `owner`'s; with `wait`, also how many replicas
+    /// acknowledged the renewal.
     pub(crate) fn extend(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        let reply = self.execute(&self.extend_call(name, owner, ttl))?;
-        self.parse_flag(reply)
+        wait: Option<ReplicaWait>,
+    ) -> Result<(bool, Option<u32>), BackendError> {
+        let (reply, acked) = self.execute_acked(&self.extend_call(name, owner, ttl), wait)?;
+        Ok((self.parse_flag(reply)?, acked))
     }
 
     /// Redlock fencing round 2: raises the slot's fencing stream to the ID of `token` if
@@ -1191,6 +1226,53 @@ impl Node {
     /// Runs a prepared call on a pooled connection.
     pub(crate) fn execute(&self, call: &Call) -> Result<redis::Value, BackendError> {
         self.run_routed(&|con| call.execute(con), &|value| call.redirect_in(value))
+    }
+
+    /// [`execute`](Self::execute), then, when `wait` is set and the call wrote the lock,
+    /// `WAIT replicas timeout` on the same connection (`WAIT` counts the replicas that
+    /// acknowledged this connection's writes): the reply and how many acknowledged
+    /// (`None` when nothing was waited for).
+    pub(crate) fn execute_acked(
+        &self,
+        call: &Call,
+        wait: Option<ReplicaWait>,
+    ) -> Result<(redis::Value, Option<u32>), BackendError> {
+        let Some(w) = wait else {
+            return self.execute(call).map(|value| (value, None));
+        };
+        self.run_routed(
+            &|con| {
+                let value = call.execute(con)?;
+                if call.redirect_in(&value).is_some() || !call.wrote(&value) {
+                    return Ok((value, None));
+                }
+                let acked: i64 = redis::cmd("WAIT")
+                    .arg(w.replicas)
+                    .arg(millis(w.timeout))
+                    .query(con)?;
+                Ok((value, Some(u32::try_from(acked.max(0)).unwrap_or(u32::MAX))))
+            },
+            &|(value, _)| call.redirect_in(value),
+        )
+    }
+
+    /// The error for a write that fewer than `w.replicas` replicas acknowledged.
+    pub(crate) fn not_replicated(
+        &self,
+        w: ReplicaWait,
+        acked: Option<u32>,
+        what: &str,
+    ) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::NotReplicated,
+            format!(
+                "{}: {what} acknowledged by {} of the {} replicas asked for within {:?} (WAIT)",
+                self.endpoint,
+                acked.unwrap_or(0),
+                w.replicas,
+                w.timeout
+            ),
+        )
     }
 
     /// An idle pooled connection, if one is ready (never connects, never waits).

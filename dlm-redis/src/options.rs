@@ -24,6 +24,15 @@ pub(crate) struct Options {
     pub(crate) fence_ttl: Duration,
     pub(crate) hints: bool,
     pub(crate) tls: Option<TlsOptions>,
+    /// `WAIT` after each acquisition and renewal (single server, Sentinel, Cluster).
+    pub(crate) replica_wait: Option<ReplicaWait>,
+}
+
+/// `WAIT replicas timeout` after each write of a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReplicaWait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
 }
 
 /// How long a slot's fencing stream is kept after the last acquisition that used it.
@@ -42,6 +51,7 @@ impl Options {
             fence_ttl: DEFAULT_FENCE_TTL,
             hints: true,
             tls: None,
+            replica_wait: None,
         }
     }
 
@@ -75,6 +85,23 @@ impl Options {
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
             return Err(InvalidArgument::new("drift_factor", "must be in [0, 0.5)"));
+        }
+        if let Some(w) = self.replica_wait {
+            if w.replicas == 0 {
+                return Err(InvalidArgument::new(
+                    "wait_for_replicas",
+                    "at least 1 replica (0 waits for nothing)",
+                ));
+            }
+            if w.timeout.is_zero() || w.timeout >= self.io_timeout {
+                return Err(InvalidArgument::new(
+                    "wait_for_replicas",
+                    format!(
+                        "the timeout must be positive and shorter than io_timeout ({:?}), which bounds every reply (WAIT 0 would block for ever)",
+                        self.io_timeout
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -283,12 +283,19 @@ impl RedisBackend {
                     .iter()
                     .map(|r| node.extend_call(r.name, r.owner, r.ttl)),
             );
-            let values = node.execute(&call).and_then(|reply| match reply {
-                redis::Value::Array(values) if values.len() == chunk.len() => Ok(values),
-                other => node.parse_batch(other, chunk.len(), Ok).map(|_| Vec::new()),
-            });
+            let wait = self.inner.options.replica_wait;
+            let values = node
+                .execute_acked(&call, wait)
+                .and_then(|(reply, acked)| match reply {
+                    redis::Value::Array(values) if values.len() == chunk.len() => {
+                        Ok((values, acked))
+                    }
+                    other => node
+                        .parse_batch(other, chunk.len(), Ok)
+                        .map(|_| (Vec::new(), acked)),
+                });
             match values {
-                Ok(values) => out.extend(chunk.iter().zip(values).map(|(r, value)| {
+                Ok((values, acked)) => out.extend(chunk.iter().zip(values).map(|(r, value)| {
                     if Redirect::of_value(&value).is_some() {
                         return self.extend(r.name, r.owner, r.ttl);
                     }
@@ -296,6 +303,9 @@ impl RedisBackend {
                         .extract_error()
                         .map_err(|e| node.endpoint.error(&e))
                         .and_then(|v| node.parse_flag(v))?;
+                    if let Some(w) = wait.filter(|w| ok && acked.unwrap_or(0) < w.replicas) {
+                        return Err(node.not_replicated(w, acked, "the renewal"));
+                    }
                     // The front keeps the acquisition's fencing token.
                     Ok(ok.then(|| self.lease(start, r.ttl, 0)).flatten())
                 })),
@@ -323,7 +333,17 @@ impl RedisBackend {
         } else {
             Fencing::Off
         };
-        match node.acquire(name, owner, ttl, fencing)? {
+        let wait = self.inner.options.replica_wait;
+        let (answer, acked) = node.acquire(name, owner, ttl, fencing, wait)?;
+        if let (NodeAcquire::Acquired { .. }, Some(w)) = (answer, wait) {
+            if acked.unwrap_or(0) < w.replicas {
+                // Not on enough replicas: a failover could lose it. Undone, as if never
+                // granted (if the release fails too, the key ends with its lease).
+                let _ = node.release(name, owner, rand::random());
+                return Err(node.not_replicated(w, acked, "the grant"));
+            }
+        }
+        match answer {
             NodeAcquire::Acquired { fence } => match self.lease(start, ttl, fence) {
                 Some(lease) => Ok(Acquire::Acquired(lease)),
                 None => {
@@ -363,8 +383,15 @@ impl LockBackend for RedisBackend {
     ) -> Result<Option<Lease>, BackendError> {
         self.on_node(name, |node| {
             let start = Instant::now();
-            if !node.extend(name, owner, ttl)? {
+            let wait = self.inner.options.replica_wait;
+            let (extended, acked) = node.extend(name, owner, ttl, wait)?;
+            if !extended {
                 return Ok(None);
+            }
+            // Renewed on the master only: a failover now could bring back the previous
+            // lease, which the front keeps until a renewal replicates.
+            if let Some(w) = wait.filter(|w| acked.unwrap_or(0) < w.replicas) {
+                return Err(node.not_replicated(w, acked, "the renewal"));
             }
             // The front keeps the acquisition's fencing token.
             Ok(self.lease(start, ttl, 0))
@@ -488,6 +515,37 @@ impl fmt::Debug for RedisBackendBuilder {
 
 impl RedisBackendBuilder {
     option_setters!();
+
+    /// Narrows the failover window: after each acquisition and each renewal, waits
+    /// (`WAIT replicas timeout`, on the same connection) until at least `replicas`
+    /// replicas acknowledged the write, or `timeout` passed. An acquisition fewer
+    /// replicas acknowledged is undone (the key released) and reported as
+    /// [`BackendErrorKind::NotReplicated`] (transient: `lock` retries it within the
+    /// error budget); a renewal is reported the same way and the guard keeps its previous
+    /// lease. Off by default. Redisson has the same check.
+    ///
+    /// What it buys: a failover that promotes a replica that acknowledged the grant
+    /// keeps the lock. What it does not: Redis replication stays asynchronous and `WAIT`
+    /// is not a consensus protocol. A failover may still promote a replica that did not
+    /// acknowledge (Sentinel and Cluster prefer the most up-to-date replica, but do not
+    /// require it), a replica that acknowledged can lose the write in a restart without
+    /// `appendfsync always`, and a grant is on the master before `WAIT` answers (another
+    /// client can see it then, and it stays there if the release after a refusal fails).
+    /// `timeout` must be shorter than `io_timeout`. See the README's "Which deployment
+    /// gives which guarantee".
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// let backend = dlm_redis::RedisBackend::sentinel("mymaster", &["redis://10.0.0.1:26379"])
+    ///     .wait_for_replicas(1, Duration::from_millis(200))
+    ///     .build()?;
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.options.replica_wait = Some(crate::options::ReplicaWait { replicas, timeout });
+        self
+    }
 
     /// Sentinel mode ([`RedisBackend::sentinel`]): the ACL user (if any) and password of
     /// the data nodes. The sentinels' own credentials go in their URLs.
