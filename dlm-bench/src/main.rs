@@ -144,6 +144,9 @@ struct Row {
     ping_rtt_us: Option<f64>,
     /// Cycles per second of each round (the spread behind `cycles_per_sec`).
     round_rates: Vec<f64>,
+    /// The system this row is compared with (same scenario and threads, any nodes),
+    /// instead of the minimal client: for the replicated deployments.
+    base: Option<&'static str>,
 }
 
 fn us(d: Duration) -> f64 {
@@ -624,10 +627,86 @@ fn main() {
         }
     }
 
+    // Replicated deployments: a master with one replica, and a cluster of three masters
+    // with a replica each; with and without `wait_for_replicas(1, ...)`, uncontended.
+    let replicated = [
+        ("dlm (1 replica)", None, "dlm"),
+        ("dlm (1 replica, WAIT 1)", Some(1), "dlm (1 replica)"),
+        ("dlm (cluster)", None, "dlm"),
+        ("dlm (cluster, WAIT 1)", Some(1), "dlm (cluster)"),
+    ];
+    if replicated
+        .iter()
+        .any(|(name, ..)| opts.wants(name, "uncontended"))
+    {
+        let master = RedisServer::spawn();
+        let replica = RedisServer::builder()
+            .arg("--replicaof")
+            .arg("127.0.0.1")
+            .arg(&master.port().to_string())
+            .spawn();
+        wait_for_replica(&replica);
+        let cluster = dlm_testkit::cluster::RedisCluster::spawn();
+        let wait = Duration::from_millis(500);
+        let mut groups: Vec<(usize, Vec<Box<dyn LockSystem>>)> = Vec::new();
+        for (nodes, pair) in [(2, &replicated[..2]), (6, &replicated[2..])] {
+            let mut systems: Vec<Box<dyn LockSystem>> = Vec::new();
+            for (name, replicas, _) in pair {
+                let builder = if nodes == 2 {
+                    dlm_redis::RedisBackend::builder(&master.url())
+                } else {
+                    dlm_redis::RedisBackend::cluster(&cluster.seed_urls())
+                };
+                let builder = match replicas {
+                    Some(n) => builder.wait_for_replicas(*n, wait),
+                    None => builder,
+                };
+                systems.push(Box::new(Dlm::new(
+                    name,
+                    Arc::new(builder.build().unwrap()),
+                    TTL,
+                )));
+            }
+            groups.push((nodes, systems));
+        }
+        for scenario in &scenarios[..2] {
+            for (nodes, systems) in &groups {
+                let chosen: Vec<&dyn LockSystem> = systems
+                    .iter()
+                    .map(|s| s.as_ref())
+                    .filter(|s| opts.wants(&s.name(), scenario.name()))
+                    .collect();
+                if chosen.is_empty() {
+                    continue;
+                }
+                for mut row in measure(&chosen, *scenario, rounds, run_for) {
+                    row.base = replicated
+                        .iter()
+                        .find(|(name, ..)| *name == row.system)
+                        .map(|(.., base)| *base);
+                    push(row, *nodes);
+                }
+            }
+        }
+        drop(replica);
+    }
+
     print!("{}", markdown(&rows, rtt, rounds, run_for));
     if let Some(path) = &opts.json {
         std::fs::write(path, json(&rows)).expect("write the JSON file");
         eprintln!("wrote {path}");
+    }
+}
+
+/// Waits until `replica` has synchronised with its master (at most 10 s).
+fn wait_for_replica(replica: &RedisServer) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !replica.info("replication").contains("master_link_status:up") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not connect"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -663,7 +742,7 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
     );
     let _ = writeln!(
         out,
@@ -675,6 +754,9 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     );
     for r in rows {
         let base = rows.iter().find(|b| {
+            if let Some(base) = r.base {
+                return b.system == base && b.scenario == r.scenario && b.threads == r.threads;
+            }
             if r.scenario == "paused-minority" {
                 return b.system == r.system
                     && b.scenario == "uncontended"
