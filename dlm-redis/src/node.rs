@@ -686,10 +686,10 @@ impl Node {
         } else {
             f(&mut conn.con)
         };
-        if let Err(e) = &result {
-            if e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error() {
-                conn.broken = true;
-            }
+        if let Err(e) = &result
+            && (e.is_io_error() || e.is_timeout() || e.is_unrecoverable_error())
+        {
+            conn.broken = true;
         }
         Ok(result)
     }

@@ -50,7 +50,7 @@ struct Inner {
 /// Where the lock keys live.
 enum Target {
     /// One server (or the master that Sentinel names).
-    One(Node),
+    One(Box<Node>),
     /// The master of the key's slot in a Redis Cluster.
     Cluster(Arc<Cluster>),
 }
@@ -335,13 +335,13 @@ impl RedisBackend {
         };
         let wait = self.inner.options.replica_wait;
         let (answer, acked) = node.acquire(name, owner, ttl, fencing, wait)?;
-        if let (NodeAcquire::Acquired { .. }, Some(w)) = (answer, wait) {
-            if acked.unwrap_or(0) < w.replicas {
-                // Not on enough replicas: a failover could lose it. Undone, as if never
-                // granted (if the release fails too, the key ends with its lease).
-                let _ = node.release(name, owner, rand::random());
-                return Err(node.not_replicated(w, acked, "the grant"));
-            }
+        if let (NodeAcquire::Acquired { .. }, Some(w)) = (answer, wait)
+            && acked.unwrap_or(0) < w.replicas
+        {
+            // Not on enough replicas: a failover could lose it. Undone, as if never
+            // granted (if the release fails too, the key ends with its lease).
+            let _ = node.release(name, owner, rand::random());
+            return Err(node.not_replicated(w, acked, "the grant"));
         }
         match answer {
             NodeAcquire::Acquired { fence } => match self.lease(start, ttl, fence) {
@@ -619,7 +619,7 @@ impl RedisBackendBuilder {
         let hints = self.options.hints(std::slice::from_ref(&node));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
-                target: Target::One(node),
+                target: Target::One(Box::new(node)),
                 keys,
                 options: self.options,
                 hints,
