@@ -701,7 +701,10 @@ fn main() {
 /// Waits until `replica` has synchronised with its master (at most 10 s).
 fn wait_for_replica(replica: &RedisServer) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !replica.info("replication").contains("master_link_status:up") {
+    while !replica
+        .info("replication")
+        .contains("master_link_status:up")
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "the replica did not connect"

@@ -1,6 +1,10 @@
 //! # dlm-redis: Redis backends for dlm
 //!
-//! - [`RedisBackend`]: a lock on one Redis server.
+//! - [`RedisBackend`]: a lock on one Redis server ([`RedisBackend::builder`]), on the
+//!   master a Redis Sentinel deployment names ([`RedisBackend::sentinel`]), or on the
+//!   master of the lock's slot in a Redis Cluster ([`RedisBackend::cluster`]); with
+//!   [`wait_for_replicas`](RedisBackendBuilder::wait_for_replicas) to narrow the failover
+//!   window.
 //! - [`Redlock`]: one lock over N independent masters (the Redlock algorithm).
 //!
 //! Both implement [`dlm_core::LockBackend`]; hand them to a

@@ -82,6 +82,9 @@ fn a_failover_under_load_keeps_locks_available_and_waiters_woken() {
     let failed_over = AtomicBool::new(false);
     let after = AtomicUsize::new(0);
     let errors = AtomicUsize::new(0);
+    // The longest time without a hold by any thread (the failover's unavailability).
+    let last_hold = std::sync::Mutex::new(None::<Instant>);
+    let longest_gap = std::sync::Mutex::new(Duration::ZERO);
     let holder_client = client(&t);
     let waited = unique_name("waited");
     let held = holder_client.get_lock(&waited).unwrap().lock().unwrap();
@@ -97,6 +100,7 @@ fn a_failover_under_load_keeps_locks_available_and_waiters_woken() {
         let _stop = StopOnDrop(&stop);
         for i in 0..4 {
             let (t, stop, failed_over, after, errors) = (&t, &stop, &failed_over, &after, &errors);
+            let (last_hold, longest_gap) = (&last_hold, &longest_gap);
             s.spawn(move || {
                 let c = client(t);
                 let lock = c.get_lock(&format!("load-{i}")).unwrap();
@@ -104,6 +108,11 @@ fn a_failover_under_load_keeps_locks_available_and_waiters_woken() {
                     let moved = failed_over.load(Ordering::Acquire);
                     match lock.try_lock_timeout(Duration::from_secs(10)) {
                         Ok(Some(g)) => {
+                            let now = Instant::now();
+                            if let Some(last) = last_hold.lock().unwrap().replace(now) {
+                                let mut gap = longest_gap.lock().unwrap();
+                                *gap = (*gap).max(now - last);
+                            }
                             // A release refused during the switch is not an error of the
                             // lock: it expires with its lease.
                             let _ = g.unlock();
@@ -165,8 +174,9 @@ fn a_failover_under_load_keeps_locks_available_and_waiters_woken() {
     });
     let after = after.load(Ordering::Acquire);
     eprintln!(
-        "holds after the failover: {after}; errors during it: {}",
-        errors.load(Ordering::Acquire)
+        "holds after the failover: {after}; errors during it: {}; longest time without a hold: {:?}",
+        errors.load(Ordering::Acquire),
+        longest_gap.lock().unwrap()
     );
     assert!(after >= 40, "only {after} holds after the failover");
 }
