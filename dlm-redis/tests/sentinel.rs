@@ -332,3 +332,150 @@ fn bad_settings_are_refused_at_build() {
     );
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+/// ACL users, on the sentinels (only what discovery needs) and on the data nodes (only
+/// dlm's keys and channels): the sentinels' user in their URLs, the data nodes' with
+/// `master_auth(Some(user), ..)`.
+#[test]
+fn acl_users_on_the_sentinels_and_the_data_nodes() {
+    common::require();
+    let t = SentinelTopology::spawn();
+    for i in 0..t.sentinel_count() {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("finder")
+            .arg("on")
+            .arg(">finder-pw")
+            .arg("-@all")
+            .arg("+sentinel|get-master-addr-by-name")
+            .arg("+ping")
+            .query(&mut t.sentinel(i).connection())
+            .unwrap();
+    }
+    for i in 0..t.data_nodes().len() {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("app")
+            .arg("on")
+            .arg(">app-pw")
+            .arg("~dlm:*")
+            .arg("&dlm:*")
+            .arg("+@all")
+            .query(&mut t.data_node(i).connection())
+            .unwrap();
+    }
+    let urls: Vec<String> = t
+        .sentinel_addrs()
+        .iter()
+        .map(|a| format!("redis://finder:finder-pw@{a}"))
+        .collect();
+    let c = LockClient::new(
+        RedisBackend::sentinel(t.master_name(), &urls)
+            .master_auth(Some("app"), "app-pw")
+            .io_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    );
+    let name = unique_name("acl");
+    let g = c.get_lock(&name).unwrap().lock().unwrap();
+    assert!(on_master(&t, &name));
+    g.unlock().unwrap();
+    // The sentinels' user with the data nodes' password: refused by the master.
+    let wrong = LockClient::new(
+        RedisBackend::sentinel(t.master_name(), &urls)
+            .master_auth(Some("app"), "finder-pw")
+            .build()
+            .unwrap(),
+    );
+    let e = wrong.get_lock(&name).unwrap().try_lock().unwrap_err();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(BackendErrorKind::Auth),
+        "{e}"
+    );
+    // A sentinel user that may not ask: refused at build, as a permission error.
+    let denied: Vec<String> = t
+        .sentinel_addrs()
+        .iter()
+        .map(|a| format!("redis://nobody:x@{a}"))
+        .collect();
+    for i in 0..t.sentinel_count() {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("nobody")
+            .arg("on")
+            .arg(">x")
+            .arg("-@all")
+            .arg("+ping")
+            .query(&mut t.sentinel(i).connection())
+            .unwrap();
+    }
+    let e = RedisBackend::sentinel(t.master_name(), &denied)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(BackendErrorKind::Permission),
+        "{e}"
+    );
+}
+
+/// A deployment that uses TLS everywhere (data nodes, replication, sentinels): the
+/// `rediss://` sentinel URLs make the data nodes reached over TLS too, verified against
+/// the test CA and the address the sentinels name; a failover is followed. A client that
+/// does not trust the CA is refused at build.
+#[test]
+fn a_tls_deployment_is_reached_over_tls_and_followed_through_a_failover() {
+    common::require();
+    let t = SentinelTopology::builder().tls().spawn();
+    let tls = || dlm_redis::TlsOptions::new().ca_file(t.tls_ca_file());
+    let c = LockClient::new(
+        RedisBackend::sentinel(t.master_name(), &t.sentinel_tls_urls())
+            .tls(tls())
+            .io_timeout(common::CALM)
+            .connect_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    );
+    let name = unique_name("tls");
+    let g = c.get_lock(&name).unwrap().lock().unwrap();
+    assert!(on_master(&t, &name));
+    g.unlock().unwrap();
+    // Every connection of the backend went to a TLS port: the plain ports saw none.
+    let plain_clients = |i: usize| -> usize {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut t.data_node(i).connection())
+            .unwrap();
+        list.lines()
+            .filter(|l| l.contains(&format!("laddr=127.0.0.1:{} ", t.data_node(i).port())))
+            .count()
+    };
+    let old = t.master_index();
+    // One plain connection: the CLIENT LIST's own.
+    assert_eq!(plain_clients(old), 1, "a plain connection to the master");
+    let new = t.failover();
+    assert_ne!(new, old);
+    let g = c
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("taken on the new master");
+    assert!(on_master(&t, &name));
+    g.unlock().unwrap();
+    assert_eq!(
+        plain_clients(new),
+        1,
+        "a plain connection to the new master"
+    );
+
+    let e = RedisBackend::sentinel(t.master_name(), &t.sentinel_tls_urls())
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(BackendErrorKind::Tls),
+        "{e}"
+    );
+}

@@ -77,6 +77,7 @@ pub struct SentinelTopologyBuilder {
     sentinel_password: Option<String>,
     down_after: Duration,
     failover_timeout: Duration,
+    tls: bool,
 }
 
 impl Default for SentinelTopologyBuilder {
@@ -90,6 +91,7 @@ impl Default for SentinelTopologyBuilder {
             sentinel_password: None,
             down_after: Duration::from_millis(1000),
             failover_timeout: Duration::from_millis(5000),
+            tls: false,
         }
     }
 }
@@ -134,6 +136,17 @@ impl SentinelTopologyBuilder {
         self
     }
 
+    /// A deployment that uses TLS everywhere: every data node and sentinel opens a TLS
+    /// port with a certificate of a test CA made for the topology
+    /// ([`SentinelTopology::tls_ca_file`]) for `127.0.0.1`; replication, the sentinels'
+    /// links to the data nodes and to each other use TLS (`tls-replication yes`), so the
+    /// sentinels name the masters' TLS ports. The plain ports stay open for the testkit's
+    /// own connections. Clients use [`SentinelTopology::sentinel_tls_urls`].
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
     /// `sentinel down-after-milliseconds` (default 1 s): how long a node may fail to
     /// answer before a sentinel considers it down.
     pub fn down_after(mut self, d: Duration) -> Self {
@@ -163,12 +176,22 @@ impl SentinelTopologyBuilder {
             self.sentinels
         );
         let started = Instant::now();
+        let pki = self.tls.then(crate::tls::TestPki::new);
+        let with_tls = |b: RedisServerBuilder| match &pki {
+            Some(pki) => b
+                .tls(pki, crate::tls::ServerCert::Valid)
+                .arg("--tls-replication")
+                .arg("yes"),
+            None => b,
+        };
         let data_node = |master_port: Option<u16>| {
             // A replica's first sync must not wait for more replicas (the default delay
             // of a diskless sync is 5 s).
-            let mut b = RedisServer::builder()
-                .arg("--repl-diskless-sync-delay")
-                .arg("0");
+            let mut b = with_tls(
+                RedisServer::builder()
+                    .arg("--repl-diskless-sync-delay")
+                    .arg("0"),
+            );
             if let Some(pw) = &self.password {
                 b = b.password(pw).arg("--masterauth").arg(pw);
             }
@@ -178,15 +201,14 @@ impl SentinelTopologyBuilder {
             b.spawn()
         };
         let master = data_node(None);
-        let master_port = master.port();
+        let master_port = announced(&master);
         let mut data = vec![master];
         data.extend((0..self.replicas).map(|_| data_node(Some(master_port))));
 
         let config = self.sentinel_config(master_port, quorum);
         let sentinel = || {
-            let mut b: RedisServerBuilder = RedisServer::builder()
-                .config_file(&config)
-                .arg("--sentinel");
+            let mut b: RedisServerBuilder =
+                with_tls(RedisServer::builder().config_file(&config)).arg("--sentinel");
             if let Some(pw) = &self.sentinel_password {
                 b = b.password(pw);
             }
@@ -198,6 +220,7 @@ impl SentinelTopologyBuilder {
             quorum,
             data,
             sentinels,
+            pki,
         };
         for i in 0..topology.sentinels.len() {
             topology.tune(i);
@@ -246,6 +269,16 @@ pub struct SentinelTopology {
     quorum: usize,
     data: Vec<RedisServer>,
     sentinels: Vec<RedisServer>,
+    /// The test CA of a TLS topology (kept for restarts, which read the files again).
+    pki: Option<crate::tls::TestPki>,
+}
+
+/// The port a node is known by in the topology: its TLS port when it has one.
+fn announced(server: &RedisServer) -> u16 {
+    match server.tls_port() {
+        0 => server.port(),
+        tls => tls,
+    }
 }
 
 impl SentinelTopology {
@@ -275,6 +308,25 @@ impl SentinelTopology {
     /// if any.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// `rediss://[:pw@]127.0.0.1:<tls port>/` of every sentinel of a
+    /// [TLS topology](SentinelTopologyBuilder::tls), in order.
+    ///
+    /// # Panics
+    /// When the topology was built without TLS.
+    pub fn sentinel_tls_urls(&self) -> Vec<String> {
+        assert!(self.pki.is_some(), "a topology without TLS");
+        self.sentinels.iter().map(RedisServer::tls_url).collect()
+    }
+
+    /// The CA file that signed the certificates of a [TLS
+    /// topology](SentinelTopologyBuilder::tls), for the client's trust.
+    ///
+    /// # Panics
+    /// When the topology was built without TLS.
+    pub fn tls_ca_file(&self) -> std::path::PathBuf {
+        self.pki.as_ref().expect("a topology without TLS").ca_file()
     }
 
     /// `127.0.0.1:<port>` of every sentinel, in order.
@@ -498,7 +550,7 @@ impl SentinelTopology {
             let node = self
                 .data
                 .iter()
-                .position(|d| d.port() == port && host == "127.0.0.1")
+                .position(|d| announced(d) == port && host == "127.0.0.1")
                 .ok_or_else(|| {
                     format!("sentinel {s} names {host}:{port}, which is no data node")
                 })?;
@@ -534,7 +586,7 @@ impl SentinelTopology {
                 "data node {m} is named master but reports {info:?}"
             ));
         }
-        let port = master.port().to_string();
+        let port = announced(master).to_string();
         let replicas: Vec<usize> = (0..self.data.len())
             .filter(|&i| i != m && live(&self.data[i]))
             .collect();
@@ -557,7 +609,7 @@ impl SentinelTopology {
             let seen = entries(&mut con, "replicas", &self.master_name)
                 .map_err(|e| format!("sentinel {s}: SENTINEL replicas: {e}"))?;
             for &r in &replicas {
-                let rport = self.data[r].port().to_string();
+                let rport = announced(&self.data[r]).to_string();
                 let entry = seen.iter().find(|e| e.get("port") == Some(&rport));
                 let ok = entry.is_some_and(|e| {
                     e.get("flags").map(String::as_str) == Some("slave")
@@ -573,7 +625,7 @@ impl SentinelTopology {
             let peers = entries(&mut con, "sentinels", &self.master_name)
                 .map_err(|e| format!("sentinel {s}: SENTINEL sentinels: {e}"))?;
             for t in self.live_sentinels().into_iter().filter(|&t| t != s) {
-                let tport = self.sentinels[t].port().to_string();
+                let tport = announced(&self.sentinels[t]).to_string();
                 let entry = peers.iter().find(|e| e.get("port") == Some(&tport));
                 if entry.and_then(|e| e.get("flags")).map(String::as_str) != Some("sentinel") {
                     return Err(format!("sentinel {s} does not see sentinel {t}: {entry:?}"));
