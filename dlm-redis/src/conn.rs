@@ -232,6 +232,15 @@ impl Endpoint {
         self.sentinel.as_ref().map_or(0, |d| d.generation())
     }
 
+    /// Sentinel: after a transient failure of a request made in `generation`, whether the
+    /// sentinels now name another master (asked again if need be). Always `false` for
+    /// a fixed address.
+    pub(crate) fn moved_since(&self, generation: u64, t: Timeouts) -> bool {
+        self.sentinel
+            .as_ref()
+            .is_some_and(|d| d.moved_since(generation, t))
+    }
+
     /// A redis error on a connection to this endpoint, typed. With Sentinel, a failure
     /// casts doubt on the master's address (the next connection asks the sentinels
     /// again), and `READONLY` (the server was demoted) is `Unavailable`: retried, by then

@@ -79,6 +79,17 @@ impl Discovery {
         self.suspect.store(true, Ordering::Release);
     }
 
+    /// After a transient failure of a request made in `generation`: asks the sentinels
+    /// again and says whether the master has moved since (the request can go to the new
+    /// one).
+    pub(crate) fn moved_since(&self, generation: u64, t: Timeouts) -> bool {
+        if self.generation() == generation {
+            self.suspect();
+            let _ = self.lookup(t);
+        }
+        self.generation() != generation
+    }
+
     /// One sentinel's answer: the master's address, or `None` if it does not know the
     /// name.
     fn ask(&self, sentinel: &Endpoint, t: Timeouts) -> Result<Option<Addr>, BackendError> {

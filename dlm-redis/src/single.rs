@@ -247,7 +247,23 @@ impl RedisBackend {
         f: impl Fn(&Node) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         match &self.inner.target {
-            Target::One(node) => f(node),
+            Target::One(node) => {
+                // Sentinel: a request that failed because the master was demoted or
+                // went away goes once to the master the sentinels name now (a holder's
+                // release during a failover, instead of a lock left to its lease).
+                let generation = node.endpoint.generation();
+                match f(node) {
+                    Err(e)
+                        if e.is_transient()
+                            && node
+                                .endpoint
+                                .moved_since(generation, self.inner.options.timeouts()) =>
+                    {
+                        f(node)
+                    }
+                    other => other,
+                }
+            }
             Target::Cluster(cluster) => cluster.on_slot(slot(), f),
         }
     }
