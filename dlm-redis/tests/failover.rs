@@ -52,28 +52,12 @@ fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_o
     for _ in 0..3 {
         a.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
     }
-    let replicated_offset = |s: &RedisServer, field: &str| -> u64 {
-        s.info("replication")
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    common::wait_until(Duration::from_secs(10), "the replica caught up", || {
-        replicated_offset(&replica, "slave_repl_offset:")
-            >= replicated_offset(&master, "master_repl_offset:")
-    });
+    common::replicated(&master, 1);
 
     // The replication link breaks (the replica is stopped, so it cannot reconnect, and the
     // master drops its side: a stopped process's kernel would otherwise still buffer what
     // the master sends); A takes the lock on the master, which cannot pass it on.
-    replica.pause();
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query(&mut master.connection())
-        .unwrap();
+    common::cut_off_replicas(&master, &[&replica]);
     let old = common::OldHolder::new(a.get_lock(&name).unwrap().lock().unwrap());
     // The master dies with the grant; the replica is promoted (what Sentinel or a
     // managed service does).

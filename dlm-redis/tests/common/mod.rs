@@ -253,6 +253,46 @@ impl dlm_testkit::Fixture for MutualTlsCluster {
     }
 }
 
+/// Waits (10 s at most) until `replicas` replicas of `master` have everything it wrote
+/// so far: their acknowledged offsets (`INFO replication`, acknowledged every second)
+/// reach the master's offset now. (`WAIT` on a fresh connection would not do: it waits
+/// for that connection's own writes only.)
+pub fn replicated(master: &RedisServer, replicas: usize) {
+    let field = |info: &str, key: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let target = field(&master.info("replication"), "master_repl_offset:");
+    wait_until(Duration::from_secs(10), "the replicas caught up", || {
+        let info = master.info("replication");
+        let caught_up = info
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .filter_map(|l| l.split(',').find_map(|kv| kv.strip_prefix("offset=")))
+            .filter_map(|v| v.parse::<u64>().ok())
+            .filter(|&offset| offset >= target)
+            .count();
+        caught_up >= replicas
+    });
+}
+
+/// Cuts the replication links of `master`: the replicas stop (so they cannot reconnect
+/// and resync) and the master drops its side (a stopped process's kernel would otherwise
+/// still buffer what the master sends).
+pub fn cut_off_replicas(master: &RedisServer, replicas: &[&RedisServer]) {
+    for r in replicas {
+        r.pause();
+    }
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut master.connection())
+        .unwrap();
+}
+
 /// The first holder of a failover negative control: it took the lock on a master that is
 /// about to be lost, its hold is recorded, and it wrote once through a fenced resource.
 pub struct OldHolder {
@@ -276,6 +316,20 @@ impl OldHolder {
             guard,
             resource,
         }
+    }
+
+    /// B asks the promoted replica for the lock (waiting up to 10 s for the failover to
+    /// be followed) and gets it: the documented double grant, checked as
+    /// [`assert_double_grant_is_caught`](Self::assert_double_grant_is_caught) says.
+    pub fn assert_granted_again(self, b: &dlm_core::LockClient) {
+        use dlm_core::Lock;
+        let gb = b
+            .get_lock(self.guard.name())
+            .unwrap()
+            .try_lock_timeout(Duration::from_secs(10))
+            .unwrap()
+            .expect("the promoted replica has no trace of A's lock: the documented double grant");
+        self.assert_double_grant_is_caught(gb);
     }
 
     /// `b` got the same lock from the promoted replica: the documented double grant. Both
