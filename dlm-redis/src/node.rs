@@ -546,6 +546,8 @@ struct ConnectState {
     /// not fix itself (credentials, permissions, TLS): the caller needs to see why.
     last: Mutex<Option<(BackendErrorKind, Option<String>)>>,
     down: AtomicBool,
+    /// How many connection attempts have failed, ever.
+    failures: AtomicUsize,
 }
 
 impl r2d2::HandleError<BackendError> for Connects {
@@ -555,6 +557,7 @@ impl r2d2::HandleError<BackendError> for Connects {
         let lasting = !kind.is_transient();
         *self.0.last.lock() = Some((kind, lasting.then(|| error.to_string())));
         self.0.down.store(true, Ordering::Release);
+        self.0.failures.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -575,6 +578,11 @@ impl Connects {
         }
     }
 
+    /// How many connection attempts have failed so far.
+    fn failures(&self) -> usize {
+        self.0.failures.load(Ordering::Acquire)
+    }
+
     /// The last connect failure's message, when it was one that does not fix itself.
     fn lasting_reason(&self) -> Option<String> {
         self.0.last.lock().as_ref().and_then(|(_, why)| why.clone())
@@ -587,6 +595,9 @@ impl r2d2::HandleEvent for Connects {
         *self.0.last.lock() = None;
     }
 }
+
+/// The slices in which a checkout waits for a new connection (see `Node::checkout`).
+const CHECKOUT_SLICE: Duration = Duration::from_millis(10);
 
 /// Whole milliseconds, rounded up, for PX/PEXPIRE.
 pub(crate) fn millis(d: Duration) -> u64 {
@@ -705,10 +716,7 @@ impl Node {
         // at most `pool_size` of them.
         let mut stale = 0;
         let mut conn = loop {
-            let mut conn = self.pool.get().map_err(|e| {
-                let kind = self.connects.failure(true);
-                BackendError::new(kind, format!("{}: no connection: {e}", self.endpoint))
-            })?;
+            let mut conn = self.checkout()?;
             if stale > self.pool.max_size() || !conn.is_stale(&self.endpoint) {
                 break conn;
             }
@@ -719,6 +727,29 @@ impl Node {
             self.check_server(&mut conn.con);
         }
         Ok(conn)
+    }
+
+    /// A pooled connection, or a new one within the connect timeout. r2d2's `get` waits
+    /// the whole timeout even when every connection attempt is refused at once (a server
+    /// that died, a master a failover left behind); so the wait is taken in short slices,
+    /// and ends as soon as an attempt made meanwhile has failed.
+    fn checkout(&self) -> Result<r2d2::PooledConnection<Manager>, BackendError> {
+        let start = Instant::now();
+        let failures = self.connects.failures();
+        loop {
+            let left = self.connect_timeout.saturating_sub(start.elapsed());
+            match self.pool.get_timeout(left.min(CHECKOUT_SLICE)) {
+                Ok(conn) => return Ok(conn),
+                Err(e) if left <= CHECKOUT_SLICE || self.connects.failures() != failures => {
+                    let kind = self.connects.failure(true);
+                    return Err(BackendError::new(
+                        kind,
+                        format!("{}: no connection: {e}", self.endpoint),
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// How long a straggler's reply is awaited in the background before its connection is

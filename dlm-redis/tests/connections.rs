@@ -115,3 +115,39 @@ fn idle_connections_the_server_closed_are_not_used() {
     guard.unlock().unwrap();
     assert!(!lock.is_locked().unwrap());
 }
+
+/// A server that refuses connections (it died; a master a failover left behind) fails a
+/// request as soon as an attempt is refused, not after the whole connect timeout: r2d2's
+/// checkout waits for the timeout even then. Found by a cluster waiter that woke 0.5-1 s
+/// after a release because its first request went to the dead master.
+#[test]
+fn a_refused_connection_fails_the_request_without_waiting_for_the_connect_timeout() {
+    common::require();
+    let mut server = RedisServer::spawn();
+    let url = server.url();
+    let connect_timeout = Duration::from_secs(5);
+    let client = LockClient::new(
+        RedisBackend::builder(&url)
+            .connect_timeout(connect_timeout)
+            .build()
+            .unwrap(),
+    );
+    let lock = client.get_lock("refused").unwrap();
+    lock.try_lock().unwrap().expect("free").unlock().unwrap();
+    server.kill();
+    // The pooled connection is idle (1 ms or more) and closed: dropped, and the new one
+    // is refused.
+    std::thread::sleep(Duration::from_millis(5));
+    let start = std::time::Instant::now();
+    let e = lock.try_lock().unwrap_err();
+    let took = start.elapsed();
+    assert_eq!(
+        e.backend().map(|b| b.kind()),
+        Some(dlm_core::BackendErrorKind::Unavailable),
+        "{e}"
+    );
+    assert!(
+        took < connect_timeout / 2,
+        "a refused connection took {took:?} (connect timeout {connect_timeout:?})"
+    );
+}
