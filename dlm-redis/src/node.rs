@@ -742,9 +742,15 @@ impl Node {
                 Ok(conn) => return Ok(conn),
                 Err(e) if left <= CHECKOUT_SLICE || self.connects.failures() != failures => {
                     let kind = self.connects.failure(true);
+                    let e = e.to_string();
+                    // r2d2 says it timed out; when an attempt failed first, it did not.
+                    let why = match left > CHECKOUT_SLICE {
+                        true => e.strip_prefix("timed out waiting for connection: "),
+                        false => None,
+                    };
                     return Err(BackendError::new(
                         kind,
-                        format!("{}: no connection: {e}", self.endpoint),
+                        format!("{}: no connection: {}", self.endpoint, why.unwrap_or(&e)),
                     ));
                 }
                 Err(_) => {}
