@@ -197,10 +197,15 @@ fn a_slot_migration_under_load_keeps_the_slots_locks_working() {
     .unwrap();
     let unfenced_lock = unfenced.get_lock("mig{x}-unfenced").unwrap();
     let holder = client(&c);
+    let renewing = LockClient::builder(backend(&c))
+        .watchdog_timeout(Duration::from_millis(900))
+        .build()
+        .unwrap();
     let held_lock = holder.get_lock("mig{x}-held").unwrap();
     let held = held_lock.lock().unwrap();
+    let renewed = renewing.get_lock("mig{x}-renewed").unwrap().lock().unwrap();
     let load = Load::new();
-    let (migrating, unfenced_holds) = std::thread::scope(|s| {
+    let (moving, migrating, unfenced_holds) = std::thread::scope(|s| {
         let _stop = StopOnDrop(&load.stop);
         for name in &names {
             let (load, c) = (&load, &c);
@@ -214,6 +219,7 @@ fn a_slot_migration_under_load_keeps_the_slots_locks_working() {
             moved += 1;
             std::thread::sleep(Duration::from_millis(5));
         }
+        let moving = began.elapsed();
         // Every key of the slot is on the target; the source answers ASK for all.
         assert!(
             moved >= 2,
@@ -236,15 +242,36 @@ fn a_slot_migration_under_load_keeps_the_slots_locks_working() {
         // The held lock is renewed and released through ASK.
         held.extend(Duration::from_secs(30)).unwrap();
         held.unlock().unwrap();
+        // The watchdog-renewed lock, moved with the slot, outlives its 900 ms lease while
+        // the slot is still half moved: its renewals (batched per master, refused by the
+        // source with ASK one by one) reach the target.
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            renewed.is_held(),
+            "the watchdog's renewals did not reach the target"
+        );
+        let pttl: i64 = redis::pipe()
+            .cmd("ASKING")
+            .ignore()
+            .cmd("PTTL")
+            .arg(backend(&c).keys("mig{x}-renewed").unwrap().lock)
+            .query::<(i64,)>(&mut c.node(target).connection())
+            .unwrap()
+            .0;
+        assert!(
+            pttl > 0,
+            "the renewed lock is not on the target (PTTL {pttl})"
+        );
+        renewed.unlock().unwrap();
         migration.finish();
         let migrating = began.elapsed();
         load.wait_for_holds(50, Duration::from_secs(20));
-        (migrating, unfenced_holds)
+        (moving, migrating, unfenced_holds)
     });
     let errors = load.errors.load(Ordering::Acquire) + load.lost_releases.load(Ordering::Acquire);
     let asking = common::command_stat(c.node(target), "asking", "calls");
     eprintln!(
-        "migration {migrating:?}; {errors} errors; {unfenced_holds} unfenced holds through ASK; ASKING sent {asking} times; longest time without a fenced hold {:?}",
+        "keys moved in {moving:?}, slot assigned after {migrating:?} (held half moved for 1.5 s); {errors} errors; {unfenced_holds} unfenced holds through ASK; ASKING sent {asking} times; longest time without a fenced hold {:?}",
         load.longest_gap.lock().unwrap()
     );
     assert_eq!(errors, 0);
