@@ -16,7 +16,8 @@ pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
 /// A backend, and what the output may say about it (never a password).
 pub(crate) struct Connection {
     pub(crate) backend: Arc<dyn LockBackend>,
-    /// "1 server" or "Redlock over 3 servers".
+    /// "1 server", "Redlock over 3 servers", "Redis Cluster (2 seeds)", "master \"m\" of
+    /// 3 sentinels".
     pub(crate) describe: String,
 }
 
@@ -33,40 +34,90 @@ impl Connection {
             }
         };
         let password = password(args)?;
+        // With Sentinel the password is the data nodes', not the sentinels'.
+        let url_password = password.as_deref().filter(|_| args.sentinel.is_none());
         let urls: Vec<String> = urls
             .split(',')
             .map(str::trim)
             .filter(|u| !u.is_empty())
             .enumerate()
-            .map(|(i, u)| with_password(i, u, password.as_deref()))
+            .map(|(i, u)| with_password(i, u, url_password))
             .collect::<Result<_, _>>()?;
         let tls = tls(args, &urls)?;
+        let wait = match (args.wait_replicas, args.wait_timeout) {
+            (None, _) => None,
+            (Some(n), secs) => {
+                let secs = secs.unwrap_or(0.5);
+                let timeout = std::time::Duration::try_from_secs_f64(secs).map_err(|_| {
+                    Failure::usage(format!("--wait-timeout {secs}: not a duration"))
+                })?;
+                Some((n, timeout))
+            }
+        };
         let bad = |e: dlm_core::Error| Failure::from_lock_error("cannot use the backend", &e);
+        let configure = |mut b: dlm_redis::RedisBackendBuilder| {
+            if let Some(tls) = tls.clone() {
+                b = b.tls(tls);
+            }
+            if let Some(prefix) = &args.prefix {
+                b = b.prefix(prefix);
+            }
+            if let Some((n, timeout)) = wait {
+                b = b.wait_for_replicas(n, timeout);
+            }
+            b
+        };
         let (backend, describe): (Arc<dyn LockBackend>, String) = match urls.len() {
             0 => return Err(Failure::usage("--redis names no URL")),
-            1 => {
-                let mut b = RedisBackend::builder(&urls[0]);
-                if let Some(tls) = tls {
-                    b = b.tls(tls);
+            n if args.cluster => (
+                Arc::new(
+                    configure(RedisBackend::cluster(&urls))
+                        .build()
+                        .map_err(bad)?,
+                ),
+                format!("Redis Cluster ({n} seed{})", if n == 1 { "" } else { "s" }),
+            ),
+            n => match &args.sentinel {
+                Some(name) => {
+                    let mut b = configure(RedisBackend::sentinel(name, &urls));
+                    if let Some(password) = &password {
+                        b = b.master_auth(None, password);
+                    }
+                    (
+                        Arc::new(b.build().map_err(bad)?),
+                        format!(
+                            "master {name:?} of {n} sentinel{}",
+                            if n == 1 { "" } else { "s" }
+                        ),
+                    )
                 }
-                if let Some(prefix) = &args.prefix {
-                    b = b.prefix(prefix);
+                None if n == 1 => (
+                    Arc::new(
+                        configure(RedisBackend::builder(&urls[0]))
+                            .build()
+                            .map_err(bad)?,
+                    ),
+                    "1 server".into(),
+                ),
+                None => {
+                    if wait.is_some() {
+                        return Err(Failure::usage(
+                            "--wait-replicas is for a single server, --sentinel or --cluster: Redlock's masters are independent",
+                        ));
+                    }
+                    let mut b = Redlock::builder(&urls);
+                    if let Some(tls) = tls {
+                        b = b.tls(tls);
+                    }
+                    if let Some(prefix) = &args.prefix {
+                        b = b.prefix(prefix);
+                    }
+                    (
+                        Arc::new(b.build().map_err(bad)?),
+                        format!("Redlock over {n} servers"),
+                    )
                 }
-                (Arc::new(b.build().map_err(bad)?), "1 server".into())
-            }
-            n => {
-                let mut b = Redlock::builder(&urls);
-                if let Some(tls) = tls {
-                    b = b.tls(tls);
-                }
-                if let Some(prefix) = &args.prefix {
-                    b = b.prefix(prefix);
-                }
-                (
-                    Arc::new(b.build().map_err(bad)?),
-                    format!("Redlock over {n} servers"),
-                )
-            }
+            },
         };
         log::info!("backend: {describe}");
         Ok(Connection { backend, describe })

@@ -26,6 +26,12 @@ Examples:
   DLM_REDIS_URL=redis://10.0.0.1,redis://10.0.0.2,redis://10.0.0.3 \\
     dlm run --password-file /etc/dlm/password report -- ./report.sh
 
+  # on a Redis Cluster (any node as a seed), or behind Sentinel (the master named mymaster);
+  # --wait-replicas 1: a grant no replica acknowledged is undone
+  dlm run --cluster --redis redis://10.0.1.1:6379,redis://10.0.1.2:6379 backup -- ./backup.sh
+  dlm run --sentinel mymaster --redis redis://10.0.2.1:26379,redis://10.0.2.2:26379 \
+    --wait-replicas 1 --password-file /etc/dlm/password backup -- ./backup.sh
+
   # is it held, and for how long?
   dlm status nightly-export reindex --json
 
@@ -43,7 +49,8 @@ Environment:
   DLM_REDIS_PASSWORD   the password for URLs that have none (never shown anywhere)
   The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS.";
 
-/// Runs a command under a distributed lock on Redis (single instance or Redlock).
+/// Runs a command under a distributed lock on Redis (single instance, Sentinel, Cluster or
+/// Redlock).
 #[derive(Debug, Parser)]
 #[command(name = "dlm", version, about, after_long_help = EXAMPLES)]
 struct Cli {
@@ -73,6 +80,24 @@ struct BackendArgs {
     /// visible in `ps`: prefer --password-file or $DLM_REDIS_PASSWORD.
     #[arg(long, value_name = "URL[,URL...]")]
     redis: Option<String>,
+    /// The URLs are seed nodes of a Redis Cluster (one is enough; more in case one is
+    /// down): each lock lives on the master of its hash slot.
+    #[arg(long, conflicts_with = "sentinel")]
+    cluster: bool,
+    /// The URLs are Redis Sentinels (with their own password, if any, in the URLs); the
+    /// lock lives on the master they name NAME. The password of --password-file or
+    /// $DLM_REDIS_PASSWORD is then the data nodes'.
+    #[arg(long, value_name = "NAME")]
+    sentinel: Option<String>,
+    /// After each grant and renewal, wait until N replicas acknowledged it (Redis
+    /// WAIT); a grant they did not acknowledge in time is undone and retried. Narrows what
+    /// a failover can lose; not a consensus (see the README). Not for Redlock.
+    #[arg(long, value_name = "N")]
+    wait_replicas: Option<u32>,
+    /// How long --wait-replicas waits for the acknowledgements, in seconds (default 0.5;
+    /// under 1, the reply deadline).
+    #[arg(long, value_name = "SECS", requires = "wait_replicas")]
+    wait_timeout: Option<f64>,
     /// A file whose first line is the password for URLs that have none.
     #[arg(long, value_name = "FILE")]
     password_file: Option<std::path::PathBuf>,

@@ -1,7 +1,8 @@
 //! The real `dlm` binary against real redis-servers (the testkit's, on free loopback
 //! ports, killed when dropped): mutual exclusion (single and Redlock over 3), the waiting
 //! flags, exit statuses and the command's environment, signals, lost locks, bad input,
-//! secrets, `status --json` and `unlock --force`.
+//! secrets, `status --json`, `unlock --force`, and `--cluster`, `--sentinel` and
+//! `--wait-replicas`.
 //!
 //! Timing-sensitive: every test takes `SERIAL`, so they run one at a time even without
 //! `--test-threads=1`, with wide margins (CI machines have 2 cores). Every `dlm` is waited
@@ -1295,4 +1296,115 @@ fn sigterm_to_dlm_stops_the_commands_descendants() {
 #[test]
 fn a_lost_lock_stops_the_commands_descendants() {
     descendants_stop_with_the_command(End::Lost);
+}
+
+// --- Redis Cluster and Sentinel -------------------------------------------------------
+
+/// `--cluster`: the URLs are seeds; a second run is refused while the first holds the
+/// lock, and `status` sees it. `--sentinel NAME`: the lock lives on the master the
+/// sentinels name, with the password (here from the environment) for the data nodes and
+/// `--wait-replicas 2`. Bad combinations are usage errors.
+#[test]
+fn cluster_and_sentinel_backends() {
+    let _serial = SERIAL.lock();
+    require_redis_server();
+    let cluster = dlm_testkit::cluster::RedisCluster::spawn();
+    let seed = cluster.seed_urls()[0].clone();
+    let on_cluster = |args: &[&str]| {
+        let mut c = dlm();
+        c.arg(args[0])
+            .args(["--cluster", "--redis", &seed])
+            .args(&args[1..]);
+        c
+    };
+    run(&mut on_cluster(&[
+        "run",
+        "-n",
+        "cl-job",
+        "--",
+        "sh",
+        "-c",
+        "test -n \"$DLM_FENCING_TOKEN\"",
+    ]))
+    .expect(0);
+    let mut holder = Proc::spawn(&mut on_cluster(&["run", "cl-job", "--", "sleep", "30"]));
+    let status_held = || {
+        let done = run(&mut on_cluster(&["status", "--json", "cl-job"]));
+        done.expect(0);
+        Json::parse(&done.stdout).array()[0].get("held") == &Json::Bool(true)
+    };
+    wait_until(Duration::from_secs(10), "the holder to hold", status_held);
+    run(&mut on_cluster(&["run", "-n", "cl-job", "--", "true"])).expect(1);
+    holder.signal("TERM");
+    holder.wait(Duration::from_secs(10)).expect(143);
+    assert!(!status_held(), "still held after the holder exited");
+    // A server without cluster mode: refused as bad input.
+    let single = server();
+    run(dlm().args([
+        "run",
+        "--cluster",
+        "--redis",
+        &single.url(),
+        "x",
+        "--",
+        "true",
+    ]))
+    .expect(2);
+
+    let t = dlm_testkit::sentinel::SentinelTopology::builder()
+        .password("data-pw")
+        .spawn();
+    let sentinels = t.sentinel_urls().join(",");
+    let script = format!(
+        "redis-cli -p {} -a data-pw --no-auth-warning EXISTS 'dlm:{{sn-job}}' | grep -qx 1",
+        t.master().port()
+    );
+    run(dlm()
+        .env("DLM_REDIS_PASSWORD", "data-pw")
+        .args([
+            "run",
+            "-n",
+            "--sentinel",
+            t.master_name(),
+            "--redis",
+            &sentinels,
+        ])
+        .args(["--wait-replicas", "2", "sn-job", "-c", &script]))
+    .expect(0);
+    // An unknown master name, and --wait-replicas with Redlock: usage errors.
+    run(dlm().env("DLM_REDIS_PASSWORD", "data-pw").args([
+        "run",
+        "--sentinel",
+        "nope",
+        "--redis",
+        &sentinels,
+        "x",
+        "--",
+        "true",
+    ]))
+    .expect(2);
+    let urls = format!("{},{},{}", single.url(), single.url(), single.url());
+    run(dlm().args([
+        "run",
+        "--wait-replicas",
+        "1",
+        "--redis",
+        &urls,
+        "x",
+        "--",
+        "true",
+    ]))
+    .expect(2);
+    run(dlm().args([
+        "run",
+        "--cluster",
+        "--sentinel",
+        "m",
+        "--redis",
+        &seed,
+        "x",
+        "--",
+        "true",
+    ]))
+    .expect(2);
 }
