@@ -4,7 +4,8 @@
 //! double grant to the history checker, and shows what fencing still guarantees: the
 //! promoted replica's tokens do not go back (its fencing stream continues from what it
 //! replicated, or is seeded from its clock), so a resource refuses the old holder's late
-//! write.
+//! write, unless the promoted replica's clock is behind: then the token goes back too,
+//! and fencing fails with it (the second negative control).
 mod common;
 
 use std::time::Duration;
@@ -34,11 +35,18 @@ fn client(url: &str) -> LockClient {
     .unwrap()
 }
 
-#[test]
-fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_old_holder() {
+/// A takes the lock on the master after the replica was cut off; the master dies and the
+/// replica is promoted (by hand: what Sentinel or a managed service does), with its
+/// clock `behind` the master's. B asks the promoted replica.
+/// What the two holders need kept alive: the promoted replica, its clock, B's client.
+type Kept = (RedisServer, dlm_testkit::skew::ClockSkew, LockClient);
+
+fn failover_before_replication(behind: Duration) -> (common::OldHolder, dlm_core::LockGuard, Kept) {
     common::require();
     let mut master = RedisServer::spawn();
+    let skew = dlm_testkit::skew::ClockSkew::new();
     let replica = RedisServer::builder()
+        .clock_skew(&skew)
         .arg("--replicaof")
         .arg("127.0.0.1")
         .arg(&master.port().to_string())
@@ -53,22 +61,18 @@ fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_o
         a.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
     }
     common::replicated(&master, 1);
-
-    // The replication link breaks (the replica is stopped, so it cannot reconnect, and the
-    // master drops its side: a stopped process's kernel would otherwise still buffer what
-    // the master sends); A takes the lock on the master, which cannot pass it on.
+    // The replication link breaks; A takes the lock on the master, which cannot pass it
+    // on.
     common::cut_off_replicas(&master, &[&replica]);
     let old = common::OldHolder::new(a.get_lock(&name).unwrap().lock().unwrap());
-    // The master dies with the grant; the replica is promoted (what Sentinel or a
-    // managed service does).
     master.kill();
     replica.resume();
+    skew.back(behind);
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")
         .query(&mut replica.connection())
         .unwrap();
-
     let b = client(&replica.url());
     let gb = b
         .get_lock(&name)
@@ -76,5 +80,20 @@ fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_o
         .try_lock()
         .unwrap()
         .expect("the promoted replica has no trace of A's lock: the documented double grant");
+    (old, gb, (replica, skew, b))
+}
+
+#[test]
+fn a_failover_before_replication_grants_the_lock_twice_and_fencing_refuses_the_old_holder() {
+    let (old, gb, _kept) = failover_before_replication(Duration::ZERO);
     old.assert_double_grant_is_caught(gb);
+}
+
+/// The same with the promoted replica's clock an hour behind: its stream goes on from
+/// the last ID it replicated, which is older than A's token. The token goes back, and
+/// the resource refuses the new holder and takes the old one's late write.
+#[test]
+fn with_the_promoted_replicas_clock_behind_the_token_goes_back_and_fencing_fails() {
+    let (old, gb, _kept) = failover_before_replication(Duration::from_secs(3600));
+    old.assert_double_grant_with_an_older_token(gb);
 }

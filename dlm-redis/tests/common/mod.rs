@@ -332,6 +332,38 @@ impl OldHolder {
         self.assert_double_grant_is_caught(gb);
     }
 
+    /// `b` got the same lock from a promoted replica whose clock is behind: the double
+    /// grant, and the token went back too (the replica's stream continued from what it
+    /// had, below A's unreplicated token). Fencing fails with it: the resource that saw
+    /// A's write refuses the new holder B, and accepts A's late write.
+    pub fn assert_double_grant_with_an_older_token(self, b: dlm_core::LockGuard) {
+        let OldHolder {
+            history,
+            hold,
+            guard: a,
+            resource,
+        } = self;
+        let hold_b = history.begin("B (on the promoted replica)", &b);
+        assert!(a.is_held() && b.is_held(), "two holders at once");
+        history.end(hold, &a);
+        history.end(hold_b, &b);
+        let report = history.check();
+        assert!(
+            report.has_overlap(),
+            "the checker must see the double grant"
+        );
+        let (ta, tb) = (a.fencing_token().unwrap(), b.fencing_token().unwrap());
+        assert!(tb < ta, "the token did not go back: {tb} after {ta}");
+        assert!(
+            resource.write(tb, |w| w.push("B")).is_err(),
+            "the new holder's write must be refused (its token is older)"
+        );
+        resource.write(ta, |w| w.push("A, late")).unwrap();
+        assert_eq!(resource.read(|w| w.clone()), ["A", "A, late"]);
+        a.into_hold();
+        b.unlock().unwrap();
+    }
+
     /// `b` got the same lock from the promoted replica: the documented double grant. Both
     /// hold at once and the history checker sees it; fencing still holds: `b`'s token is
     /// newer, so the resource keeps out A's late write once `b` has written.
