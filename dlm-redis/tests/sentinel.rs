@@ -329,6 +329,18 @@ fn bad_settings_are_refused_at_build() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+/// `ACL SETUSER user rules...` on each of `servers`.
+fn acl_user(servers: &[&dlm_testkit::redis_server::RedisServer], user: &str, rules: &str) {
+    for server in servers {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg(rules.split(' ').collect::<Vec<_>>())
+            .query(&mut server.connection())
+            .unwrap();
+    }
+}
+
 /// ACL users, on the sentinels (only what discovery needs) and on the data nodes (only
 /// dlm's keys and channels): the sentinels' user in their URLs, the data nodes' with
 /// `master_auth(Some(user), ..)`.
@@ -336,30 +348,14 @@ fn bad_settings_are_refused_at_build() {
 fn acl_users_on_the_sentinels_and_the_data_nodes() {
     common::require();
     let t = SentinelTopology::spawn();
-    for i in 0..t.sentinel_count() {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("finder")
-            .arg("on")
-            .arg(">finder-pw")
-            .arg("-@all")
-            .arg("+sentinel|get-master-addr-by-name")
-            .arg("+ping")
-            .query(&mut t.sentinel(i).connection())
-            .unwrap();
-    }
-    for i in 0..t.data_nodes().len() {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("app")
-            .arg("on")
-            .arg(">app-pw")
-            .arg("~dlm:*")
-            .arg("&dlm:*")
-            .arg("+@all")
-            .query(&mut t.data_node(i).connection())
-            .unwrap();
-    }
+    let sentinels: Vec<_> = (0..t.sentinel_count()).map(|i| t.sentinel(i)).collect();
+    let finder = "on >finder-pw -@all +sentinel|get-master-addr-by-name +ping";
+    acl_user(&sentinels, "finder", finder);
+    acl_user(
+        &t.data_nodes().iter().collect::<Vec<_>>(),
+        "app",
+        "on >app-pw ~dlm:* &dlm:* +@all",
+    );
     let urls: Vec<String> = t
         .sentinel_addrs()
         .iter()
@@ -395,17 +391,7 @@ fn acl_users_on_the_sentinels_and_the_data_nodes() {
         .iter()
         .map(|a| format!("redis://nobody:x@{a}"))
         .collect();
-    for i in 0..t.sentinel_count() {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("nobody")
-            .arg("on")
-            .arg(">x")
-            .arg("-@all")
-            .arg("+ping")
-            .query(&mut t.sentinel(i).connection())
-            .unwrap();
-    }
+    acl_user(&sentinels, "nobody", "on >x -@all +ping");
     let e = RedisBackend::sentinel(t.master_name(), &denied)
         .build()
         .unwrap_err();

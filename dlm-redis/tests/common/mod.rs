@@ -332,26 +332,40 @@ impl OldHolder {
         self.assert_double_grant_is_caught(gb);
     }
 
-    /// `b` got the same lock from a promoted replica whose clock is behind: the double
-    /// grant, and the token went back too (the replica's stream continued from what it
-    /// had, below A's unreplicated token). Fencing fails with it: the resource that saw
-    /// A's write refuses the new holder B, and accepts A's late write.
-    pub fn assert_double_grant_with_an_older_token(self, b: dlm_core::LockGuard) {
+    /// A and `b` hold at once, and the history checker sees the overlap: A's guard, the
+    /// checker's report, and the resource A wrote to.
+    fn both_hold(
+        self,
+        b: &dlm_core::LockGuard,
+    ) -> (
+        dlm_core::LockGuard,
+        dlm_testkit::history::Report,
+        dlm_core::FencedResource<Vec<&'static str>>,
+    ) {
         let OldHolder {
             history,
             hold,
             guard: a,
             resource,
         } = self;
-        let hold_b = history.begin("B (on the promoted replica)", &b);
+        let hold_b = history.begin("B (on the promoted replica)", b);
         assert!(a.is_held() && b.is_held(), "two holders at once");
         history.end(hold, &a);
-        history.end(hold_b, &b);
+        history.end(hold_b, b);
         let report = history.check();
         assert!(
             report.has_overlap(),
             "the checker must see the double grant"
         );
+        (a, report, resource)
+    }
+
+    /// `b` got the same lock from a promoted replica whose clock is behind: the double
+    /// grant, and the token went back too (the replica's stream continued from what it
+    /// had, below A's unreplicated token). Fencing fails with it: the resource that saw
+    /// A's write refuses the new holder B, and accepts A's late write.
+    pub fn assert_double_grant_with_an_older_token(self, b: dlm_core::LockGuard) {
+        let (a, _, resource) = self.both_hold(&b);
         let (ta, tb) = (a.fencing_token().unwrap(), b.fencing_token().unwrap());
         assert!(tb < ta, "the token did not go back: {tb} after {ta}");
         assert!(
@@ -368,21 +382,7 @@ impl OldHolder {
     /// hold at once and the history checker sees it; fencing still holds: `b`'s token is
     /// newer, so the resource keeps out A's late write once `b` has written.
     pub fn assert_double_grant_is_caught(self, b: dlm_core::LockGuard) {
-        let OldHolder {
-            history,
-            hold,
-            guard: a,
-            resource,
-        } = self;
-        let hold_b = history.begin("B (on the promoted replica)", &b);
-        assert!(a.is_held() && b.is_held(), "two holders at once");
-        history.end(hold, &a);
-        history.end(hold_b, &b);
-        let report = history.check();
-        assert!(
-            report.has_overlap(),
-            "the checker must see the double grant"
-        );
+        let (a, report, resource) = self.both_hold(&b);
         let (ta, tb) = (a.fencing_token().unwrap(), b.fencing_token().unwrap());
         assert!(
             tb > ta,
