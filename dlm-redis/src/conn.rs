@@ -196,18 +196,13 @@ impl Endpoint {
         }
     }
 
-    /// Any node of `cluster` that answers (the release-hint listener's endpoint).
+    /// Any node of `cluster` that answers (the release-hint listener's endpoint). The
+    /// address, credentials and TLS come from the cluster's nodes on each connect.
     pub(crate) fn any_cluster_node(cluster: Arc<Cluster>) -> Endpoint {
-        let template = cluster.masters().first().map(|n| n.endpoint.clone());
         Endpoint {
-            info: template.map_or_else(
-                || {
-                    "redis://127.0.0.1/"
-                        .into_connection_info()
-                        .expect("a valid URL")
-                },
-                |e| e.info,
-            ),
+            info: "redis://127.0.0.1/"
+                .into_connection_info()
+                .expect("a valid URL"),
             tls: None,
             display: "redis cluster (any node)".into(),
             sentinel: None,

@@ -1151,14 +1151,24 @@ impl Node {
         n: usize,
         one: impl Fn(redis::Value) -> Result<T, BackendError>,
     ) -> Result<Vec<Result<T, BackendError>>, BackendError> {
+        Ok(self
+            .batch_values(reply, n)?
+            .into_iter()
+            .map(|v| match v.extract_error() {
+                Ok(v) => one(v),
+                Err(e) => Err(self.endpoint.error(&e)),
+            })
+            .collect())
+    }
+
+    /// The `n` replies of a batch, as they came (server errors kept as values).
+    pub(crate) fn batch_values(
+        &self,
+        reply: redis::Value,
+        n: usize,
+    ) -> Result<Vec<redis::Value>, BackendError> {
         match reply {
-            redis::Value::Array(values) if values.len() == n => Ok(values
-                .into_iter()
-                .map(|v| match v.extract_error() {
-                    Ok(v) => one(v),
-                    Err(e) => Err(self.endpoint.error(&e)),
-                })
-                .collect()),
+            redis::Value::Array(values) if values.len() == n => Ok(values),
             other => Err(self.protocol("a batch", &other)),
         }
     }

@@ -302,14 +302,7 @@ impl RedisBackend {
             let wait = self.inner.options.replica_wait;
             let values = node
                 .execute_acked(&call, wait)
-                .and_then(|(reply, acked)| match reply {
-                    redis::Value::Array(values) if values.len() == chunk.len() => {
-                        Ok((values, acked))
-                    }
-                    other => node
-                        .parse_batch(other, chunk.len(), Ok)
-                        .map(|_| (Vec::new(), acked)),
-                });
+                .and_then(|(reply, acked)| Ok((node.batch_values(reply, chunk.len())?, acked)));
             match values {
                 Ok((values, acked)) => out.extend(chunk.iter().zip(values).map(|(r, value)| {
                     if Redirect::of_value(&value).is_some() {
