@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlm_core::{Error, Lock, LockClient, RetryPolicy};
+use dlm_core::{Error, Lock, LockClient};
 use dlm_redis::{RedisBackend, redis};
 use dlm_testkit::cluster::{RedisCluster, slot_of};
 use dlm_testkit::redis_server::RedisServer;
@@ -121,9 +121,19 @@ impl Load {
         let client = client(c);
         let mut lock = client.get_lock(name).unwrap();
         let mut renamed = 0;
+        // The names of one thread share a slot, so its tokens come from one fencing
+        // stream, wherever the slot is served: they increase across the migration and
+        // the failover.
+        let mut last_token = None;
         while !self.stop.load(Ordering::Acquire) {
             match lock.try_lock_timeout(Duration::from_secs(15)) {
                 Ok(Some(g)) => {
+                    let token = g.fencing_token().expect("fencing is on");
+                    assert!(
+                        last_token.is_none_or(|last| token > last),
+                        "{name}: token {token} after {last_token:?}"
+                    );
+                    last_token = Some(token);
                     self.holds.fetch_add(1, Ordering::AcqRel);
                     let now = Instant::now();
                     if let Some(last) = self.last_hold.lock().unwrap().replace(now) {
@@ -235,6 +245,21 @@ fn a_slot_migration_under_load_keeps_the_slots_locks_working() {
             g.unlock().unwrap();
             unfenced_holds += 1;
         }
+        // A fenced acquisition of a free lock names two keys, one missing on each side:
+        // TRYAGAIN, retried within the I/O timeout, then Unavailable (never a hang).
+        let start = Instant::now();
+        match holder.get_lock("mig{x}-free").unwrap().try_lock() {
+            Err(Error::Backend(e)) => {
+                assert_eq!(e.kind(), dlm_core::BackendErrorKind::Unavailable, "{e}");
+                assert!(e.message().contains("TRYAGAIN"), "{e}");
+            }
+            other => panic!("expected TRYAGAIN as Unavailable, got {other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
         // The held lock is renewed and released through ASK.
         held.extend(Duration::from_secs(30)).unwrap();
         held.unlock().unwrap();
@@ -308,26 +333,7 @@ fn a_master_that_dies_under_load_is_replaced_and_its_replicated_locks_survive() 
             let (load, c) = (&load, &c);
             s.spawn(move || load.run(c, name));
         }
-        let waiter = s.spawn(|| {
-            // A backoff that only a release hint beats.
-            let client = LockClient::builder(backend(&c))
-                .retry(
-                    RetryPolicy::new()
-                        .backoff(Duration::from_secs(10), Duration::from_secs(10))
-                        .unwrap()
-                        .error_timeout(Duration::from_secs(30)),
-                )
-                .lease(Duration::from_secs(30))
-                .build()
-                .unwrap();
-            let lock = client.get_lock(&waited).unwrap();
-            assert!(lock.try_lock().unwrap().is_none());
-            started_tx.send(()).unwrap();
-            let g = lock.lock().unwrap();
-            let got = Instant::now();
-            g.unlock().unwrap();
-            got
-        });
+        let waiter = s.spawn(|| common::waiter(backend(&c), &waited, started_tx));
         started_rx.recv().unwrap();
         load.wait_for_holds(50, Duration::from_secs(20));
         let c = &c;

@@ -9,7 +9,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dlm_core::{BackendErrorKind, Error, Lock, LockClient, RetryPolicy};
+use dlm_core::{BackendErrorKind, Error, Lock, LockClient};
 use dlm_redis::{RedisBackend, redis};
 use dlm_testkit::sentinel::SentinelTopology;
 use dlm_testkit::unique_name;
@@ -139,24 +139,7 @@ fn a_failover_under_load_keeps_locks_available_and_waiters_woken() {
             });
         }
         // The waiter: waits across the failover, with a backoff that only a hint beats.
-        let waiter = s.spawn(|| {
-            let c = LockClient::builder(backend(&t))
-                .retry(
-                    RetryPolicy::new()
-                        .backoff(Duration::from_secs(10), Duration::from_secs(10))
-                        .unwrap(),
-                )
-                .lease(Duration::from_secs(30))
-                .build()
-                .unwrap();
-            let lock = c.get_lock(&waited).unwrap();
-            assert!(lock.try_lock().unwrap().is_none());
-            started_tx.send(()).unwrap();
-            let g = lock.lock().unwrap();
-            let got = Instant::now();
-            g.unlock().unwrap();
-            got
-        });
+        let waiter = s.spawn(|| common::waiter(backend(&t), &waited, started_tx));
         started_rx.recv().unwrap();
         std::thread::sleep(Duration::from_millis(300)); // load before the failover
         let new_master = t.failover();

@@ -253,6 +253,34 @@ impl dlm_testkit::Fixture for MutualTlsCluster {
     }
 }
 
+/// A waiter across a failover: finds `name` held, says so on `started`, then waits for
+/// it with a 10 s backoff that only a release hint beats (and a 30 s budget for the
+/// errors of the failover). Returns when it got the lock (released at once).
+pub fn waiter(
+    backend: RedisBackend,
+    name: &str,
+    started: crossbeam_channel::Sender<()>,
+) -> std::time::Instant {
+    use dlm_core::{Lock, LockClient, RetryPolicy};
+    let client = LockClient::builder(backend)
+        .retry(
+            RetryPolicy::new()
+                .backoff(Duration::from_secs(10), Duration::from_secs(10))
+                .unwrap()
+                .error_timeout(Duration::from_secs(30)),
+        )
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.get_lock(name).unwrap();
+    assert!(lock.try_lock().unwrap().is_none(), "{name} is not held");
+    started.send(()).unwrap();
+    let g = lock.lock().unwrap();
+    let got = std::time::Instant::now();
+    g.unlock().unwrap();
+    got
+}
+
 /// Waits (10 s at most) until `replicas` replicas of `master` have everything it wrote
 /// so far: their acknowledged offsets (`INFO replication`, acknowledged every second)
 /// reach the master's offset now. (`WAIT` on a fresh connection would not do: it waits
