@@ -3,7 +3,8 @@
 //! A grant the replicas do not acknowledge is refused with `NotReplicated` and undone; a
 //! renewal is refused and the guard keeps its previous lease; and the failover negative
 //! control no longer grants the lock twice when the replica that acknowledged is the one
-//! promoted.
+//! promoted. What it does not buy has its negative controls too: a replica that did not
+//! acknowledge promoted, or the one that did restarted empty, grants the lock again.
 mod common;
 
 use std::time::Duration;
@@ -160,7 +161,12 @@ struct LaggingReplica {
 impl LaggingReplica {
     fn new() -> LaggingReplica {
         common::require();
-        let master = RedisServer::spawn();
+        // A replica's first sync must not wait for more replicas (a diskless sync waits
+        // 5 s for them by default).
+        let master = RedisServer::builder()
+            .arg("--repl-diskless-sync-delay")
+            .arg("0")
+            .spawn();
         let proxy = FaultProxy::start(master.port());
         let replica = RedisServer::builder()
             .arg("--replicaof")
@@ -252,6 +258,53 @@ fn with_a_lagging_replica_wait_is_what_prevents_the_double_grant() {
         !LaggingReplica::new().failover_right_after_the_grant(true),
         "with WAIT the promoted replica had the grant"
     );
+}
+
+/// What `WAIT` does not buy, first: a failover that promotes a replica that did not
+/// acknowledge. A's grant is acknowledged by one replica (as asked), the other's link is
+/// stalled; the master dies and the stalled one is promoted (by hand, as an operator or a
+/// managed service may): B gets the lock A holds. Fencing still refuses A's late write.
+#[test]
+fn with_wait_a_failover_to_a_replica_that_did_not_acknowledge_grants_the_lock_twice() {
+    let mut t = LaggingReplica::new();
+    let acking = RedisServer::builder()
+        .arg("--replicaof")
+        .arg("127.0.0.1")
+        .arg(&t.master.port().to_string())
+        .spawn();
+    common::replicated(&t.master, 2);
+    let name = unique_name("unacked");
+    let a = t.client(&t.master.url(), true);
+    t.proxy.stall(Direction::Both);
+    let holder = common::OldHolder::new(a.get_lock(&name).unwrap().lock().unwrap());
+    t.master.kill();
+    drop(acking);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut t.replica.connection())
+        .unwrap();
+    holder.assert_granted_again(&t.client(&t.replica.url(), false));
+}
+
+/// What `WAIT` does not buy, second: the replica that acknowledged loses the write in a
+/// restart without persistence (this one runs with `--save ""`, no AOF) before it is
+/// promoted: B gets the lock A holds. Fencing still refuses A's late write (the empty
+/// replica's stream starts from its clock).
+#[test]
+fn with_wait_a_replica_that_acknowledged_and_restarted_empty_grants_the_lock_twice() {
+    let mut t = LaggingReplica::new();
+    let name = unique_name("restarted");
+    let a = t.client(&t.master.url(), true);
+    let holder = common::OldHolder::new(a.get_lock(&name).unwrap().lock().unwrap());
+    t.master.kill();
+    t.replica.restart();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut t.replica.connection())
+        .unwrap();
+    holder.assert_granted_again(&t.client(&t.replica.url(), false));
 }
 
 /// Replication cut by the proxy: acquisitions fail with `NotReplicated` instead of
