@@ -36,7 +36,7 @@ use parking_lot::Mutex;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 
 use crate::conn::Manager;
-use crate::node::{Call, Node, Ticket};
+use crate::node::{Call, Job, Node, Ticket};
 
 /// The least time the replies of the other nodes are awaited once the outcome is
 /// decided (more when the first reply took longer).
@@ -45,7 +45,6 @@ const GRACE: Duration = Duration::from_millis(5);
 const DRAIN_TICK: Duration = Duration::from_millis(20);
 
 type Conn = r2d2::PooledConnection<Manager>;
-type Job = Box<dyn FnOnce() + Send>;
 
 /// What the nodes answered to one fanned-out request; `None`: no answer in time.
 pub(crate) struct Replies<T> {
@@ -176,17 +175,11 @@ struct InFlight {
     replies: Vec<redis::Value>,
 }
 
-/// The nodes of a Redlock with their connect workers and the drainer.
+/// The fan-out of one backend: the drainer that reads its late replies. The nodes are
+/// given with each call (Redlock's N masters; the masters a cluster's renewals go to),
+/// and each node has its own connect worker (see [`Node::spawn_connect`]).
 pub(crate) struct Fanout {
-    pub(crate) nodes: Vec<Arc<Node>>,
-    /// One connect worker per node, started on first need.
-    workers: Vec<Mutex<Option<Worker>>>,
     drainer: Drainer,
-}
-
-struct Worker {
-    jobs: Sender<Job>,
-    thread: JoinHandle<()>,
 }
 
 /// What the caller of a round and its connect workers share.
@@ -200,21 +193,21 @@ struct Round {
 }
 
 impl Fanout {
-    pub(crate) fn new(nodes: Vec<Arc<Node>>) -> Fanout {
+    pub(crate) fn new() -> Fanout {
         Fanout {
-            workers: nodes.iter().map(|_| Mutex::new(None)).collect(),
-            nodes,
             drainer: Drainer::default(),
         }
     }
 
-    /// How many threads this fan-out runs now (connect workers and the drainer).
-    pub(crate) fn threads(&self) -> usize {
-        self.workers.iter().filter(|w| w.lock().is_some()).count()
+    /// How many threads this fan-out runs now over `nodes` (their connect workers and
+    /// the drainer).
+    pub(crate) fn threads(&self, nodes: &[Arc<Node>]) -> usize {
+        nodes.iter().filter(|n| n.connect_worker_running()).count()
             + usize::from(self.drainer.running())
     }
 
-    /// Sends `make(node)` to every targeted node (all when `targets` is `None`) and
+    /// Sends `make(i, node)` to every targeted node of `nodes` (all when `targets` is
+    /// `None`) and
     /// parses the replies as they come, until `decided` says the outcome is known (then a
     /// short grace for the others), every node answered, or `deadline`. Nodes that are
     /// down, or busy with an earlier straggler ([`Node::busy`]; `name`: the lock this
@@ -223,20 +216,21 @@ impl Fanout {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn call_all<T>(
         &self,
+        nodes: &[Arc<Node>],
         deadline: Instant,
         targets: Option<&[bool]>,
         key: Option<(&LockName, &OwnerToken)>,
-        make: impl Fn(&Node) -> Call,
+        make: impl Fn(usize, &Node) -> Call,
         parse: impl Fn(&Node, &Call, redis::Value) -> Result<T, BackendError>,
         decided: impl Fn(&Replies<T>) -> bool,
         late: Late,
     ) -> Replies<T> {
-        let n = self.nodes.len();
+        let n = nodes.len();
         let mut replies = Replies::new(n, targets);
         let mut flying: Vec<InFlight> = Vec::with_capacity(n);
         // Made only when a node has no idle connection: its worker connects.
         let mut pickup: Option<Pickup> = None;
-        for (i, node) in self.nodes.iter().enumerate() {
+        for (i, node) in nodes.iter().enumerate() {
             if targets.is_some_and(|t| !t[i]) {
                 continue;
             }
@@ -244,7 +238,7 @@ impl Fanout {
                 replies.replies[i] = Some(Err(e));
                 continue;
             }
-            let call = make(node);
+            let call = make(i, node);
             if let Some(mut conn) = node.idle_connection() {
                 match call.send(&mut conn.con) {
                     Ok(()) => flying.push(InFlight {
@@ -271,7 +265,7 @@ impl Fanout {
             }
             let p = pickup.as_mut().expect("made above");
             p.connecting.push(i);
-            self.connect_and_send(i, call, deadline, p, late.clone());
+            self.connect_and_send(node, i, call, deadline, p, late.clone());
         }
         let started = Instant::now();
         // How long the first whole answer took: about what a healthy node needs.
@@ -316,7 +310,7 @@ impl Fanout {
                 let InFlight {
                     i, mut conn, call, ..
                 } = flying.swap_remove(k);
-                let node = &self.nodes[i];
+                let node = &nodes[i];
                 replies.replies[i] = Some(match outcome {
                     Ok(value) => parse(node, &call, value),
                     Err(e) => {
@@ -337,13 +331,13 @@ impl Fanout {
             p.collect(&mut flying, &mut replies);
             for &i in &p.connecting {
                 // Its worker hands the request to the drainer (or gives up, dropping it).
-                state.tickets[i] = Some(self.nodes[i].background(late.key()));
+                state.tickets[i] = Some(nodes[i].background(late.key()));
             }
         }
         for f in flying {
             self.drainer.hand_over(Straggler {
-                give_up: Instant::now() + self.nodes[f.i].straggler_limit(),
-                ticket: self.nodes[f.i].background(late.key()),
+                give_up: Instant::now() + nodes[f.i].straggler_limit(),
+                ticket: nodes[f.i].background(late.key()),
                 conn: f.conn,
                 call: f.call,
                 replies: f.replies,
@@ -356,8 +350,17 @@ impl Fanout {
     /// Has node `i`'s worker take a connection (connecting if needed), send `call` on
     /// it and deliver it to the caller, or to the drainer when the caller has stopped
     /// waiting.
-    fn connect_and_send(&self, i: usize, call: Call, deadline: Instant, p: &Pickup, late: Late) {
-        let node = self.nodes[i].clone();
+    fn connect_and_send(
+        &self,
+        node: &Arc<Node>,
+        i: usize,
+        call: Call,
+        deadline: Instant,
+        p: &Pickup,
+        late: Late,
+    ) {
+        let worker_node = node.clone();
+        let node = node.clone();
         let drainer = self.drainer.handle();
         let (state, tx, wake) = (p.state.clone(), p.tx.clone(), p.wake.clone());
         let job: Job = Box::new(move || {
@@ -405,41 +408,12 @@ impl Fanout {
                 });
             }
         });
-        let mut worker = self.workers[i].lock();
-        if worker.as_ref().is_none_or(|w| w.thread.is_finished()) {
-            let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
-            let spawned = std::thread::Builder::new()
-                .name(format!("dlm-redlock-{i}"))
-                .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        job();
-                    }
-                });
-            match spawned {
-                Ok(thread) => *worker = Some(Worker { jobs, thread }),
-                Err(e) => {
-                    // The job is dropped unrun: the caller waits for it until its deadline.
-                    log::error!("cannot start a Redlock worker thread: {e}");
-                    return;
-                }
-            }
-        }
-        if let Some(w) = worker.as_ref() {
-            let _ = w.jobs.send(job);
-        }
+        worker_node.spawn_connect(job);
     }
 
-    /// Stops the workers and the drainer (each finishes what it is doing first).
+    /// Stops the drainer (it finishes what it is doing first; the stragglers it holds are
+    /// dropped, and their keys end with their leases).
     pub(crate) fn stop(&self) {
-        let me = std::thread::current().id();
-        for w in &self.workers {
-            if let Some(Worker { jobs, thread }) = w.lock().take() {
-                drop(jobs);
-                if thread.thread().id() != me {
-                    let _ = thread.join();
-                }
-            }
-        }
         self.drainer.stop();
     }
 }
@@ -553,7 +527,7 @@ struct Straggler {
 }
 
 /// Reads late replies in the background and does what their operation asked (see the
-/// module docs). One thread per Redlock, started by the first straggler.
+/// module docs). One thread per backend, started by the first straggler.
 #[derive(Default)]
 struct Drainer {
     inner: Arc<DrainerInner>,
@@ -586,7 +560,7 @@ impl Drainer {
         if tx.is_none() {
             let (sender, rx) = crossbeam_channel::unbounded();
             match std::thread::Builder::new()
-                .name("dlm-redlock-drain".into())
+                .name("dlm-redis-drain".into())
                 .spawn(move || drain(&rx))
             {
                 Ok(thread) => {
@@ -594,7 +568,7 @@ impl Drainer {
                     *tx = Some(sender);
                 }
                 Err(e) => {
-                    log::error!("cannot start the Redlock drainer thread: {e}");
+                    log::error!("cannot start the fan-out's drainer thread: {e}");
                     complete(s, false);
                     return;
                 }

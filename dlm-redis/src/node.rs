@@ -103,6 +103,8 @@ enum Shape {
     /// `SET key token NX PX ms GET`, `XADD fence ...` and `PEXPIRE fence ...`, pipelined:
     /// three replies.
     SetDraw,
+    /// `WAIT replicas timeout`: one reply, the number of replicas that acknowledged.
+    Wait,
     /// `MULTI`, `SET key token NX PX ms GET`, `XADD fence ...`, `PEXPIRE fence ...`,
     /// `EXEC`: five replies, kept as they are (what they mean depends on which were
     /// refused: see `parse_acquire`).
@@ -113,7 +115,7 @@ impl Shape {
     /// How many replies the request gets.
     fn replies(self) -> usize {
         match self {
-            Shape::Script(_) | Shape::SetGet => 1,
+            Shape::Script(_) | Shape::SetGet | Shape::Wait => 1,
             Shape::SetDraw => 3,
             Shape::Transaction => 5,
         }
@@ -161,6 +163,28 @@ impl Call {
         Call {
             bytes,
             parts: Parts::Batch(parts),
+        }
+    }
+
+    /// `WAIT replicas timeout`, to end a batch of writes: the reply counts the replicas
+    /// that acknowledged every write made on the connection so far.
+    pub(crate) fn wait(w: ReplicaWait) -> Call {
+        let mut r = Resp::new();
+        r.command(3)
+            .arg(b"WAIT")
+            .arg_u64(u64::from(w.replicas))
+            .arg_u64(millis(w.timeout));
+        Call {
+            bytes: r.0,
+            parts: Parts::One(Shape::Wait),
+        }
+    }
+
+    /// How many calls a batch holds (1 for a single call).
+    pub(crate) fn len(&self) -> usize {
+        match &self.parts {
+            Parts::One(_) => 1,
+            Parts::Batch(parts) => parts.len(),
         }
     }
 
@@ -258,9 +282,17 @@ impl Call {
                         again.extend_from_slice(&self.bytes[bytes.clone()]);
                     }
                 }
-                con.send(&again, refused.len())?;
+                // A WAIT in the batch is sent again after them, so that it covers them.
+                let wait = parts.iter().position(|(s, _)| matches!(s, Shape::Wait));
+                if let Some(w) = wait {
+                    again.extend_from_slice(&self.bytes[parts[w].1.clone()]);
+                }
+                con.send(&again, refused.len() + usize::from(wait.is_some()))?;
                 for &k in &refused {
                     values[k] = con.receive()?;
+                }
+                if let Some(w) = wait {
+                    values[w] = con.receive()?;
                 }
                 Ok(redis::Value::Array(values))
             }
@@ -288,6 +320,7 @@ impl Call {
         fn one(shape: Shape, v: &redis::Value) -> bool {
             match shape {
                 Shape::SetGet => matches!(v, Nil),
+                Shape::Wait => false,
                 Shape::SetDraw => matches!(v, Array(r) if matches!(r.first(), Some(Nil))),
                 // MULTI refused: the SET ran on its own (its reply second); otherwise the
                 // EXEC's first reply is the SET's.
@@ -511,6 +544,18 @@ impl Drop for Ticket {
     }
 }
 
+/// A job for a node's connect worker.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+/// A node's connect worker: a thread that makes a connection when a fan-out finds none
+/// idle (so that one slow connect does not hold up the other nodes), started on first
+/// need. Dropping it closes its channel: the thread ends after its current connect
+/// (bounded by the connect timeout); [`Node::stop_connect_worker`] also waits for that.
+struct Worker {
+    jobs: crossbeam_channel::Sender<Job>,
+    thread: std::thread::JoinHandle<()>,
+}
+
 /// One server.
 pub(crate) struct Node {
     pub(crate) endpoint: Endpoint,
@@ -531,6 +576,8 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     /// A Redis Cluster master: its requests follow the cluster's redirections.
     cluster: Option<Weak<Cluster>>,
+    /// The connect worker of fan-outs (see `fanout.rs`), started on first need.
+    worker: Mutex<Option<Worker>>,
 }
 
 /// What the pool's connection attempts have shown: whether the server is down (its last
@@ -641,6 +688,52 @@ impl Node {
             io_timeout: timeouts.io,
             connect_timeout: timeouts.connect,
             cluster: None,
+            worker: Mutex::new(None),
+        }
+    }
+
+    /// Runs `job` on this node's connect worker (started if need be). If the thread
+    /// cannot be started, the job is dropped unrun: its caller waits until its deadline.
+    pub(crate) fn spawn_connect(&self, job: Job) {
+        let mut worker = self.worker.lock();
+        if worker.as_ref().is_none_or(|w| w.thread.is_finished()) {
+            let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
+            let spawned = std::thread::Builder::new()
+                .name("dlm-redis-connect".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                });
+            match spawned {
+                Ok(thread) => *worker = Some(Worker { jobs, thread }),
+                Err(e) => {
+                    log::error!("{}: cannot start a connect worker: {e}", self.endpoint);
+                    return;
+                }
+            }
+        }
+        if let Some(w) = worker.as_ref() {
+            let _ = w.jobs.send(job);
+        }
+    }
+
+    /// Whether this node's connect worker is running.
+    pub(crate) fn connect_worker_running(&self) -> bool {
+        self.worker
+            .lock()
+            .as_ref()
+            .is_some_and(|w| !w.thread.is_finished())
+    }
+
+    /// Stops the connect worker, waiting for its current connect (unless called on it).
+    pub(crate) fn stop_connect_worker(&self) {
+        let worker = self.worker.lock().take();
+        if let Some(Worker { jobs, thread }) = worker {
+            drop(jobs);
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 
@@ -937,6 +1030,7 @@ impl Node {
         };
         let (set, draw) = match shape {
             Shape::Script(_) => return self.parse_acquire_script(name, reply).map(Step::Done),
+            Shape::Wait => return Err(self.protocol("WAIT", &reply)),
             Shape::SetGet => (reply, None),
             Shape::SetDraw => match reply {
                 redis::Value::Array(v) if v.len() == 3 => {

@@ -53,6 +53,7 @@ pub struct Redlock {
 }
 
 struct Inner {
+    nodes: Vec<Arc<Node>>,
     fanout: Fanout,
     options: Options,
     quorum: usize,
@@ -64,6 +65,9 @@ impl Drop for Inner {
         // Each worker finishes its current connect first (bounded by the connect
         // timeout); the drainer drops its stragglers (their keys end with their leases).
         self.fanout.stop();
+        for node in &self.nodes {
+            node.stop_connect_worker();
+        }
     }
 }
 
@@ -114,11 +118,11 @@ impl Redlock {
     /// release-hint listeners' (its connect workers start on first need, one per node,
     /// and a drainer starts with the first reply that comes late).
     pub fn threads(&self) -> usize {
-        self.inner.fanout.threads()
+        self.inner.fanout.threads(&self.inner.nodes)
     }
 
     fn nodes_ref(&self) -> &[Arc<Node>] {
-        &self.inner.fanout.nodes
+        &self.inner.nodes
     }
 
     fn deadline(&self, start: Instant) -> Instant {
@@ -147,10 +151,11 @@ impl Redlock {
             matches!(r, Some(Ok(Step::Done(NodeAcquire::Acquired { .. }))))
         };
         let steps = self.inner.fanout.call_all(
+            self.nodes_ref(),
             self.deadline(start),
             None,
             Some((name, owner)),
-            |node| node.acquire_call(name, owner, ttl, mode),
+            |_, node| node.acquire_call(name, owner, ttl, mode),
             |node, call, reply| node.parse_acquire(name, call, reply),
             |r: &Replies<Step>| {
                 let taken = r.replies.iter().filter(|x| acquired(x)).count();
@@ -198,10 +203,11 @@ impl Redlock {
         }
         // A deadline of its own: the validity still counts from `start`.
         let second = self.inner.fanout.call_all(
+            self.nodes_ref(),
             self.deadline(Instant::now()),
             Some(&again),
             Some((name, owner)),
-            |node| node.acquire_script_call(name, owner, ttl, mode),
+            |_, node| node.acquire_script_call(name, owner, ttl, mode),
             |node, call, reply| match node.parse_acquire(name, call, reply)? {
                 Step::Done(answer) => Ok(answer),
                 Step::Script => Err(BackendError::new(
@@ -244,10 +250,11 @@ impl Redlock {
         // waiter.
         let release_id: u64 = rand::random();
         let replies = self.inner.fanout.call_all(
+            self.nodes_ref(),
             self.deadline(start),
             None,
             Some((name, owner)),
-            |node| node.release_call(name, owner, release_id),
+            |_, node| node.release_call(name, owner, release_id),
             |node, _, reply| node.parse_flag(reply),
             |r: &Replies<bool>| {
                 let released = r.ok().filter(|ok| **ok).count();
@@ -354,10 +361,11 @@ impl LockBackend for Redlock {
                 .unwrap_or(0)
                 + 1;
             let commits = self.inner.fanout.call_all(
+                self.nodes_ref(),
                 self.deadline(Instant::now()),
                 Some(&taken),
                 Some((name, owner)),
-                |node| node.commit_call(name, owner, token),
+                |_, node| node.commit_call(name, owner, token),
                 |node, _, reply| node.parse_flag(reply),
                 |r: &Replies<bool>| {
                     let committed = r.ok().filter(|c| **c).count();
@@ -433,10 +441,11 @@ impl LockBackend for Redlock {
         let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
         let replies = self.inner.fanout.call_all(
+            self.nodes_ref(),
             self.deadline(start),
             None,
             Some((name, owner)),
-            |node| node.extend_call(name, owner, ttl),
+            |_, node| node.extend_call(name, owner, ttl),
             |node, _, reply| node.parse_flag(reply),
             |r: &Replies<bool>| {
                 let extended = r.ok().filter(|ok| **ok).count();
@@ -480,10 +489,11 @@ impl LockBackend for Redlock {
             (extended, refused)
         };
         let replies = self.inner.fanout.call_all(
+            self.nodes_ref(),
             self.deadline(start),
             None,
             None,
-            |node| {
+            |_, node| {
                 Call::batch(
                     renewals
                         .iter()
@@ -541,10 +551,11 @@ impl LockBackend for Redlock {
         let start = Instant::now();
         let release_id: u64 = rand::random();
         let replies = self.inner.fanout.call_all(
+            self.nodes_ref(),
             self.deadline(start),
             None,
             None,
-            |node| node.force_release_call(name, release_id),
+            |_, node| node.force_release_call(name, release_id),
             |node, _, reply| node.parse_force_release(name, reply),
             // Every node is asked; a slow one is not waited for once a quorum deleted.
             |r: &Replies<bool>| r.ok().filter(|d| **d).count() >= q,
@@ -564,10 +575,11 @@ impl LockBackend for Redlock {
         let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
         let replies = self.inner.fanout.call_all(
+            self.nodes_ref(),
             self.deadline(start),
             None,
             None,
-            |node| node.inspect_call(name),
+            |_, node| node.inspect_call(name),
             |node, _, reply| node.parse_inspect(name, reply),
             // The q-th longest lease needs every answer (a busy node is not asked).
             |_: &Replies<Option<Duration>>| false,
@@ -670,7 +682,8 @@ impl RedlockBuilder {
         Ok(Redlock {
             inner: Arc::new(Inner {
                 hints,
-                fanout: Fanout::new(nodes.into_iter().map(Arc::new).collect()),
+                nodes: nodes.into_iter().map(Arc::new).collect(),
+                fanout: Fanout::new(),
                 options: self.options,
                 quorum,
             }),

@@ -10,11 +10,10 @@ use dlm_core::{
 };
 
 use crate::cluster::{Cluster, Redirect};
+use crate::fanout::{Fanout, Late};
 use crate::hints::Hints;
 use crate::node::{Call, Fencing, Keys, Node, NodeAcquire};
 
-/// The most extensions sent in one write by [`RedisBackend::extend_many`].
-const BATCH: usize = 4096;
 use crate::options::{Options, invalid, option_setters};
 
 /// A lock on one Redis server.
@@ -45,12 +44,27 @@ struct Inner {
     keys: Keys,
     options: Options,
     hints: Option<Hints>,
+    /// Renewals go to every node at once (in a cluster, every master of the holds).
+    fanout: Fanout,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.fanout.stop();
+        let nodes = match &self.target {
+            Target::One(node) => vec![node.clone()],
+            Target::Cluster(cluster) => cluster.masters(),
+        };
+        for node in nodes {
+            node.stop_connect_worker();
+        }
+    }
 }
 
 /// Where the lock keys live.
 enum Target {
     /// One server (or the master that Sentinel names).
-    One(Box<Node>),
+    One(Arc<Node>),
     /// The master of the key's slot in a Redis Cluster.
     Cluster(Arc<Cluster>),
 }
@@ -283,49 +297,43 @@ impl RedisBackend {
 }
 
 impl RedisBackend {
-    /// Renewals on one node, pipelined, [`BATCH`] per write. In a cluster, a renewal that
-    /// the node refused with a redirection (its slot moved) is sent again on its own,
-    /// where the cluster says.
-    fn extend_batches(
+    /// The node that serves `name` now.
+    fn node_of(&self, name: &LockName) -> Result<Arc<Node>, BackendError> {
+        match &self.inner.target {
+            Target::One(node) => Ok(node.clone()),
+            Target::Cluster(cluster) => cluster.node(self.inner.keys.slot(name)),
+        }
+    }
+
+    /// What one renewal of a batch came to, from its reply (`acked`: how many replicas
+    /// acknowledged the batch, when `WAIT` was asked for). A renewal the node refused
+    /// with a cluster redirection (its slot moved) is sent again on its own, where the
+    /// cluster says.
+    fn renewal(
         &self,
         node: &Node,
-        renewals: &[Renewal<'_>],
-    ) -> Vec<Result<Option<Lease>, BackendError>> {
-        let mut out = Vec::with_capacity(renewals.len());
-        for chunk in renewals.chunks(BATCH) {
-            let start = Instant::now();
-            let call = Call::batch(
-                chunk
-                    .iter()
-                    .map(|r| node.extend_call(r.name, r.owner, r.ttl)),
-            );
-            let wait = self.inner.options.replica_wait;
-            let values = node
-                .execute_acked(&call, wait)
-                .and_then(|(reply, acked)| Ok((node.batch_values(reply, chunk.len())?, acked)));
-            match values {
-                Ok((values, acked)) => out.extend(chunk.iter().zip(values).map(|(r, value)| {
-                    if Redirect::of_value(&value).is_some() {
-                        return self.extend(r.name, r.owner, r.ttl);
-                    }
-                    let ok = value
-                        .extract_error()
-                        .map_err(|e| node.endpoint.error(&e))
-                        .and_then(|v| node.parse_flag(v))?;
-                    if let Some(w) = wait.filter(|w| ok && acked.unwrap_or(0) < w.replicas) {
-                        return Err(node.not_replicated(w, acked, "the renewal"));
-                    }
-                    // The front keeps the acquisition's fencing token.
-                    Ok(ok.then(|| self.lease(start, r.ttl, 0)).flatten())
-                })),
-                Err(e) => out.extend(
-                    chunk
-                        .iter()
-                        .map(|_| Err(BackendError::new(e.kind(), e.message().to_owned()))),
-                ),
-            }
+        r: &Renewal<'_>,
+        value: redis::Value,
+        acked: Option<u32>,
+        start: Instant,
+    ) -> Result<Option<Lease>, BackendError> {
+        if Redirect::of_value(&value).is_some() {
+            return self.extend(r.name, r.owner, r.ttl);
         }
-        out
+        let ok = value
+            .extract_error()
+            .map_err(|e| node.endpoint.error(&e))
+            .and_then(|v| node.parse_flag(v))?;
+        if let Some(w) = self.inner.options.replica_wait
+            && ok
+            && acked.unwrap_or(0) < w.replicas
+        {
+            // Renewed on the master only: a failover now could bring back the previous
+            // lease, which the front keeps until a renewal replicates.
+            return Err(node.not_replicated(w, acked, "the renewal"));
+        }
+        // The front keeps the acquisition's fencing token.
+        Ok(ok.then(|| self.lease(start, r.ttl, 0)).flatten())
     }
 
     /// One acquisition attempt on `node`.
@@ -407,29 +415,90 @@ impl LockBackend for RedisBackend {
         })
     }
 
-    /// The extensions go pipelined on one connection, up to 4,096 per write: a round of
-    /// renewals costs one round trip per 4,096 holds (in a cluster, per master).
+    /// Each node's extensions go pipelined in one write (followed by `WAIT` when asked
+    /// for), to every node at once through the fan-out: a round costs one round trip,
+    /// whatever the number of holds and (in a cluster) of masters, and a stopped master
+    /// delays nobody else's renewals: they are applied on the other masters at once, and
+    /// the round ends when every node answered or after a quarter of the shortest lease
+    /// (at most the request deadline). A node that did not answer by then fails its
+    /// renewals with `Timeout`; its late replies go to the drainer, and while they are
+    /// outstanding the node counts as busy.
     fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
-        let cluster = match &self.inner.target {
-            Target::One(node) => return self.extend_batches(node, renewals),
-            Target::Cluster(cluster) => cluster,
-        };
         let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
             renewals.iter().map(|_| None).collect();
-        let mut groups: Vec<(Arc<Node>, Vec<usize>)> = Vec::new();
+        let mut nodes: Vec<Arc<Node>> = Vec::new();
+        let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, r) in renewals.iter().enumerate() {
-            match cluster.node(self.inner.keys.slot(r.name)) {
-                Ok(node) => match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
-                    Some((_, group)) => group.push(i),
-                    None => groups.push((node, vec![i])),
+            match self.node_of(r.name) {
+                Ok(node) => match nodes.iter().position(|n| Arc::ptr_eq(n, &node)) {
+                    Some(g) => groups[g].push(i),
+                    None => {
+                        nodes.push(node);
+                        groups.push(vec![i]);
+                    }
                 },
                 Err(e) => out[i] = Some(Err(e)),
             }
         }
-        for (node, group) in groups {
-            let part: Vec<Renewal<'_>> = group.iter().map(|&i| renewals[i]).collect();
-            for (i, result) in group.into_iter().zip(self.extend_batches(&node, &part)) {
-                out[i] = Some(result);
+        let wait = self.inner.options.replica_wait;
+        let start = Instant::now();
+        let options = &self.inner.options;
+        // A round waits for a node at most a quarter of the shortest lease it renews (and
+        // never past the request deadline): a stopped master then fails its own renewals
+        // (retried sooner by the watchdog while their leases last) without holding up the
+        // next round of every other master's.
+        let budget = renewals
+            .iter()
+            .map(|r| r.ttl / 4)
+            .min()
+            .unwrap_or_default()
+            .min(options.connect_timeout + options.io_timeout);
+        let replies = self.inner.fanout.call_all(
+            &nodes,
+            start + budget,
+            None,
+            None,
+            |g, node| {
+                let extends = groups[g].iter().map(|&i| {
+                    node.extend_call(renewals[i].name, renewals[i].owner, renewals[i].ttl)
+                });
+                Call::batch(extends.chain(wait.map(Call::wait)))
+            },
+            |node, call, reply| node.batch_values(reply, call.len()),
+            // Every node's answer is needed: each serves its own holds.
+            |_| false,
+            Late::Drop,
+        );
+        for ((node, group), reply) in nodes.iter().zip(&groups).zip(replies.replies) {
+            match reply {
+                Some(Ok(mut values)) => {
+                    let acked = match wait {
+                        Some(_) => match values.pop() {
+                            Some(redis::Value::Int(n)) => {
+                                Some(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+                            }
+                            _ => Some(0),
+                        },
+                        None => None,
+                    };
+                    for (&i, value) in group.iter().zip(values) {
+                        out[i] = Some(self.renewal(node, &renewals[i], value, acked, start));
+                    }
+                }
+                failed => {
+                    let e = failed.and_then(Result::err).unwrap_or_else(|| {
+                        BackendError::new(
+                            BackendErrorKind::Timeout,
+                            format!(
+                                "{}: no answer to the renewals within {budget:?}",
+                                node.endpoint,
+                            ),
+                        )
+                    });
+                    for &i in group {
+                        out[i] = Some(Err(BackendError::new(e.kind(), e.message().to_owned())));
+                    }
+                }
             }
         }
         out.into_iter()
@@ -607,6 +676,7 @@ impl RedisBackendBuilder {
                     keys,
                     options: self.options,
                     hints,
+                    fanout: Fanout::new(),
                 }),
             });
         }
@@ -628,10 +698,11 @@ impl RedisBackendBuilder {
         let hints = self.options.hints(std::slice::from_ref(&node));
         Ok(RedisBackend {
             inner: Arc::new(Inner {
-                target: Target::One(Box::new(node)),
+                target: Target::One(Arc::new(node)),
                 keys,
                 options: self.options,
                 hints,
+                fanout: Fanout::new(),
             }),
         })
     }

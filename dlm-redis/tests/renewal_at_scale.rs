@@ -1,6 +1,7 @@
 //! The watchdog renews all the holds of a client in one batch per round (one round trip
-//! per server, whatever the number of holds), so a client holding many locks keeps them
-//! when a server is slow or stopped, as long as a quorum answers.
+//! per server, whatever the number of holds, to every server at once), so a client
+//! holding many locks keeps them when a server is slow or stopped: on Redlock as long as
+//! a quorum answers, on a Redis Cluster every hold whose master answers.
 //!
 //! These tests stop servers or slow them down and hold many locks: one at a time.
 mod common;
@@ -10,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::Cluster;
 use dlm_core::{Lock, LockClient, LockGuard};
-use dlm_redis::Redlock;
+use dlm_redis::{RedisBackend, Redlock};
+use dlm_testkit::cluster::{RedisCluster, slot_of};
 use dlm_testkit::{CountingBackend, unique_name};
 
 static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
@@ -153,5 +155,76 @@ fn a_renewal_round_costs_one_request_per_node_whatever_the_number_of_holds() {
     }
     for g in guards {
         g.unlock().unwrap();
+    }
+}
+
+/// The renewal cliff on Redis Cluster: renewals used to go to one master after another,
+/// so a stopped master held up every round by its timeouts, and with a 2 s watchdog the
+/// holds on the healthy masters ran out (201 of 201 lost with 300 holds, and another
+/// client took them all). Now each master's renewals go out at once and a round waits
+/// for a stopped master at most a quarter of a lease.
+#[test]
+fn a_stopped_cluster_master_costs_no_hold_on_the_others() {
+    let _serial = SERIAL.lock();
+    // No replicas and no full-coverage requirement: the stopped master's slots simply
+    // stop answering (no failover, no CLUSTERDOWN for the others) for the whole test.
+    let c = RedisCluster::builder()
+        .replicas(0)
+        .node_timeout(Duration::from_secs(60))
+        .arg("--cluster-require-full-coverage")
+        .arg("no")
+        .spawn();
+    // The library's default timeouts (1 s connect, 1 s I/O).
+    let backend = || RedisBackend::cluster(&c.seed_urls()).build().unwrap();
+    let counting = Arc::new(CountingBackend::new(Arc::new(backend())));
+    let prefix = unique_name("cluster-many");
+    let (_client, guards) = hold_many(counting.clone(), &prefix);
+    let stopped = c.masters()[2];
+    let on_stopped =
+        |i: usize| c.master_of_slot(slot_of(format!("dlm:{{{prefix}-{i}}}").as_bytes())) == stopped;
+    let healthy: Vec<usize> = (0..HOLDS).filter(|&i| !on_stopped(i)).collect();
+    assert!(
+        healthy.len() > HOLDS / 2 && healthy.len() < HOLDS,
+        "{} of {HOLDS} names on the two other masters",
+        healthy.len()
+    );
+
+    c.node(stopped).pause();
+    let since = Instant::now();
+    let other = LockClient::new(backend());
+    while since.elapsed() < WATCHDOG * 3 {
+        let period = Instant::now();
+        for &i in &healthy {
+            let taken = other
+                .get_lock(&format!("{prefix}-{i}"))
+                .unwrap()
+                .try_lock()
+                .unwrap_or_else(|e| panic!("lock {i}: {e}"));
+            assert!(taken.is_none(), "another client took lock {i}");
+        }
+        let lost = healthy.iter().filter(|&&i| !guards[i].is_held()).count();
+        assert_eq!(
+            lost,
+            0,
+            "{lost} of {} holds on the healthy masters lost with one master stopped",
+            healthy.len()
+        );
+        let left = (WATCHDOG * 3).saturating_sub(since.elapsed());
+        std::thread::sleep(WATCHDOG.saturating_sub(period.elapsed()).min(left));
+    }
+    c.node(stopped).resume();
+    let (rounds, slowest, median) =
+        report("cluster: 1,000 holds, one of 3 masters stopped", &counting);
+    let lost = healthy.iter().filter(|&&i| !guards[i].is_held()).count();
+    assert_eq!(lost, 0, "{lost} holds on the healthy masters lost");
+    assert!(
+        rounds >= 6,
+        "{rounds} renewal rounds in 6 s with a 2 s watchdog"
+    );
+    eprintln!("round median {median:?}, slowest {slowest:?}");
+    for (i, g) in guards.into_iter().enumerate() {
+        if !on_stopped(i) {
+            g.unlock().unwrap();
+        }
     }
 }
