@@ -22,10 +22,10 @@
 //! [`RedisBackend::keys`] names a lock's keys. Lock names travel in KEYS, and in ARGV only
 //! as the release channel (a channel is not a key; for a name that begins with `}` it
 //! hashes to another cluster slot than the lock key, so it cannot be declared). Taking a
-//! free lock is a plain `SET key token NX PX ms GET` (Redis 7.0 or later; older servers are
-//! detected and get the acquire script); the single-instance acquisition with fencing
-//! sends it with the `XADD` in one `MULTI`/`EXEC` transaction, so that nothing runs between
-//! them (an attempt that finds the lock taken draws too: tokens increase, with gaps).
+//! free lock without fencing is a plain `SET key token NX PX ms GET` (Redis 7.0 or later;
+//! older servers are detected and get the acquire script); with fencing, the acquire
+//! script takes the lock and draws the token in one step, and touches the fencing stream
+//! only once it has seen that it is a stream (dlm never changes a key it did not write).
 //! Everything else is a Lua script (`src/lua/`: acquire, extend, release, force release,
 //! inspect, commit), run with EVALSHA and reloaded on NOSCRIPT. An uncontended lock + unlock is two round trips
 //! per node on pooled connections (three for Redlock with fencing: its commit round).
@@ -46,12 +46,12 @@
 //!
 //! ## Minimal ACL
 //! With the default prefix: `+eval +evalsha +script|load +ping +info +get +set +pexpire
-//! +pttl +xadd +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*` (the scripts'
-//! commands are checked too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still
-//! works and waiters poll instead of being woken. Without `+multi +exec`, the first fenced
-//! acquisition notices the refusal and later ones use the acquire script. Without `+get`,
-//! or without the script commands, a free lock can still be taken (it needs no script),
-//! but releasing it fails with a permission error (it then ends with its lease). A waiter
+//! +pttl +xadd +append +del +publish +psubscribe ~dlm:* &dlm:*` (the scripts' commands are
+//! checked too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still works and
+//! waiters poll instead of being woken. Without the script commands a fenced acquisition
+//! is refused (`Permission`); an unfenced one can still take a free lock (it needs no
+//! script), and so can a fenced one without `+get`, but releasing it then fails with a
+//! permission error (it ends with its lease). A waiter
 //! marks the key it waits for with `APPEND` (so that the holder's release announces
 //! itself; an uncontended release publishes nothing).
 #![deny(missing_docs)]
@@ -91,8 +91,7 @@ pub struct LockKeys {
     pub channel: String,
 }
 /// The `log` target of the warnings about a server's settings (no `appendonly yes` +
-/// `appendfsync always`, an eviction policy that can evict lock keys, `MULTI` refused by
-/// an ACL), logged once per server and process: a short-lived program (a CLI run by cron)
+/// `appendfsync always`, an eviction policy that can evict lock keys), logged once per server and process: a short-lived program (a CLI run by cron)
 /// can route or lower them without hiding other warnings.
 pub const SETTINGS_LOG_TARGET: &str = "dlm_redis::settings";
 /// The `redis` crate dlm-redis is built on, re-exported so that a connection for

@@ -34,17 +34,14 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     commit: Script::new(include_str!("lua/commit.lua")),
 });
 
-/// What an acquisition does with the fencing stream of the lock's slot.
+/// Whether an acquisition draws a fencing token from the stream of the lock's slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fencing {
-    /// Nothing.
+    /// No.
     Off,
-    /// Single instance: the `SET` and the `XADD` go in one `MULTI`/`EXEC` transaction, and
-    /// the new stream ID is the token.
-    Single,
-    /// Redlock round 1: the `XADD` is pipelined after the `SET`; the new stream ID is this
-    /// node's draw, and round 2 commits the largest draw of the quorum, plus one.
-    Redlock,
+    /// Yes: the acquire script takes the lock and draws a new stream ID in one step (for
+    /// Redlock, that node's draw: round 2 commits the largest draw of the quorum, plus one).
+    Draw,
 }
 
 impl Fencing {
@@ -52,7 +49,7 @@ impl Fencing {
     fn mode(self) -> &'static [u8] {
         match self {
             Fencing::Off => b"0",
-            Fencing::Single | Fencing::Redlock => b"1",
+            Fencing::Draw => b"1",
         }
     }
 }
@@ -100,15 +97,8 @@ enum Shape {
     Script(&'static Script),
     /// `SET key token NX PX ms GET`: one reply.
     SetGet,
-    /// `SET key token NX PX ms GET`, `XADD fence ...` and `PEXPIRE fence ...`, pipelined:
-    /// three replies.
-    SetDraw,
     /// `WAIT replicas timeout`: one reply, the number of replicas that acknowledged.
     Wait,
-    /// `MULTI`, `SET key token NX PX ms GET`, `XADD fence ...`, `PEXPIRE fence ...`,
-    /// `EXEC`: five replies, kept as they are (what they mean depends on which were
-    /// refused: see `parse_acquire`).
-    Transaction,
 }
 
 impl Shape {
@@ -116,8 +106,6 @@ impl Shape {
     fn replies(self) -> usize {
         match self {
             Shape::Script(_) | Shape::SetGet | Shape::Wait => 1,
-            Shape::SetDraw => 3,
-            Shape::Transaction => 5,
         }
     }
 
@@ -305,9 +293,6 @@ impl Call {
     pub(crate) fn redirect_in(&self, value: &redis::Value) -> Option<Redirect> {
         match (&self.parts, value) {
             (Parts::Batch(_), _) => None,
-            (Parts::One(Shape::Transaction | Shape::SetDraw), redis::Value::Array(v)) => {
-                v.iter().find_map(Redirect::of_value)
-            }
             (Parts::One(_), value) => Redirect::of_value(value),
         }
     }
@@ -321,12 +306,6 @@ impl Call {
             match shape {
                 Shape::SetGet => matches!(v, Nil),
                 Shape::Wait => false,
-                Shape::SetDraw => matches!(v, Array(r) if matches!(r.first(), Some(Nil))),
-                // MULTI refused: the SET ran on its own (its reply second); otherwise the
-                // EXEC's first reply is the SET's.
-                Shape::Transaction => matches!(v, Array(r) if r.len() == 5
-                    && (matches!(r[1], Nil)
-                        || matches!(&r[4], Array(e) if matches!(e.first(), Some(Nil))))),
                 Shape::Script(_) => {
                     matches!(v, Int(1))
                         || matches!(v, Array(r) if matches!(r.first(), Some(Int(1))))
@@ -404,17 +383,6 @@ impl Keys {
             crate::slot::tag(self.slot(name)).as_bytes(),
             b"}",
         ]);
-    }
-
-    /// `XADD fence MAXLEN 0 * f 1` and `PEXPIRE fence ttl`: a new ID (seeded from the
-    /// server's clock when the stream is new), kept for the fence TTL.
-    fn draw(&self, r: &mut Resp, name: &LockName) {
-        r.command(7).arg(b"XADD");
-        self.fence_arg(r, name);
-        r.arg(b"MAXLEN").arg(b"0").arg(b"*").arg(b"f").arg(b"1");
-        r.command(3).arg(b"PEXPIRE");
-        self.fence_arg(r, name);
-        r.arg_u64(self.fence_ttl_ms);
     }
 
     fn key(&self, name: &LockName, suffix: &str) -> String {
@@ -566,9 +534,6 @@ pub(crate) struct Node {
     server_checked: AtomicBool,
     /// Set when the server turned out to be older than 7.0: acquire with the script.
     scripts_only: AtomicBool,
-    /// Set when the server refused `MULTI` (an ACL without it): the single-instance fenced
-    /// acquisition uses the script.
-    no_multi: AtomicBool,
     /// Requests to this server whose caller stopped waiting and that are not answered
     /// yet (Redlock's stragglers and their late actions, see `fanout.rs`).
     background: Background,
@@ -683,7 +648,6 @@ impl Node {
             connects,
             server_checked: AtomicBool::new(false),
             scripts_only: AtomicBool::new(false),
-            no_multi: AtomicBool::new(false),
             background: Background::default(),
             io_timeout: timeouts.io,
             connect_timeout: timeouts.connect,
@@ -737,16 +701,10 @@ impl Node {
         }
     }
 
-    /// This node as a master of `cluster`. Fenced acquisitions use the acquire script,
-    /// not the `MULTI` transaction: during a slot migration a transaction's commands are
-    /// redirected one by one (the `SET` of a lock key already moved is asked elsewhere
-    /// while the fencing stream is still here), and taken to the importing node it would
-    /// make a second fencing stream there, which the migration of the first then refuses
-    /// (`BUSYKEY`). The script names both keys, so the cluster answers `TRYAGAIN` until
-    /// they are on one node.
+    /// This node as a master of `cluster`: its requests follow the cluster's
+    /// redirections.
     pub(crate) fn in_cluster(mut self, cluster: Weak<Cluster>) -> Node {
         self.cluster = Some(cluster);
-        self.no_multi = AtomicBool::new(true);
         self
     }
 
@@ -941,15 +899,14 @@ impl Node {
         )
     }
 
-    /// The first request of an acquisition: the plain `SET key token NX PX ms GET`, so that
-    /// the server runs no script on the uncontended path. With fencing, the slot's fencing
-    /// stream draws a new ID (`XADD ... MAXLEN 0 *`, which also refreshes its expiry): for
-    /// Redlock round 1 pipelined after the SET; for the single instance in one
-    /// `MULTI`/`EXEC` transaction with it, so that nothing runs between them and tokens
-    /// follow the order of acquisitions. The XADD also runs when the SET finds the lock
-    /// taken (tokens then skip IDs; they still only increase). Servers older than 7.0 (no
-    /// `SET ... NX GET`), and fenced acquisitions where `MULTI` is refused, use the acquire
-    /// script.
+    /// The first request of an acquisition. Without fencing, the plain
+    /// `SET key token NX PX ms GET`, so that the server runs no script on the uncontended
+    /// path. With fencing, the acquire script, which takes the lock and draws a new ID
+    /// from the slot's fencing stream in one step, and touches the stream only once it
+    /// has seen that it is one: a key of another type there (not written by dlm) is left
+    /// exactly as it was. (A `MULTI` with `SET`, `XADD` and `PEXPIRE` was cheaper on the
+    /// server, but its `PEXPIRE` ran whatever the key was, and set an expiry on a
+    /// foreign key.) Servers older than 7.0 (no `SET ... NX GET`) also get the script.
     pub(crate) fn acquire_call(
         &self,
         name: &LockName,
@@ -957,38 +914,20 @@ impl Node {
         ttl: Duration,
         fencing: Fencing,
     ) -> Call {
-        if self.scripts_only.load(Ordering::Relaxed)
-            || (fencing == Fencing::Single && self.no_multi.load(Ordering::Relaxed))
-        {
+        if fencing == Fencing::Draw || self.scripts_only.load(Ordering::Relaxed) {
             return self.acquire_script_call(name, owner, ttl, fencing);
         }
-        let token = owner.encoded();
         let mut r = Resp::new();
-        if fencing == Fencing::Single {
-            r.command(1).arg(b"MULTI");
-        }
         r.command(7).arg(b"SET");
         self.keys.arg(&mut r, name, LOCK);
-        r.arg(token.as_bytes())
+        r.arg(owner.encoded().as_bytes())
             .arg(b"NX")
             .arg(b"PX")
             .arg_u64(millis(ttl))
             .arg(b"GET");
-        let shape = match fencing {
-            Fencing::Off => Shape::SetGet,
-            Fencing::Redlock => {
-                self.keys.draw(&mut r, name);
-                Shape::SetDraw
-            }
-            Fencing::Single => {
-                self.keys.draw(&mut r, name);
-                r.command(1).arg(b"EXEC");
-                Shape::Transaction
-            }
-        };
         Call {
             bytes: r.0,
-            parts: Parts::One(shape),
+            parts: Parts::One(Shape::SetGet),
         }
     }
 
@@ -1028,41 +967,13 @@ impl Node {
             Parts::One(shape) => *shape,
             Parts::Batch(_) => return Err(self.protocol("a batch", &reply)),
         };
-        let (set, draw) = match shape {
+        let set = match shape {
             Shape::Script(_) => return self.parse_acquire_script(name, reply).map(Step::Done),
             Shape::Wait => return Err(self.protocol("WAIT", &reply)),
-            Shape::SetGet => (reply, None),
-            Shape::SetDraw => match reply {
-                redis::Value::Array(v) if v.len() == 3 => {
-                    let [set, draw, expire]: [redis::Value; 3] = v
-                        .try_into()
-                        .unwrap_or_else(|_| unreachable!("three replies"));
-                    // A refused PEXPIRE (an ACL denial) is an error like any other.
-                    if let redis::Value::ServerError(e) = expire {
-                        return Err(self.endpoint.error(&e.into()));
-                    }
-                    (set, Some(draw))
-                }
-                other => return Err(self.protocol("SET + XADD", &other)),
-            },
-            Shape::Transaction => match reply {
-                redis::Value::Array(v) if v.len() == 5 => {
-                    let [multi, set, draw, expire, exec]: [redis::Value; 5] = v
-                        .try_into()
-                        .unwrap_or_else(|_| unreachable!("five replies"));
-                    self.transaction(multi, set, draw, expire, exec)?
-                }
-                other => return Err(self.protocol("MULTI", &other)),
-            },
+            Shape::SetGet => reply,
         };
         match set {
-            redis::Value::Nil => {
-                let fence = match draw {
-                    Some(value) => self.parse_draw(name, value)?,
-                    None => 0,
-                };
-                Ok(Step::Done(NodeAcquire::Acquired { fence }))
-            }
+            redis::Value::Nil => Ok(Step::Done(NodeAcquire::Acquired { fence: 0 })),
             // Someone's token (perhaps ours): the script tells whose and for how long.
             redis::Value::BulkString(_) => Ok(Step::Script),
             redis::Value::ServerError(e) => {
@@ -1109,53 +1020,6 @@ impl Node {
                 BackendErrorKind::Protocol,
                 format!("{}: acquire script returned {other}", self.endpoint),
             )),
-        }
-    }
-
-    /// The SET's and the XADD's replies out of the five replies of the fenced transaction.
-    fn transaction(
-        &self,
-        multi: redis::Value,
-        set: redis::Value,
-        draw: redis::Value,
-        expire: redis::Value,
-        exec: redis::Value,
-    ) -> Result<(redis::Value, Option<redis::Value>), BackendError> {
-        if let redis::Value::ServerError(e) = &multi {
-            // No transaction: the SET, the XADD and the PEXPIRE ran on their own, right
-            // after each other, and their replies are the answer. Safe for this once (a
-            // later holder's SET can only come between them if our key vanished, and then
-            // our lease's validity is gone before the reply arrives); later acquisitions
-            // use the script.
-            if !self.no_multi.swap(true, Ordering::Relaxed) {
-                log::warn!(
-                    target: crate::SETTINGS_LOG_TARGET,
-                    "{}: MULTI refused ({}): fenced acquisitions use the acquire script (allow +multi +exec for the faster path)",
-                    self.endpoint,
-                    e.details().unwrap_or_default()
-                );
-            }
-            if let redis::Value::ServerError(e) = expire {
-                return Err(self.endpoint.error(&e.into()));
-            }
-            return Ok((set, Some(draw)));
-        }
-        // A command refused while queueing (an ACL denial) aborts the transaction: that
-        // refusal is the answer, and nothing ran.
-        if let Some(refused) = [set, draw, expire]
-            .into_iter()
-            .find(|r| matches!(r, redis::Value::ServerError(_)))
-        {
-            return Ok((refused, None));
-        }
-        match exec {
-            redis::Value::Array(v) if v.len() == 3 => {
-                let [set, draw, _expire]: [redis::Value; 3] = v
-                    .try_into()
-                    .unwrap_or_else(|_| unreachable!("three replies"));
-                Ok((set, Some(draw)))
-            }
-            other => Err(self.protocol("EXEC", &other)),
         }
     }
 

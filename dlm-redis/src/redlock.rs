@@ -327,11 +327,7 @@ impl LockBackend for Redlock {
         let n = self.nodes_ref().len();
         let start = Instant::now();
         let fencing = self.inner.options.fencing;
-        let mode = if fencing {
-            Fencing::Redlock
-        } else {
-            Fencing::Off
-        };
+        let mode = if fencing { Fencing::Draw } else { Fencing::Off };
         let replies = self.acquire_round(name, owner, ttl, mode, start);
         let taken: Vec<bool> = replies
             .replies

@@ -346,7 +346,7 @@ impl RedisBackend {
     ) -> Result<Acquire, BackendError> {
         let start = Instant::now();
         let fencing = if self.inner.options.fencing {
-            Fencing::Single
+            Fencing::Draw
         } else {
             Fencing::Off
         };

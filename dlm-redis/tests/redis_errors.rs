@@ -594,18 +594,46 @@ fn acl_denials_are_reported_as_permission_errors() {
     let mut admin = server.connection();
 
     // Scripts denied (not loaded yet and the NOSCRIPT fallback, SCRIPT LOAD, denied; or
-    // EVALSHA and EVAL denied, checked by the server before the script runs), or GET
-    // denied (in the scripts that read the holder). Taking a free lock needs neither (SET
-    // and XADD in MULTI/EXEC), so it succeeds; the denial shows at the first call that
-    // needs one (inspect, release): it is reported at once, and the key keeps its lease,
-    // so nothing is left behind for good.
+    // EVALSHA and EVAL denied, checked by the server before the script runs): a fenced
+    // acquisition is the acquire script, so it is refused at once and leaves no key.
     for (user, pw, what) in [
         ("noload", "pw3", "SCRIPT LOAD denied"),
         ("noeval", "pw1", "EVALSHA denied"),
-        ("noget", "pw4", "GET denied"),
     ] {
         let name = unique_name("perm");
-        let c = client(&url(user, pw));
+        let lock = client(&url(user, pw)).get_lock(&name).unwrap();
+        let start = Instant::now();
+        checks.kind(
+            lock.try_lock_timeout(Duration::from_secs(5)),
+            BackendErrorKind::Permission,
+            &format!("a fenced acquisition, {what}"),
+        );
+        checks.prompt(start, &format!("a fenced acquisition, {what}"));
+        checks.check(
+            !exists(&mut admin, &lock_key(&name)),
+            format!("{what}: a denied acquisition left a lock key"),
+        );
+    }
+    // Scripts or GET denied without fencing, and GET denied with it (the scripts read
+    // the holder with GET). Taking a free lock needs neither (the plain SET NX; with
+    // fencing, the acquire script finds the lock free and never reads it), so it
+    // succeeds; the denial shows at the first call that needs one (inspect, release): it
+    // is reported at once, and the key keeps its lease, so nothing is left behind for
+    // good.
+    for (user, pw, what, fencing) in [
+        ("noload", "pw3", "SCRIPT LOAD denied", false),
+        ("noeval", "pw1", "EVALSHA denied", false),
+        ("noget", "pw4", "GET denied", false),
+        ("noget", "pw4", "GET denied, fenced", true),
+    ] {
+        let name = unique_name("perm");
+        let c = LockClient::new(
+            RedisBackend::builder(&url(user, pw))
+                .io_timeout(common::CALM)
+                .fencing(fencing)
+                .build()
+                .unwrap(),
+        );
         let lock = c
             .get_lock(&name)
             .unwrap()
@@ -614,8 +642,8 @@ fn acl_denials_are_reported_as_permission_errors() {
         match lock.try_lock_timeout(Duration::from_secs(5)) {
             Ok(Some(guard)) => {
                 checks.check(
-                    guard.fencing_token().is_some(),
-                    format!("{what}: no fencing token"),
+                    guard.fencing_token().is_some() == fencing,
+                    format!("{what}: fencing token {:?}", guard.fencing_token()),
                 );
                 checks.kind(
                     lock.is_locked(),
@@ -655,7 +683,7 @@ fn acl_denials_are_reported_as_permission_errors() {
     let r = lock.force_unlock();
     checks.kind(r, BackendErrorKind::Permission, "force_unlock, keys denied");
 
-    // SET or XADD denied: refused while the transaction is queued, so nothing runs.
+    // SET or XADD denied: refused inside the acquire script; a SET that ran is undone.
     let name = unique_name("perm");
     for (user, pw, what) in [
         ("noset", "pw5", "SET denied"),
@@ -676,11 +704,11 @@ fn acl_denials_are_reported_as_permission_errors() {
 }
 
 /// dlm-redis/src/lib.rs, "Minimal ACL", with the default prefix.
-const MINIMAL_ACL: &str = "+eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +xadd +append +del +publish +psubscribe +multi +exec ~dlm:* &dlm:*";
+const MINIMAL_ACL: &str = "+eval +evalsha +script|load +ping +info +get +set +pexpire +pttl +xadd +append +del +publish +psubscribe ~dlm:* &dlm:*";
 
 /// Locks and unlocks one name four times as a user with `rules`, another client trying
-/// each time; returns the tokens and how many MULTI the server refused.
-fn lock_as_user_with(rules: &str) -> (Vec<u64>, u64) {
+/// each time; returns the tokens.
+fn lock_as_user_with(rules: &str) -> Vec<u64> {
     let server = spawn(
         RedisServer::builder()
             .acl_user("user", &format!("on >pw {rules}"))
@@ -711,25 +739,13 @@ fn lock_as_user_with(rules: &str) -> (Vec<u64>, u64) {
     );
     let mut admin = server.connection();
     assert!(!exists(&mut admin, &lock_key(&name)));
-    (
-        tokens,
-        common::command_stat(&server, "multi", "rejected_calls"),
-    )
+    tokens
 }
 
 #[test]
 fn the_documented_minimal_acl_is_enough_to_lock() {
-    let (_, refused) = lock_as_user_with(MINIMAL_ACL);
-    assert_eq!(refused, 0, "the fenced transaction ran");
-}
-
-#[test]
-fn an_acl_without_multi_still_locks_with_fencing() {
-    // The documented ACL before fenced acquisitions used MULTI/EXEC: each client tries
-    // MULTI once, then uses the script.
-    let older = MINIMAL_ACL.replace(" +multi +exec", "");
-    let (_, refused) = lock_as_user_with(&older);
-    assert_eq!(refused, 2);
+    let tokens = lock_as_user_with(MINIMAL_ACL);
+    assert_eq!(tokens.len(), 4);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1111,12 +1127,8 @@ fn odd_names_lock_unlock_and_never_collide() {
         assert!(!exists(&mut admin, &key), "{name:?}: key left behind");
         assert!(!lock.is_locked().unwrap(), "{name:?}");
         let g = other.try_lock().unwrap().expect("free after unlock");
-        // The refused attempt above drew a token too, in between.
         let next = g.fencing_token().expect("fenced");
-        assert!(
-            next.get() >= first.get() + 2,
-            "{name:?}: {next} after {first}"
-        );
+        assert!(next.get() > first.get(), "{name:?}: {next} after {first}");
         g.unlock().unwrap();
     }
     let canary: Option<String> = query(&mut admin, redis::cmd("GET").arg("canary"));
@@ -1319,8 +1331,7 @@ fn a_leftover_key_with_a_ttl_only_delays_the_acquisition() {
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
     let value: String = query(&mut admin, redis::cmd("GET").arg(lock_key(&name)));
     assert_ne!(value, "other");
-    // The attempts that found the leftover key drew IDs too (their XADD ran in the same
-    // transaction as their refused SET): the token is the stream's latest ID.
+    // The token is the stream's latest ID.
     assert_eq!(
         guard.fencing_token().map(|t| t.get()),
         Some(common::last_fence_token(&server, &fence_key(&name)))
