@@ -384,7 +384,7 @@ pub(crate) fn map_error(e: &redis::RedisError, server: &str) -> BackendError {
         // Made by wire.rs from rustls's error: certificate and protocol facts only.
         return BackendError::new(
             BackendErrorKind::Tls,
-            format!("{server}: TLS: {}", e.detail().unwrap_or_default()),
+            format!("{server}: {}", e.detail().unwrap_or_default()),
         );
     }
     let kind = if e.is_timeout() {
@@ -403,10 +403,7 @@ pub(crate) fn map_error(e: &redis::RedisError, server: &str) -> BackendError {
             _ => classify_code(e.code().unwrap_or_default(), e.detail().unwrap_or_default()),
         }
     };
-    // The redis error's text can quote the command's arguments in some versions; keep
-    // only the code so that tokens never reach a message.
-    let code = e.code().unwrap_or("");
-    BackendError::new(kind, format!("{server}: {code}{}", short_detail(e)))
+    BackendError::new(kind, format!("{server}: {}", words(e)))
 }
 
 fn classify_code(code: &str, detail: &str) -> BackendErrorKind {
@@ -432,13 +429,25 @@ fn classify_code(code: &str, detail: &str) -> BackendErrorKind {
     }
 }
 
-/// The error detail, cut short, for the message (server errors do not echo arguments).
-fn short_detail(e: &redis::RedisError) -> String {
+/// What a redis error says, in the words of whoever said it: a server's error code and
+/// text (cut at 120 characters; server errors do not echo arguments), the operating
+/// system's words for an I/O error (`Connection refused (os error 111)`, the resolver's
+/// `failed to lookup address information: ...`), or the description dlm's transport
+/// gave (the server's own words for refused credentials). Never the redis crate's
+/// decorations (` - Io`, the kind's name).
+pub(crate) fn words(e: &redis::RedisError) -> String {
+    if let Some(code) = e.code() {
+        let detail: String = e.detail().unwrap_or_default().chars().take(120).collect();
+        return format!("{code} {detail}").trim_end().to_owned();
+    }
+    if e.is_io_error() || e.is_timeout() {
+        return e.to_string();
+    }
+    // "description - Kind" or "description - Kind: detail".
+    let text = e.to_string();
+    let description = text.split(" - ").next().unwrap_or_default();
     match e.detail() {
-        Some(d) if e.code().is_some() => {
-            let d: String = d.chars().take(120).collect();
-            format!(" {d}")
-        }
-        _ => format!("{:?}", e.kind()),
+        Some(detail) if !detail.is_empty() => detail.to_owned(),
+        _ => description.to_owned(),
     }
 }

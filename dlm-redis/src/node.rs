@@ -554,9 +554,9 @@ struct Connects(Arc<ConnectState>);
 
 #[derive(Debug, Default)]
 struct ConnectState {
-    /// The last connect failure's kind, and its message when the kind is one that does
-    /// not fix itself (credentials, permissions, TLS): the caller needs to see why.
-    last: Mutex<Option<(BackendErrorKind, Option<String>)>>,
+    /// The last connect failure: its kind and its message (whose words are the OS's, the
+    /// resolver's or the server's).
+    last: Mutex<Option<(BackendErrorKind, String)>>,
     down: AtomicBool,
     /// How many connection attempts have failed, ever.
     failures: AtomicUsize,
@@ -565,9 +565,7 @@ struct ConnectState {
 impl r2d2::HandleError<BackendError> for Connects {
     fn handle_error(&self, error: BackendError) {
         log::debug!("redis connection failed: {error}");
-        let kind = error.kind();
-        let lasting = !kind.is_transient();
-        *self.0.last.lock() = Some((kind, lasting.then(|| error.to_string())));
+        *self.0.last.lock() = Some((error.kind(), error.message().to_owned()));
         self.0.down.store(true, Ordering::Release);
         self.0.failures.fetch_add(1, Ordering::AcqRel);
     }
@@ -595,9 +593,13 @@ impl Connects {
         self.0.failures.load(Ordering::Acquire)
     }
 
-    /// The last connect failure's message, when it was one that does not fix itself.
-    fn lasting_reason(&self) -> Option<String> {
-        self.0.last.lock().as_ref().and_then(|(_, why)| why.clone())
+    /// The last connect failure, as it was reported.
+    fn last_error(&self) -> Option<BackendError> {
+        self.0
+            .last
+            .lock()
+            .as_ref()
+            .map(|(kind, message)| BackendError::new(*kind, message.clone()))
     }
 }
 
@@ -610,6 +612,10 @@ impl r2d2::HandleEvent for Connects {
 
 /// The slices in which a checkout waits for a new connection (see `Node::checkout`).
 const CHECKOUT_SLICE: Duration = Duration::from_millis(10);
+/// How much longer than the connect timeout a checkout waits for the verdict of the
+/// connection attempt it started (which has the connect timeout for itself, and starts
+/// a little after the checkout on the pool's thread).
+const CHECKOUT_GRACE: Duration = Duration::from_millis(50);
 
 /// Whole milliseconds, rounded up, for PX/PEXPIRE.
 pub(crate) fn millis(d: Duration) -> u64 {
@@ -784,24 +790,34 @@ impl Node {
     /// the whole timeout even when every connection attempt is refused at once (a server
     /// that died, a master a failover left behind); so the wait is taken in short slices,
     /// and ends as soon as an attempt made meanwhile has failed.
+    ///
+    /// A failed attempt is reported as it is (the connect error names the server and
+    /// says why in the OS's, the resolver's or the server's words; a TLS port spoken to
+    /// in plain text says so): one clause per layer, never r2d2's "timed out waiting for
+    /// connection" wrapped around it.
     fn checkout(&self) -> Result<r2d2::PooledConnection<Manager>, BackendError> {
         let start = Instant::now();
         let failures = self.connects.failures();
+        let limit = self.connect_timeout + CHECKOUT_GRACE;
         loop {
-            let left = self.connect_timeout.saturating_sub(start.elapsed());
+            let left = limit.saturating_sub(start.elapsed());
             match self.pool.get_timeout(left.min(CHECKOUT_SLICE)) {
                 Ok(conn) => return Ok(conn),
-                Err(e) if left <= CHECKOUT_SLICE || self.connects.failures() != failures => {
-                    let kind = self.connects.failure(true);
-                    let e = e.to_string();
-                    // r2d2 says it timed out; when an attempt failed first, it did not.
-                    let why = match left > CHECKOUT_SLICE {
-                        true => e.strip_prefix("timed out waiting for connection: "),
-                        false => None,
-                    };
+                Err(_) if self.connects.failures() != failures => {
+                    return Err(self.connects.last_error().unwrap_or_else(|| {
+                        BackendError::new(
+                            BackendErrorKind::Unavailable,
+                            format!("{}: the connection attempt failed", self.endpoint),
+                        )
+                    }));
+                }
+                Err(_) if left <= CHECKOUT_SLICE => {
                     return Err(BackendError::new(
-                        kind,
-                        format!("{}: no connection: {}", self.endpoint, why.unwrap_or(&e)),
+                        self.connects.failure(true),
+                        format!(
+                            "{}: no connection within {:?}",
+                            self.endpoint, self.connect_timeout
+                        ),
                     ));
                 }
                 Err(_) => {}
@@ -1297,10 +1313,11 @@ impl Node {
         Some(BackendError::new(
             // A down server answers at once: no timeout to report.
             self.connects.failure(false),
-            match self.connects.lasting_reason() {
-                Some(why) => {
-                    format!("{why} (the last connection attempt; retrying in the background)")
-                }
+            match self.connects.last_error() {
+                Some(last) => format!(
+                    "{} (the last connection attempt; retrying in the background)",
+                    last.message()
+                ),
                 None => format!(
                     "{}: down (the last connection attempt failed; retrying in the background)",
                     self.endpoint

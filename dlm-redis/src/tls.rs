@@ -271,9 +271,14 @@ pub(crate) fn speaks_tls(addr: &std::net::SocketAddr, timeout: std::time::Durati
 pub(crate) fn speaks_resp(addr: &std::net::SocketAddr, timeout: std::time::Duration) -> bool {
     use std::io::{Read, Write};
     let probe = || -> std::io::Result<bool> {
+        let deadline = std::time::Instant::now() + timeout;
         let mut tcp = std::net::TcpStream::connect_timeout(addr, timeout)?;
-        tcp.set_read_timeout(Some(timeout))?;
-        tcp.set_write_timeout(Some(timeout))?;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        tcp.set_read_timeout(Some(left))?;
+        tcp.set_write_timeout(Some(left))?;
         tcp.write_all(b"*1\r\n$4\r\nPING\r\n")?;
         let mut first = [0u8; 1];
         Ok(tcp.read(&mut first)? == 1 && b"+-".contains(&first[0]))

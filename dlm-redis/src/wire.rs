@@ -109,24 +109,30 @@ impl Stream {
     }
 }
 
-/// Runs the TLS handshake on `tcp` within `timeout`.
+/// Runs the TLS handshake on `tcp`, done by `deadline`. A server that has not said a
+/// word by half the time left is asked, on a second connection within the rest, whether
+/// it speaks plain RESP (a plain Redis port waits for the end of a line, so it never
+/// answers a ClientHello): then the error says to use `redis://`, within the connect
+/// timeout, instead of a timeout.
 fn handshake(
     mut tcp: TcpStream,
     target: &TlsTarget,
-    timeout: Duration,
+    deadline: Instant,
 ) -> RedisResult<StreamOwned<ClientConnection, TcpStream>> {
-    let deadline = Instant::now() + timeout;
     let mut conn = ClientConnection::new(target.config.clone(), target.name.clone())
         .map_err(|e| tls_error(&e))?;
+    let first_word_by = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+    let mut heard = false;
     while conn.is_handshaking() {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let until = if heard { deadline } else { first_word_by };
+        let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(handshake_timeout(&tcp, timeout));
+            return Err(handshake_timeout(&tcp, deadline));
         }
         tcp.set_read_timeout(Some(left))?;
         tcp.set_write_timeout(Some(left))?;
         match conn.complete_io(&mut tcp) {
-            Ok(_) => {}
+            Ok((read, _)) => heard |= read > 0,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 return Err(RedisError::from((
                     ErrorKind::Client,
@@ -140,7 +146,7 @@ fn handshake(
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(handshake_timeout(&tcp, timeout));
+                return Err(handshake_timeout(&tcp, deadline));
             }
             Err(e) => return Err(io_error(e)),
         }
@@ -150,10 +156,12 @@ fn handshake(
 
 /// A handshake that got no answer: a plain Redis port (it waits for the end of a line),
 /// or a server that answers nothing at all (stopped), which stays a timeout.
-fn handshake_timeout(tcp: &TcpStream, timeout: Duration) -> RedisError {
-    if tcp
-        .peer_addr()
-        .is_ok_and(|a| crate::tls::speaks_resp(&a, timeout))
+fn handshake_timeout(tcp: &TcpStream, deadline: Instant) -> RedisError {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if !left.is_zero()
+        && tcp
+            .peer_addr()
+            .is_ok_and(|a| crate::tls::speaks_resp(&a, left))
     {
         return RedisError::from((
             ErrorKind::Client,
@@ -208,12 +216,22 @@ impl Wire {
         io: Duration,
     ) -> RedisResult<Wire> {
         let mut plain_addr = None;
+        // Connecting and the TLS handshake share one deadline: the connect timeout.
+        let deadline = Instant::now() + connect;
         let stream = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
                 let mut last = None;
                 let mut stream = None;
                 for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, connect) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        last = Some(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "connection timed out",
+                        ));
+                        break;
+                    }
+                    match TcpStream::connect_timeout(&addr, left) {
                         Ok(s) => {
                             stream = Some(s);
                             break;
@@ -233,7 +251,7 @@ impl Wire {
                 };
                 s.set_nodelay(true)?;
                 match tls {
-                    Some(target) => Stream::Tls(Box::new(handshake(s, target, connect)?)),
+                    Some(target) => Stream::Tls(Box::new(handshake(s, target, deadline)?)),
                     None => {
                         plain_addr = s.peer_addr().ok();
                         Stream::Tcp(s)
@@ -305,13 +323,17 @@ impl Wire {
                 {
                     let mut auth = Resp::new();
                     auth.command(2).arg(b"AUTH").arg(password.as_bytes());
-                    if wire.request(&auth.0)? != Value::Okay {
-                        return Err(auth_failed());
+                    match wire.request(&auth.0)?.extract_error() {
+                        Ok(Value::Okay) => {}
+                        Ok(other) => return Err(auth_failed(format!("{other:?}"))),
+                        Err(e) => return Err(auth_failed(crate::conn::words(&e))),
                     }
                 }
                 // Whatever the server said (WRONGPASS, "no password is set", Redis 5's
-                // "invalid password"), the credentials were refused: never retried.
-                _ => return Err(auth_failed()),
+                // "invalid password"), the credentials were refused: never retried. Its
+                // words are kept.
+                Err(e) => return Err(auth_failed(crate::conn::words(&e))),
+                Ok(other) => return Err(auth_failed(format!("{other:?}"))),
             }
         }
         if settings.db() != 0 {
@@ -615,10 +637,12 @@ impl Resp {
     }
 }
 
-fn auth_failed() -> RedisError {
+/// Refused credentials, with what the server said (`WRONGPASS ...`).
+fn auth_failed(server_said: String) -> RedisError {
     RedisError::from((
         ErrorKind::AuthenticationFailed,
         "the server refused the credentials",
+        server_said,
     ))
 }
 

@@ -225,7 +225,10 @@ impl SentinelTopologyBuilder {
         for i in 0..topology.sentinels.len() {
             topology.tune(i);
         }
-        topology.settle(None, READY_LIMIT, "the topology to be ready");
+        let m = topology.settle(None, READY_LIMIT, "the topology to be ready");
+        topology.poll(READY_LIMIT, "every replica's first acknowledgement", || {
+            topology.acknowledged(m)
+        });
         log::debug!(
             "sentinel topology {:?} ready in {:?}",
             topology.master_name,
@@ -565,6 +568,39 @@ impl SentinelTopology {
             }
         }
         Ok(agreed.map(|(_, m)| m).expect("at least one sentinel"))
+    }
+
+    /// Whether master `m` has heard from each live replica since its sync (an
+    /// acknowledged offset): until then a replica that says its link is up may still be
+    /// loading what it was sent, and the first `WAIT` counts it out (a CLI test's
+    /// `--wait-replicas 2` failed so, right after the topology started).
+    fn acknowledged(&self, m: usize) -> Result<(), String> {
+        let info = replication_info(&self.data[m]).map_err(|e| format!("data node {m}: {e}"))?;
+        let replicas: Vec<usize> = (0..self.data.len())
+            .filter(|&i| i != m && live(&self.data[i]))
+            .collect();
+        let master_offset = info.get("master_repl_offset").cloned().unwrap_or_default();
+        for &r in &replicas {
+            let rport = announced(&self.data[r]).to_string();
+            let line = info
+                .iter()
+                .filter(|(k, _)| k.starts_with("slave"))
+                .map(|(_, v)| v)
+                .find(|v| v.split(',').any(|f| f == format!("port={rport}")));
+            let acked = line.is_some_and(|v| {
+                v.split(',').any(|f| f == "state=online")
+                    && v.split(',').any(|f| {
+                        f.strip_prefix("offset=")
+                            .is_some_and(|o| o != "0" || master_offset == "0")
+                    })
+            });
+            if !acked {
+                return Err(format!(
+                    "the master, data node {m}, has no acknowledgement from data node {r}: {line:?}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether the topology is settled around a master other than `not`, and which: see
