@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{FencingToken, Lease};
 use crate::error::{Error, Result};
-use crate::lock::LockShared;
-use crate::signal::{LostSignal, Signal};
+use crate::lost::LostSignal;
+use crate::shared::{Holding, LockShared};
+use crate::signal::Signal;
 use crate::watchdog::KeepAlive;
 
 /// One hold of a lock. Created by the acquisition methods of [`Lock`](crate::Lock);
@@ -190,19 +191,13 @@ impl LockGuard {
         client.check_lease(ttl)?;
         let mut state = self.lock.state.lock();
         let holding = match state.holding.as_mut() {
-            Some(h) if h.generation == self.generation => h,
+            Some(h) if h.generation == self.generation && !h.lost => h,
             _ => return Err(Error::LockLost),
         };
-        if holding.lost {
-            return Err(Error::LockLost);
-        }
-        match client.backend.extend(&self.lock.name, &holding.token, ttl) {
+        let started = holding.start_renewal();
+        match client.backend.extend(&self.lock.name, &started.token, ttl) {
             Ok(Some(lease)) => {
-                let renewed = Lease::new(lease.valid_until());
-                holding.lease = match lease.fence().or(holding.lease.fence()) {
-                    Some(fence) => renewed.with_fence(fence),
-                    None => renewed,
-                };
+                holding.renewed(started, lease);
                 Ok(())
             }
             Ok(None) => {
@@ -213,7 +208,7 @@ impl LockGuard {
         }
     }
 
-    fn with_holding<T>(&self, f: impl FnOnce(&crate::lock::Holding) -> T) -> Option<T> {
+    fn with_holding<T>(&self, f: impl FnOnce(&Holding) -> T) -> Option<T> {
         let state = self.lock.state.lock();
         state
             .holding
