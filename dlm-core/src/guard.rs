@@ -182,30 +182,36 @@ impl LockGuard {
 
     /// Resets the lease to `ttl` from now, if the lock is still ours.
     ///
+    /// No lock is held across the request: [`is_held`](LockGuard::is_held) and the other
+    /// local questions answer at once while an extension waits on a slow server.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `ttl` the client does not accept (no I/O then);
     /// [`Error::LockLost`] when the lock is no longer ours (the guard then reports
-    /// [`is_held`](LockGuard::is_held) `false`); [`Error::Backend`] on failure.
+    /// [`is_held`](LockGuard::is_held) `false`), also when the hold ended while the
+    /// request was under way; [`Error::Backend`] on failure.
     pub fn extend(&self, ttl: Duration) -> Result<()> {
         let client = &self.lock.client;
         client.check_lease(ttl)?;
-        let mut state = self.lock.state.lock();
-        let holding = match state.holding.as_mut() {
-            Some(h) if h.generation == self.generation && !h.lost => h,
-            _ => return Err(Error::LockLost),
-        };
-        let started = holding.start_renewal();
-        match client.backend.extend(&self.lock.name, &started.token, ttl) {
-            Ok(Some(lease)) => {
-                holding.renewed(started, lease);
-                Ok(())
-            }
-            Ok(None) => {
-                holding.mark_lost();
-                Err(Error::LockLost)
-            }
-            Err(e) => Err(e.into()),
-        }
+        let started = self
+            .lock
+            .with_current(self.generation, |h| h.start_renewal())
+            .ok_or(Error::LockLost)?;
+        let result = client.backend.extend(&self.lock.name, &started.token, ttl);
+        // Applied only if the hold is still this acquisition and not found lost meanwhile.
+        self.lock
+            .with_current(self.generation, |holding| match result {
+                Ok(Some(lease)) => {
+                    holding.renewed(started, lease);
+                    Ok(())
+                }
+                Ok(None) => {
+                    holding.mark_lost();
+                    Err(Error::LockLost)
+                }
+                Err(e) => Err(e.into()),
+            })
+            .unwrap_or(Err(Error::LockLost))
     }
 
     fn with_holding<T>(&self, f: impl FnOnce(&Holding) -> T) -> Option<T> {

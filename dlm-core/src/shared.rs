@@ -1,5 +1,9 @@
 //! What the handles of a client share: the client's settings and its registry of locks,
 //! and each lock's hold state (what this process knows about its own hold of a lock).
+//!
+//! No state mutex is held across a backend call: an extension, a renewal or a release
+//! takes what it needs under the mutex, lets go, makes the request, and applies the
+//! answer only if the hold is still the same acquisition (its generation).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -227,8 +231,13 @@ impl LockShared {
     }
 
     /// Gives back one hold of acquisition `generation`; the last one releases at the
-    /// backend. The state lock is held across the backend call so that a concurrent
-    /// acquisition by the same owner cannot be undone by this release.
+    /// backend.
+    ///
+    /// The hold leaves the state before the request, and the state mutex is not held
+    /// across it: local questions (`is_held`, `hold_count`, a lost signal's state) and the
+    /// watchdog's renewals of other locks go on meanwhile. A re-entry after that point
+    /// cannot join the ending hold: it is a fresh acquisition with an owner token of its
+    /// own, which this release (of the old token) cannot touch at the backend.
     pub(crate) fn release_hold(&self, generation: u64, all: bool) -> Result<()> {
         let mut state = self.state.lock();
         let holding = match state.holding.as_mut() {
@@ -242,16 +251,17 @@ impl LockShared {
         let token = holding.token;
         let signal = holding.signal.take();
         let was_valid = holding.is_valid(self.client.backend.now());
+        // Drops the hold's ticket under the state mutex: its renewals end.
         state.holding = None;
+        drop(state);
         let released = self.client.backend.release(&self.name, &token);
         if let Some(signal) = signal {
-            // Under the state mutex: a watcher never sees the hold gone without a verdict.
+            // Until now a watcher sees the hold as held (its release under way).
             // Lost if the lease had run out here (as the signal already said) or the key
             // was gone; a failed release (the key lasts until its lease ends) is still the
             // holder letting go.
             signal.end(!was_valid || matches!(released, Ok(false)));
         }
-        drop(state);
         match released {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::LockLost),
