@@ -82,6 +82,12 @@ pub trait Lock {
     /// guard: check [`LockGuard::is_held`] or [`LockGuard::ensure_held`] between steps of
     /// long work, and hand [`LockGuard::fencing_token`] to the resource.
     ///
+    /// Once `f` has run under a lock that was held throughout, its result reaches the
+    /// caller even if the release then fails (the server could not be reached): the
+    /// failure is logged with `log::warn!` and the lock is left to its lease, which ends
+    /// by itself (a watchdog-renewed lease within the watchdog timeout). A caller that
+    /// retries transient errors therefore never runs work again that already ran.
+    ///
     /// # Errors
     /// What [`lock`](Lock::lock) returns, before `f` runs; [`Error::LockLost`] after `f`
     /// ran when the lease was lost meanwhile (another holder may have run at the same
@@ -105,7 +111,7 @@ pub trait Lock {
     {
         let guard = self.lock()?;
         let result = f(&guard); // a panic drops the guard, which releases
-        guard.unlock()?;
+        release_after_work(guard)?;
         Ok(result)
     }
 
@@ -123,8 +129,29 @@ pub trait Lock {
             return Ok(None);
         };
         let result = f(&guard);
-        guard.unlock()?;
+        release_after_work(guard)?;
         Ok(Some(result))
+    }
+}
+
+/// The release at the end of a closure helper. `Err(LockLost)` when the hold was lost
+/// during the work (found gone by a renewal or by this release, or its lease ran out):
+/// the work was not exclusive. Any other failure of the release is logged and the lock
+/// left to its lease, so that the result of work that ran exclusively reaches the caller.
+fn release_after_work(guard: LockGuard) -> Result<()> {
+    let name = guard.name().to_owned();
+    let held = guard.is_held();
+    match guard.unlock() {
+        Err(Error::LockLost) => Err(Error::LockLost),
+        _ if !held => Err(Error::LockLost),
+        Ok(()) => Ok(()),
+        Err(e) => {
+            log::warn!(
+                "lock {name:?}: the work ran under the lock, but the release failed; \
+                 the lock expires with its lease: {e}"
+            );
+            Ok(())
+        }
     }
 }
 
