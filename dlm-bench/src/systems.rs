@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlm_core::{Lock, LockBackend, LockClient, LockGuard};
+use dlm_core::backend::LockBackend;
+use dlm_core::{Lock, LockClient, LockGuard};
 
 use crate::system::{LockHandle, LockSystem};
 

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use dlm_core::{LockBackend, LockClient, LockClientBuilder};
+use dlm_core::backend::LockBackend;
+use dlm_core::{LockClient, LockClientBuilder};
 use dlm_redis::{RedisBackend, Redlock, TlsOptions};
 
 use crate::BackendArgs;

@@ -1,17 +1,14 @@
 //! The client: hands out named locks and owns what they share.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use parking_lot::Mutex;
-
-use crate::backend::{IntoBackend, LockBackend, LockName, OwnerToken};
+use crate::backend::{IntoBackend, LockBackend, LockName, random_client_id};
 use crate::error::{InvalidArgument, Result};
-use crate::lock::{DistributedLock, LockShared};
+use crate::lock::DistributedLock;
 use crate::retry::RetryPolicy;
+use crate::shared::{ClientShared, Settings, check_lease};
 use crate::watchdog::{self, KeepAlive, Watchdog};
 
 /// The watchdog timeout: the lease of locks taken without an explicit lease, renewed
@@ -41,66 +38,6 @@ pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 pub struct LockClient {
     pub(crate) shared: Arc<ClientShared>,
     keep_alive: Arc<KeepAlive>,
-}
-
-pub(crate) struct ClientShared {
-    pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) id: [u8; 16],
-    /// The fixed lease of handles that set none; `None`: watchdog-renewed leases.
-    pub(crate) lease: Option<Duration>,
-    pub(crate) max_lease: Duration,
-    /// Renews watchdog-managed holds (its thread starts with the first of them).
-    pub(crate) watchdog: Arc<Watchdog>,
-    pub(crate) reentrant: bool,
-    pub(crate) retry: RetryPolicy,
-    seq: AtomicU64,
-    registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
-}
-
-impl ClientShared {
-    /// The owner token of the calling thread's next acquisition: unique to it (re-entry is
-    /// counted here and never reaches the backend), so that a request that arrives late at
-    /// a server, or a clean-up of a failed attempt, can only ever touch the key of the
-    /// acquisition that sent it, never a later one of the same thread.
-    pub(crate) fn token_for_current_thread(&self) -> OwnerToken {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        OwnerToken::new(self.id, thread_no(), seq)
-    }
-
-    /// Forgets `lock` when its last handle is gone.
-    pub(crate) fn unregister(&self, name: &LockName, lock: *const LockShared) {
-        let mut registry = self.registry.lock();
-        if registry.get(name).is_some_and(|w| w.as_ptr() == lock) {
-            registry.remove(name);
-        }
-    }
-
-    pub(crate) fn check_lease(&self, lease: Duration) -> Result<Duration, InvalidArgument> {
-        check_lease(lease, self.max_lease)
-    }
-}
-
-/// `lease` if it is at least 1 ms, at most `max_lease`, and fits the monotonic clock.
-fn check_lease(lease: Duration, max_lease: Duration) -> Result<Duration, InvalidArgument> {
-    if lease < Duration::from_millis(1) {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} is below the minimum of 1 ms"),
-        ));
-    }
-    if lease > max_lease {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} exceeds the maximum of {:?}", max_lease),
-        ));
-    }
-    if Instant::now().checked_add(lease).is_none() {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} overflows the monotonic clock"),
-        ));
-    }
-    Ok(lease)
 }
 
 impl LockClient {
@@ -137,7 +74,7 @@ impl LockClient {
     fn from_parts(b: LockClientBuilder) -> LockClient {
         let (keep_alive, stop) = KeepAlive::new();
         let backend = b.backend;
-        let shared = ClientShared {
+        let shared = ClientShared::new(Settings {
             backend: backend.clone(),
             id: random_client_id(),
             lease: b.lease,
@@ -152,9 +89,7 @@ impl LockClient {
             )),
             reentrant: b.reentrant,
             retry: b.retry,
-            seq: AtomicU64::new(0),
-            registry: Mutex::new(HashMap::new()),
-        };
+        });
         LockClient {
             shared: Arc::new(shared),
             keep_alive,
@@ -172,16 +107,7 @@ impl LockClient {
     /// [`LockName::new`] rejects. No I/O happens here.
     pub fn get_lock(&self, name: &str) -> Result<DistributedLock> {
         let name = LockName::new(name)?;
-        let mut registry = self.shared.registry.lock();
-        let shared = match registry.get(&name).and_then(Weak::upgrade) {
-            Some(shared) => shared,
-            None => {
-                let shared = Arc::new(LockShared::new(self.shared.clone(), name.clone()));
-                registry.insert(name, Arc::downgrade(&shared));
-                shared
-            }
-        };
-        drop(registry);
+        let shared = self.shared.lock_state(name);
         Ok(DistributedLock::new(
             shared,
             self.shared.lease,
@@ -300,24 +226,95 @@ impl LockClientBuilder {
     }
 }
 
-/// 128 bits from the operating system's CSPRNG.
-///
-/// # Panics
-/// If the operating system cannot provide random bytes.
-pub(crate) fn random_client_id() -> [u8; 16] {
-    use rand::TryRngCore;
-    let mut id = [0u8; 16];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut id)
-        .expect("the operating system's random number generator failed");
-    id
-}
+#[cfg(test)]
+mod tests {
+    //! The watchdog's schedule, seen through a client.
+    use std::time::Instant;
 
-/// A small number unique to the calling thread for the life of the process.
-pub(crate) fn thread_no() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static NO: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    use super::*;
+    use crate::Lock;
+    use crate::backend::{Acquire, BackendError, Lease, OwnerToken};
+
+    /// Grants every request at once: only the front's own work is left.
+    #[derive(Debug)]
+    struct Grant;
+
+    impl LockBackend for Grant {
+        fn try_acquire(
+            &self,
+            _: &LockName,
+            _: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<Acquire, BackendError> {
+            Ok(Acquire::Acquired(Lease::new(Instant::now() + ttl)))
+        }
+        fn extend(
+            &self,
+            _: &LockName,
+            _: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<Option<Lease>, BackendError> {
+            Ok(Some(Lease::new(Instant::now() + ttl)))
+        }
+        fn release(&self, _: &LockName, _: &OwnerToken) -> Result<bool, BackendError> {
+            Ok(true)
+        }
+        fn force_release(&self, _: &LockName) -> Result<bool, BackendError> {
+            Ok(true)
+        }
+        fn inspect(&self, _: &LockName) -> Result<Option<Duration>, BackendError> {
+            Ok(None)
+        }
     }
-    NO.with(|n| *n)
+
+    #[test]
+    fn ended_holds_leave_the_schedule_and_do_not_wake_the_thread() {
+        let client = LockClient::new(Grant);
+        let watchdog = client.shared.watchdog.clone();
+        let locks: Vec<_> = (0..8)
+            .map(|i| client.get_lock(&format!("l{i}")).unwrap())
+            .collect();
+        for i in 0..10_000 {
+            let guard = locks[i % locks.len()].lock().unwrap();
+            assert_eq!(watchdog.counts().0, 1, "the live hold is scheduled");
+            drop(guard);
+        }
+        let (scheduled, wakes) = watchdog.counts();
+        assert_eq!(scheduled, 0, "released holds stayed in the schedule");
+        // The first hold starts the thread and wakes it; later holds come due after the
+        // time it already sleeps until (the default period is 10 s).
+        assert_eq!(wakes, 1, "holds woke the renewal thread");
+
+        let held: Vec<_> = locks.iter().map(|l| l.lock().unwrap()).collect();
+        assert_eq!(watchdog.counts().0, locks.len());
+        drop(held);
+        assert_eq!(watchdog.counts().0, 0);
+    }
+
+    #[test]
+    fn a_hold_due_sooner_than_the_thread_sleeps_wakes_it() {
+        let slow = LockClient::builder(Arc::new(Grant))
+            .watchdog_timeout(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        let watchdog = slow.shared.watchdog.clone();
+        let a = slow.get_lock("a").unwrap().lock().unwrap();
+        assert_eq!(watchdog.counts(), (1, 1));
+        // The thread plans once when it starts and once more for the wake-up that `a`
+        // sent; then it sleeps until `a` is due.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while watchdog.plans() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the renewal thread never planned"
+            );
+            std::thread::yield_now();
+        }
+        // Pretend it sleeps until later than a new hold's renewal.
+        watchdog.set_wake_at(Instant::now() + Duration::from_secs(7200));
+        let b = slow.get_lock("b").unwrap().lock().unwrap();
+        assert_eq!(watchdog.counts(), (2, 2));
+        drop((a, b));
+        assert_eq!(watchdog.counts().0, 0);
+    }
 }

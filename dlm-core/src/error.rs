@@ -24,7 +24,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// let e: Error = BackendError::new(BackendErrorKind::Unavailable, "redis://cache:6379/0")
 ///     .with_source(refused)
 ///     .into();
-/// assert!(e.backend().is_some_and(|b| b.is_transient()));
+/// assert!(e.is_transient());
+/// assert_eq!(e.backend_kind(), Some(BackendErrorKind::Unavailable));
 /// let mut chain = vec![e.to_string()];
 /// let mut cause = std::error::Error::source(&e);
 /// while let Some(c) = cause {
@@ -58,6 +59,20 @@ impl Error {
             Error::Backend(e) => Some(e),
             _ => None,
         }
+    }
+
+    /// The kind of the backend error, if this is one: `e.backend_kind() ==
+    /// Some(BackendErrorKind::Auth)` instead of matching on [`Error::Backend`].
+    pub fn backend_kind(&self) -> Option<BackendErrorKind> {
+        self.backend().map(BackendError::kind)
+    }
+
+    /// `true` for a backend failure that a later attempt may not see
+    /// ([`BackendErrorKind::is_transient`]): worth retrying. `false` for every other
+    /// error, including [`Error::LockLost`] (the lease is gone; retrying the same
+    /// operation does not bring it back).
+    pub fn is_transient(&self) -> bool {
+        self.backend().is_some_and(BackendError::is_transient)
     }
 
     /// `true` for [`Error::InvalidArgument`].

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{FencingToken, Lease};
 use crate::error::{Error, Result};
-use crate::lock::LockShared;
-use crate::signal::{LostSignal, Signal};
+use crate::lost::LostSignal;
+use crate::shared::{Holding, LockShared};
+use crate::signal::Signal;
 use crate::watchdog::KeepAlive;
 
 /// One hold of a lock. Created by the acquisition methods of [`Lock`](crate::Lock);
@@ -181,39 +182,39 @@ impl LockGuard {
 
     /// Resets the lease to `ttl` from now, if the lock is still ours.
     ///
+    /// No lock is held across the request: [`is_held`](LockGuard::is_held) and the other
+    /// local questions answer at once while an extension waits on a slow server.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a `ttl` the client does not accept (no I/O then);
     /// [`Error::LockLost`] when the lock is no longer ours (the guard then reports
-    /// [`is_held`](LockGuard::is_held) `false`); [`Error::Backend`] on failure.
+    /// [`is_held`](LockGuard::is_held) `false`), also when the hold ended while the
+    /// request was under way; [`Error::Backend`] on failure.
     pub fn extend(&self, ttl: Duration) -> Result<()> {
         let client = &self.lock.client;
         client.check_lease(ttl)?;
-        let mut state = self.lock.state.lock();
-        let holding = match state.holding.as_mut() {
-            Some(h) if h.generation == self.generation => h,
-            _ => return Err(Error::LockLost),
-        };
-        if holding.lost {
-            return Err(Error::LockLost);
-        }
-        match client.backend.extend(&self.lock.name, &holding.token, ttl) {
-            Ok(Some(lease)) => {
-                let renewed = Lease::new(lease.valid_until());
-                holding.lease = match lease.fence().or(holding.lease.fence()) {
-                    Some(fence) => renewed.with_fence(fence),
-                    None => renewed,
-                };
-                Ok(())
-            }
-            Ok(None) => {
-                holding.mark_lost();
-                Err(Error::LockLost)
-            }
-            Err(e) => Err(e.into()),
-        }
+        let started = self
+            .lock
+            .with_current(self.generation, |h| h.start_renewal())
+            .ok_or(Error::LockLost)?;
+        let result = client.backend.extend(&self.lock.name, &started.token, ttl);
+        // Applied only if the hold is still this acquisition and not found lost meanwhile.
+        self.lock
+            .with_current(self.generation, |holding| match result {
+                Ok(Some(lease)) => {
+                    holding.renewed(started, lease);
+                    Ok(())
+                }
+                Ok(None) => {
+                    holding.mark_lost();
+                    Err(Error::LockLost)
+                }
+                Err(e) => Err(e.into()),
+            })
+            .unwrap_or(Err(Error::LockLost))
     }
 
-    fn with_holding<T>(&self, f: impl FnOnce(&crate::lock::Holding) -> T) -> Option<T> {
+    fn with_holding<T>(&self, f: impl FnOnce(&Holding) -> T) -> Option<T> {
         let state = self.lock.state.lock();
         state
             .holding

@@ -104,8 +104,8 @@ impl Interrupt {
         matches!(self.receiver.try_recv(), Err(TryRecvError::Disconnected))
     }
 
-    /// The channel that disconnects on interrupt, for use in `crossbeam_channel::select!`.
-    pub fn receiver(&self) -> &Receiver<()> {
+    /// The channel that disconnects on interrupt, for the wait loop's `select!`.
+    pub(crate) fn receiver(&self) -> &Receiver<()> {
         &self.receiver
     }
 }

@@ -1,7 +1,7 @@
 //! # dlm-core: the front of the dlm distributed lock manager
 //!
 //! A blocking, thread-friendly distributed lock, written once over any store that
-//! implements [`LockBackend`]:
+//! implements [`LockBackend`](backend::LockBackend):
 //!
 //! - [`LockClient`] hands out named [`DistributedLock`]s and owns the owner identity
 //!   (128 random bits from the OS per client, plus the thread).
@@ -9,7 +9,7 @@
 //!   (`lock`, `lock_interruptibly`, `try_lock`, `try_lock_timeout`,
 //!   `try_lock_interruptibly`, `unlock`, `release`); acquisitions return a [`LockGuard`].
 //! - One wait loop serves every backend: attempt, subscribe to release hints
-//!   ([`LockBackend::watch`]), then sleep until a hint, the holder's lease end, a jittered
+//!   ([`LockBackend::watch`](backend::LockBackend::watch)), then sleep until a hint, the holder's lease end, a jittered
 //!   backoff, the deadline or an [`Interrupt`].
 //! - Re-entrant per (lock, thread) with hold counts, like Redisson's `RLock`.
 //! - Leases renewed by one watchdog thread per client (Redisson's `lockWatchdogTimeout`),
@@ -17,44 +17,50 @@
 //! - Leases are monotonic ([`std::time::Instant`]); wall-clock time is never used.
 //!
 //! ## Layout
-//! `backend` holds the backend contract, `lock` the [`Lock`] trait and its one
-//! implementation, `guard` the [`LockGuard`], `client` the [`LockClient`], `retry` the
-//! pacing of waits, `interrupt` cancellation, `waiters` a helper for backends' release
-//! hints, `error` the error types.
+//! The crate root is the user's API; [`backend`] is the contract a store implements
+//! (`LockBackend`, `Acquire`, `Lease`, `OwnerToken`, `Watch`, `WaitList`, ...). The root
+//! also re-exports the contract's names a user meets: [`LockName`] (to check a name
+//! before any I/O), [`FencingToken`], and the error types.
+//!
+//! Modules, each importing only from the ones below it: `lib` re-exports; `client` the
+//! [`LockClient`]; `lock` the [`Lock`] trait and [`DistributedLock`]; `acquire` the wait
+//! loop; `guard` the [`LockGuard`]; `lost` the [`LostSignal`]; `shared` what a client's
+//! handles share (settings, registry, each lock's hold state); `watchdog` lease renewal;
+//! `fenced`, `retry`, `interrupt`, `signal` (the two ends of a lost signal) and `error`
+//! underneath; `backend` the contract.
 //!
 //! ## Plugging in a backend
-//! 1. Implement [`LockBackend`]: one bounded attempt per call, never sleeping.
-//! 2. Optionally implement [`LockBackend::watch`] (a [`WaitList`] does the bookkeeping).
+//! 1. Implement [`backend::LockBackend`]: one bounded attempt per call, never sleeping.
+//! 2. Optionally implement [`LockBackend::watch`](backend::LockBackend::watch) (a
+//!    [`WaitList`](backend::WaitList) does the bookkeeping).
 //! 3. Run the conformance suite of `dlm-testkit` against it with its `conformance_tests!`
 //!    macro.
 //! 4. Hand it to [`LockClient::new`].
 #![deny(missing_docs)]
 
-mod backend;
+mod acquire;
+pub mod backend;
 mod client;
 mod error;
 mod fenced;
 mod guard;
 mod interrupt;
 mod lock;
+mod lost;
 mod retry;
+mod shared;
 mod signal;
-mod waiters;
 mod watchdog;
 
-pub use backend::{
-    Acquire, EncodedOwnerToken, FencingToken, IntoBackend, Lease, LockBackend, LockName,
-    MAX_NAME_LEN, OwnerToken, Renewal, Unsubscribe, Watch,
-};
+pub use backend::{FencingToken, LockName, MAX_NAME_LEN};
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;
 pub use interrupt::{Interrupt, InterruptOnDrop, Interrupter, interrupt_pair};
 pub use lock::{DistributedLock, Lock};
+pub use lost::{HoldState, LostSignal};
 pub use retry::RetryPolicy;
-pub use signal::{HoldState, LostSignal};
-pub use waiters::WaitList;
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

@@ -9,7 +9,7 @@ use crate::error::InvalidArgument;
 /// How a waiting acquisition paces its attempts.
 ///
 /// Between attempts the front sleeps for a jittered, exponentially growing backoff, cut
-/// short by a release hint from the backend (when it has [`watch`](crate::LockBackend::watch))
+/// short by a release hint from the backend (when it has [`watch`](crate::backend::LockBackend::watch))
 /// and capped by the holder's remaining lease (the lock cannot expire before then).
 /// Transient backend errors are retried within the caller's wait, but for at most
 /// [`error_timeout`](RetryPolicy::error_timeout) in a row, so `lock()` on a dead server

@@ -1,29 +1,11 @@
-//! How a hold ends, for whoever must stop when its lock is lost.
+//! The two ends of a lost-lock signal: the hold keeps a [`Signal`] and ends it with a
+//! verdict (lost or released); each watcher has an [`Ending`] that wakes when it does.
 
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-
-use crate::lock::LockShared;
-
-/// Where a hold stands, as a [`LostSignal`] sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum HoldState {
-    /// Held, as far as this process knows: not released, no renewal or extension found it
-    /// gone, and its lease has not run out.
-    Held,
-    /// Lost: a watchdog renewal or an [`extend`](crate::LockGuard::extend) found the lock
-    /// gone (expired, force-released, lost by the backend), renewals failed until the
-    /// lease ran out, or a fixed lease ran out before the holder let go. Whatever the lock
-    /// protected may have been entered by someone else since.
-    Lost,
-    /// Released by its holder (the last guard unlocked or dropped) while still held.
-    Released,
-}
+use crossbeam_channel::{Receiver, Sender};
 
 const UNSET: u8 = 0;
 const LOST: u8 = 1;
@@ -32,8 +14,7 @@ const RELEASED: u8 = 2;
 /// The hold's end of a signal: dropped (or [`end`](Signal::end)ed) when the hold ends.
 pub(crate) struct Signal {
     _alive: Sender<()>,
-    ended: Receiver<()>,
-    how: Arc<AtomicU8>,
+    ending: Ending,
 }
 
 impl Signal {
@@ -41,14 +22,30 @@ impl Signal {
         let (alive, ended) = crossbeam_channel::bounded(0);
         Signal {
             _alive: alive,
-            ended,
-            how: Arc::new(AtomicU8::new(UNSET)),
+            ending: Ending {
+                ended,
+                how: Arc::new(AtomicU8::new(UNSET)),
+            },
         }
+    }
+
+    /// A signal that has already ended, as `lost` says.
+    pub(crate) fn ended(lost: bool) -> Ending {
+        let signal = Signal::new();
+        let ending = signal.watcher();
+        signal.end(lost);
+        ending
+    }
+
+    /// A watcher's end of this signal.
+    pub(crate) fn watcher(&self) -> Ending {
+        self.ending.clone()
     }
 
     /// Records how the hold ended and wakes every waiter (the sender goes with `self`).
     pub(crate) fn end(self, lost: bool) {
-        self.how
+        self.ending
+            .how
             .store(if lost { LOST } else { RELEASED }, Ordering::Release);
     }
 }
@@ -58,155 +55,32 @@ impl Drop for Signal {
     /// went away) was lost.
     fn drop(&mut self) {
         let _ = self
+            .ending
             .how
             .compare_exchange(UNSET, LOST, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
-/// Tells whoever watches one hold (another thread, a worker pool) that the lock is lost,
-/// or that the holder let go: made by [`LockGuard::lost_signal`](crate::LockGuard::lost_signal).
-///
-/// "Lost" and "released" are distinct states ([`HoldState`]), so stopping work because
-/// the lock is gone is never confused with the holder having finished. Local knowledge,
-/// no I/O: a loss is known when a renewal or an extension finds the lock gone, or when the
-/// lease runs out. Cheap to clone; `Send` and `Sync`.
-///
-/// ```
-/// use std::time::Duration;
-/// use dlm_core::{HoldState, Lock, LockClient};
-/// use dlm_memory::MemoryBackend;
-///
-/// let backend = std::sync::Arc::new(MemoryBackend::new());
-/// let lock = LockClient::new(backend.clone()).get_lock("batch")?;
-/// let guard = lock.lock()?;
-/// let signal = guard.lost_signal();
-/// let worker = std::thread::spawn(move || {
-///     // ... work, and stop when the lock is lost (or the holder is done) ...
-///     signal.wait()
-/// });
-/// // Someone else breaks the lock; the next renewal or extension finds it gone.
-/// LockClient::new(backend).get_lock("batch")?.force_unlock()?;
-/// assert!(guard.extend(Duration::from_secs(30)).is_err());
-/// assert_eq!(worker.join().unwrap(), HoldState::Lost);
-/// # Ok::<(), dlm_core::Error>(())
-/// ```
+/// A watcher's end of a [`Signal`].
 #[derive(Clone)]
-pub struct LostSignal {
-    lock: Arc<LockShared>,
-    generation: u64,
+pub(crate) struct Ending {
     ended: Receiver<()>,
     how: Arc<AtomicU8>,
 }
 
-impl LostSignal {
-    /// A signal of hold `generation` of `lock`, made from its [`Signal`].
-    pub(crate) fn new(lock: Arc<LockShared>, generation: u64, signal: &Signal) -> LostSignal {
-        LostSignal {
-            lock,
-            generation,
-            ended: signal.ended.clone(),
-            how: signal.how.clone(),
-        }
-    }
-
-    /// A signal of a hold that is already over, ended as `lost` says.
-    pub(crate) fn ended(lock: Arc<LockShared>, generation: u64, lost: bool) -> LostSignal {
-        let signal = Signal::new();
-        let made = LostSignal::new(lock, generation, &signal);
-        signal.end(lost);
-        made
-    }
-
-    /// Where the hold stands now (no I/O).
-    pub fn state(&self) -> HoldState {
-        self.current().0
-    }
-
-    /// `true` once the hold is [`Lost`](HoldState::Lost).
-    pub fn is_lost(&self) -> bool {
-        self.state() == HoldState::Lost
-    }
-
-    /// Blocks until the hold is over and says how: [`Lost`](HoldState::Lost) or
-    /// [`Released`](HoldState::Released), never `Held`.
-    pub fn wait(&self) -> HoldState {
-        loop {
-            if let Some(end) = self.wait_once(None) {
-                return end;
-            }
-        }
-    }
-
-    /// Like [`wait`](LostSignal::wait), for at most `timeout`: `Held` when the hold
-    /// outlasted it.
-    pub fn wait_timeout(&self, timeout: Duration) -> HoldState {
-        let Some(deadline) = Instant::now().checked_add(timeout) else {
-            return self.wait();
-        };
-        loop {
-            if let Some(end) = self.wait_once(Some(deadline)) {
-                return end;
-            }
-            if Instant::now() >= deadline {
-                return self.state();
-            }
-        }
-    }
-
-    /// The state, and while held, how long until the lease runs out.
-    fn current(&self) -> (HoldState, Option<Duration>) {
-        let state = self.lock.state.lock();
-        if let Some(h) = state
-            .holding
-            .as_ref()
-            .filter(|h| h.generation == self.generation)
-        {
-            let now = self.lock.client.backend.now();
-            return if h.is_valid(now) {
-                (HoldState::Held, Some(h.lease.valid_until() - now))
-            } else {
-                (HoldState::Lost, None)
-            };
-        }
-        drop(state);
+impl Ending {
+    /// How the hold ended: `Some(true)` lost, `Some(false)` released, `None` not yet.
+    pub(crate) fn verdict(&self) -> Option<bool> {
         match self.how.load(Ordering::Acquire) {
-            RELEASED => (HoldState::Released, None),
-            LOST => (HoldState::Lost, None),
-            // Not ended yet: its release is under way (the wait ends with it).
-            _ => (HoldState::Held, None),
+            LOST => Some(true),
+            RELEASED => Some(false),
+            _ => None,
         }
     }
 
-    /// One sleep: until the hold ends, its lease runs out, or `deadline`. `Some` once the
-    /// hold is over.
-    fn wait_once(&self, deadline: Option<Instant>) -> Option<HoldState> {
-        let (state, left) = self.current();
-        let left = match (state, left) {
-            (HoldState::Held, Some(left)) => left,
-            (HoldState::Held, None) => Duration::MAX,
-            (end, _) => return Some(end),
-        };
-        let until = match (Instant::now().checked_add(left), deadline) {
-            (Some(t), Some(d)) => t.min(d),
-            (Some(t), None) => t,
-            (None, Some(d)) => d,
-            (None, None) => Instant::now() + Duration::from_secs(3600),
-        };
-        match self.ended.recv_deadline(until) {
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
-                // Over (the sender is gone): the next look says how.
-                None
-            }
-            Err(RecvTimeoutError::Timeout) => None,
-        }
-    }
-}
-
-impl fmt::Debug for LostSignal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LostSignal")
-            .field("lock", &self.lock.name)
-            .field("state", &self.state())
-            .finish()
+    /// Sleeps until the hold ends or `until`, whichever comes first.
+    pub(crate) fn wait_until(&self, until: Instant) {
+        // A message never comes: the channel disconnects when the signal ends.
+        let _ = self.ended.recv_deadline(until);
     }
 }

@@ -19,7 +19,10 @@
 //! one timeout.
 //!
 //! Lock order: a lock's state, then the schedule. The thread never waits for a lock's
-//! state while it holds the schedule.
+//! state while it holds the schedule, and holds no lock's state across a request.
+//!
+//! The thread sees a lock only through [`Renewable`], which the lock's shared state
+//! implements: this module knows the backend contract and nothing above it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -28,9 +31,44 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, select};
 use parking_lot::Mutex;
 
-use crate::backend::{Lease, LockBackend, OwnerToken, Renewal};
+use crate::backend::{Lease, LockBackend, LockName, OwnerToken, Renewal};
 use crate::error::{BackendError, BackendErrorKind};
-use crate::lock::LockShared;
+
+/// A lock as the renewal thread sees it (implemented by the lock's shared state).
+pub(crate) trait Renewable: Send + Sync {
+    /// The lock's name.
+    fn name(&self) -> &LockName;
+
+    /// The clock the lock's leases are measured on ([`LockBackend::now`]).
+    fn now(&self) -> Instant;
+
+    /// What a renewal of hold `generation` sends, if that hold is current and not lost.
+    fn start_renewal(&self, generation: u64) -> Option<Started>;
+
+    /// Runs `f` under the lock's state mutex on hold `generation`, if it is still current
+    /// and not lost.
+    fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold));
+}
+
+/// A hold, under its lock's state mutex, as a renewal's outcome changes it.
+pub(crate) trait RenewedHold {
+    /// The hold's lease as this process knows it.
+    fn lease(&self) -> Lease;
+
+    /// Records the lease a renewal got; `started` is what the renewal was sent with.
+    fn renewed(&mut self, started: Started, lease: Lease);
+
+    /// Records that the lock is gone (and signals it).
+    fn mark_lost(&mut self);
+}
+
+/// A renewal under way: the token it sends, and how many renewals its hold had recorded
+/// when it was sent (see [`RenewedHold::renewed`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Started {
+    pub(crate) token: OwnerToken,
+    pub(crate) renewals: u64,
+}
 
 /// Held by every client handle, lock handle and guard; the watchdog stops when the last
 /// one is dropped.
@@ -48,7 +86,7 @@ impl KeepAlive {
 
 /// A hold to renew.
 pub(crate) struct Registration {
-    pub(crate) lock: Weak<LockShared>,
+    pub(crate) lock: Weak<dyn Renewable>,
     pub(crate) generation: u64,
     pub(crate) acquired: Instant,
 }
@@ -167,6 +205,18 @@ impl Watchdog {
         (s.entries.len(), s.wakes)
     }
 
+    /// How many times the thread chose when to look next.
+    #[cfg(test)]
+    pub(crate) fn plans(&self) -> u64 {
+        self.schedule.lock().plans
+    }
+
+    /// Pretends the thread sleeps until `at`.
+    #[cfg(test)]
+    pub(crate) fn set_wake_at(&self, at: Instant) {
+        self.schedule.lock().wake_at = Some(at);
+    }
+
     /// Puts a renewed hold back, due again at `entry.due`. Called by the thread itself
     /// (which plans its next look from the entries before it sleeps), with the lock's
     /// state mutex held and the hold still current, so its ticket has not been dropped.
@@ -224,8 +274,8 @@ fn run(watchdog: &Weak<Watchdog>, wake: &Receiver<()>) {
 struct Due {
     number: u64,
     entry: Entry,
-    lock: Arc<LockShared>,
-    token: OwnerToken,
+    lock: Arc<dyn Renewable>,
+    started: Started,
 }
 
 /// Renews the due holds in one batch ([`LockBackend::extend_many`]: one round trip per
@@ -236,20 +286,15 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
         .into_iter()
         .filter_map(|(number, entry)| {
             let lock = entry.reg.lock.upgrade()?;
-            let token = {
-                let state = lock.state.lock();
-                match state.holding.as_ref() {
-                    Some(h) if h.generation == entry.reg.generation && !h.lost => h.token,
-                    _ => return None, // released, or already lost
-                }
-            };
+            // `None`: released, or already lost.
+            let started = lock.start_renewal(entry.reg.generation)?;
             if config
                 .max_hold
                 .is_some_and(|max| entry.reg.acquired.elapsed() >= max)
             {
                 log::info!(
                     "lock {:?}: maximum hold time reached; no more renewals, the lease runs out",
-                    lock.name
+                    lock.name()
                 );
                 return None;
             }
@@ -257,7 +302,7 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
                 number,
                 entry,
                 lock,
-                token,
+                started,
             })
         })
         .collect();
@@ -266,7 +311,7 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
     }
     let renewals: Vec<Renewal<'_>> = live
         .iter()
-        .map(|d| Renewal::new(&d.lock.name, &d.token, config.timeout))
+        .map(|d| Renewal::new(d.lock.name(), &d.started.token, config.timeout))
         .collect();
     // No state lock across the requests: holders can release meanwhile; each result is
     // applied only if its hold is still the same.
@@ -316,145 +361,48 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
 /// Applies one renewal's result to its hold and, unless the hold is over, schedules the
 /// next renewal.
 fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, now: Instant) {
-    let config = w.config;
+    let period = w.config.period();
     let Due {
         number,
-        mut entry,
+        entry,
         lock,
-        ..
+        started,
     } = due;
-    let mut state = lock.state.lock();
-    let Some(holding) = state
-        .holding
-        .as_mut()
-        .filter(|h| h.generation == entry.reg.generation && !h.lost)
-    else {
-        return;
-    };
-    match result {
-        Ok(Some(lease)) => {
-            let renewed = Lease::new(lease.valid_until());
-            holding.lease = match holding.lease.fence() {
-                Some(fence) => renewed.with_fence(fence),
-                None => renewed,
-            };
-            entry.due = now + config.period();
-        }
-        Ok(None) => {
-            log::warn!("lock {:?}: lost (renewal found it gone)", lock.name);
-            holding.mark_lost();
+    let generation = entry.reg.generation;
+    let mut entry = Some(entry);
+    let mut result = Some(result);
+    lock.with_hold(generation, &mut |hold| {
+        let (Some(mut entry), Some(result)) = (entry.take(), result.take()) else {
             return;
+        };
+        match result {
+            Ok(Some(lease)) => {
+                hold.renewed(started, lease);
+                entry.due = now + period;
+            }
+            Ok(None) => {
+                log::warn!("lock {:?}: lost (renewal found it gone)", lock.name());
+                hold.mark_lost();
+                return;
+            }
+            Err(e) if lock.now() < hold.lease().valid_until() => {
+                log::warn!("lock {:?}: renewal failed, retrying: {e}", lock.name());
+                let left = hold
+                    .lease()
+                    .valid_until()
+                    .saturating_duration_since(lock.now());
+                entry.due = now + (period / 4).min(left / 2).max(Duration::from_millis(1));
+            }
+            Err(e) => {
+                log::warn!(
+                    "lock {:?}: lost (renewal failed until the lease ran out): {e}",
+                    lock.name()
+                );
+                hold.mark_lost();
+                return;
+            }
         }
-        Err(e) if lock.client.backend.now() < holding.lease.valid_until() => {
-            log::warn!("lock {:?}: renewal failed, retrying: {e}", lock.name);
-            let left = holding
-                .lease
-                .valid_until()
-                .saturating_duration_since(lock.client.backend.now());
-            entry.due = now
-                + (config.period() / 4)
-                    .min(left / 2)
-                    .max(Duration::from_millis(1));
-        }
-        Err(e) => {
-            log::warn!(
-                "lock {:?}: lost (renewal failed until the lease ran out): {e}",
-                lock.name
-            );
-            holding.mark_lost();
-            return;
-        }
-    }
-    // Still under the state mutex with the hold current: its ticket is alive.
-    w.reschedule(number, entry);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::{Acquire, LockName};
-    use crate::{Lock, LockClient};
-
-    /// Grants every request at once: only the front's own work is left.
-    #[derive(Debug)]
-    struct Grant;
-
-    impl LockBackend for Grant {
-        fn try_acquire(
-            &self,
-            _: &LockName,
-            _: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<Acquire, BackendError> {
-            Ok(Acquire::Acquired(Lease::new(Instant::now() + ttl)))
-        }
-        fn extend(
-            &self,
-            _: &LockName,
-            _: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<Option<Lease>, BackendError> {
-            Ok(Some(Lease::new(Instant::now() + ttl)))
-        }
-        fn release(&self, _: &LockName, _: &OwnerToken) -> Result<bool, BackendError> {
-            Ok(true)
-        }
-        fn force_release(&self, _: &LockName) -> Result<bool, BackendError> {
-            Ok(true)
-        }
-        fn inspect(&self, _: &LockName) -> Result<Option<Duration>, BackendError> {
-            Ok(None)
-        }
-    }
-
-    #[test]
-    fn ended_holds_leave_the_schedule_and_do_not_wake_the_thread() {
-        let client = LockClient::new(Grant);
-        let watchdog = client.shared.watchdog.clone();
-        let locks: Vec<_> = (0..8)
-            .map(|i| client.get_lock(&format!("l{i}")).unwrap())
-            .collect();
-        for i in 0..10_000 {
-            let guard = locks[i % locks.len()].lock().unwrap();
-            assert_eq!(watchdog.counts().0, 1, "the live hold is scheduled");
-            drop(guard);
-        }
-        let (scheduled, wakes) = watchdog.counts();
-        assert_eq!(scheduled, 0, "released holds stayed in the schedule");
-        // The first hold starts the thread and wakes it; later holds come due after the
-        // time it already sleeps until (the default period is 10 s).
-        assert_eq!(wakes, 1, "holds woke the renewal thread");
-
-        let held: Vec<_> = locks.iter().map(|l| l.lock().unwrap()).collect();
-        assert_eq!(watchdog.counts().0, locks.len());
-        drop(held);
-        assert_eq!(watchdog.counts().0, 0);
-    }
-
-    #[test]
-    fn a_hold_due_sooner_than_the_thread_sleeps_wakes_it() {
-        let slow = LockClient::builder(Arc::new(Grant))
-            .watchdog_timeout(Duration::from_secs(3600))
-            .build()
-            .unwrap();
-        let watchdog = slow.shared.watchdog.clone();
-        let a = slow.get_lock("a").unwrap().lock().unwrap();
-        assert_eq!(watchdog.counts(), (1, 1));
-        // The thread plans once when it starts and once more for the wake-up that `a`
-        // sent; then it sleeps until `a` is due.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while watchdog.schedule.lock().plans < 2 {
-            assert!(
-                Instant::now() < deadline,
-                "the renewal thread never planned"
-            );
-            std::thread::yield_now();
-        }
-        // Pretend it sleeps until later than a new hold's renewal.
-        watchdog.schedule.lock().wake_at = Some(Instant::now() + Duration::from_secs(7200));
-        let b = slow.get_lock("b").unwrap().lock().unwrap();
-        assert_eq!(watchdog.counts(), (2, 2));
-        drop((a, b));
-        assert_eq!(watchdog.counts().0, 0);
-    }
+        // Still under the state mutex with the hold current: its ticket is alive.
+        w.reschedule(number, entry);
+    });
 }

@@ -1,9 +1,10 @@
 //! The closure helpers: `with_lock` and `try_with_lock` release on return and on panic,
-//! and report a lease lost during the closure.
+//! report a lease lost during the closure, and hand back the result of work that ran
+//! under the lock even when only the release fails.
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use dlm_core::{Error, Lock, LockClient};
+use dlm_core::{BackendErrorKind, Error, Lock, LockClient};
 use dlm_memory::MemoryBackend;
 
 #[test]
@@ -71,5 +72,64 @@ fn a_lease_lost_during_the_closure_is_reported() {
             assert!(backend.expire_now("lost"));
         })
         .expect_err("the lease was lost meanwhile");
+    assert!(matches!(err, Error::LockLost), "{err:?}");
+}
+
+#[test]
+fn work_that_ran_under_the_lock_keeps_its_result_when_only_the_release_fails() {
+    let backend = MemoryBackend::new();
+    // Before, the failed release was the result and the retry ran the work again once
+    // the lease had run out (5 s).
+    let client = LockClient::builder(backend.clone())
+        .lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let lock = client.get_lock("run-once").unwrap();
+    let mut runs = 0;
+    // A "run once" job that retries transient errors, as a caller would write it.
+    let outcome = loop {
+        match lock.with_lock(|guard| {
+            runs += 1;
+            assert!(guard.is_held());
+            // The release after the work cannot reach the store.
+            backend.faults().fail_next(1, BackendErrorKind::Unavailable);
+            "done"
+        }) {
+            Err(e) if e.is_transient() && runs < 2 => continue,
+            other => break other,
+        }
+    };
+    assert_eq!(outcome.unwrap(), "done");
+    assert_eq!(runs, 1, "the work ran once");
+    // The failed release left the lock to its lease.
+    assert!(lock.is_locked().unwrap());
+    assert_eq!(lock.hold_count(), 0);
+    assert!(lock.force_unlock().unwrap());
+
+    let r = lock.try_with_lock(Duration::ZERO, |_| {
+        backend.faults().fail_next(1, BackendErrorKind::Timeout);
+        7
+    });
+    assert_eq!(r.unwrap(), Some(7));
+}
+
+#[test]
+fn a_lease_found_lost_during_the_work_is_reported_even_when_the_release_fails() {
+    let backend = MemoryBackend::new();
+    let client = LockClient::builder(backend.clone())
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let lock = client.get_lock("lost-then-unreachable").unwrap();
+    let err = lock
+        .with_lock(|guard| {
+            assert!(backend.expire_now("lost-then-unreachable"));
+            assert!(matches!(
+                guard.extend(Duration::from_secs(60)),
+                Err(Error::LockLost)
+            ));
+            backend.faults().fail_next(1, BackendErrorKind::Unavailable);
+        })
+        .expect_err("the work was not exclusive");
     assert!(matches!(err, Error::LockLost), "{err:?}");
 }

@@ -26,7 +26,7 @@ impl Clock for SystemClock {
 /// sleeping. Cloning shares the clock.
 ///
 /// The store and the guards agree on it: the memory backend reports it as its clock
-/// ([`LockBackend::now`](dlm_core::LockBackend::now)), so a guard whose lease the clock
+/// ([`LockBackend::now`](dlm_core::backend::LockBackend::now)), so a guard whose lease the clock
 /// has passed says [`is_held`](dlm_core::LockGuard::is_held) `false` and its
 /// [`LostSignal`](dlm_core::LostSignal) says lost, while real time passing expires
 /// nothing. Waits (`try_lock_timeout`) and the watchdog's schedule stay in real time.

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dlm_core::{
+use dlm_core::backend::{
     Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
     OwnerToken, WaitList, Watch,
 };

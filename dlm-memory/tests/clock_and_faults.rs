@@ -4,9 +4,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlm_core::{
-    BackendErrorKind, Error, HoldState, Lock, LockBackend, LockClient, RetryPolicy, interrupt_pair,
-};
+use dlm_core::backend::{BackendErrorKind, LockBackend};
+use dlm_core::{Error, HoldState, Lock, LockClient, RetryPolicy, interrupt_pair};
 use dlm_memory::{ManualClock, MemoryBackend};
 
 fn fast_retry() -> RetryPolicy {
@@ -161,7 +160,7 @@ fn try_lock_reports_a_transient_error_instead_of_contention() {
     backend.faults().fail_next(1, BackendErrorKind::Timeout);
     let c = LockClient::new(backend);
     let e = c.get_lock("x").unwrap().try_lock().unwrap_err();
-    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Timeout);
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Timeout));
 }
 
 #[test]
@@ -173,7 +172,7 @@ fn a_permanent_error_is_returned_at_once() {
         .build()
         .unwrap();
     let e = c.get_lock("x").unwrap().lock().unwrap_err();
-    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Auth);
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Auth));
     // One attempt, plus the best-effort clean-up release.
     assert_eq!(backend.faults().calls(), 2);
 }
@@ -190,7 +189,7 @@ fn lock_on_a_dead_backend_gives_up_after_the_error_timeout() {
         .unwrap();
     let t = Instant::now();
     let e = c.get_lock("x").unwrap().lock().unwrap_err();
-    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Unavailable);
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Unavailable));
     assert!(t.elapsed() >= Duration::from_millis(200));
     assert!(t.elapsed() < Duration::from_secs(5));
 }
@@ -207,10 +206,7 @@ fn a_bounded_wait_on_a_failing_backend_returns_the_error_not_none() {
         .get_lock("x")
         .unwrap()
         .try_lock_timeout(Duration::from_millis(100));
-    assert_eq!(
-        r.unwrap_err().backend().unwrap().kind(),
-        BackendErrorKind::Busy
-    );
+    assert_eq!(r.unwrap_err().backend_kind(), Some(BackendErrorKind::Busy));
 }
 
 #[test]
@@ -221,7 +217,7 @@ fn unlock_failure_is_reported_and_drop_does_not_panic() {
     let g = lock.lock().unwrap();
     backend.faults().fail_next(1, BackendErrorKind::Unavailable);
     let e = g.unlock().unwrap_err();
-    assert_eq!(e.backend().unwrap().kind(), BackendErrorKind::Unavailable);
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Unavailable));
     // The release failed, so the lock stays until its lease ends.
     assert!(lock.is_locked().unwrap());
     assert!(backend.expire_now("x"));

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use dlm_core::LockBackend;
+use dlm_core::backend::LockBackend;
 use dlm_memory::MemoryBackend;
 
 struct Memory(MemoryBackend);

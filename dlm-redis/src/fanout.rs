@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
+use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 

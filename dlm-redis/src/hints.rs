@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use dlm_core::{BackendErrorKind, WaitList, Watch};
+use dlm_core::backend::{BackendErrorKind, WaitList, Watch};
 use parking_lot::Mutex;
 
 use crate::conn::{Endpoint, Timeouts};

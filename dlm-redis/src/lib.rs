@@ -7,7 +7,7 @@
 //!   window.
 //! - [`Redlock`]: one lock over N independent masters (the Redlock algorithm).
 //!
-//! Both implement [`dlm_core::LockBackend`]; hand them to a
+//! Both implement [`dlm_core::backend::LockBackend`]; hand them to a
 //! [`LockClient`](dlm_core::LockClient). [`fenced_set`] is the resource-side check for a
 //! value kept in Redis.
 //!

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::{Duration, Instant};
 
-use dlm_core::{BackendError, BackendErrorKind, LockName, OwnerToken};
+use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
 use redis::Script;
 

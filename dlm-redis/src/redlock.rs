@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlm_core::{
+use dlm_core::backend::{
     Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
     OwnerToken, Renewal, Watch,
 };

@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::{Arc, Mutex, Weak};
 
-use dlm_core::LockBackend;
+use dlm_core::backend::LockBackend;
 use dlm_redis::RedisBackend;
 use dlm_testkit::cluster::RedisCluster;
 

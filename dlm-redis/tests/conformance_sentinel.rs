@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use dlm_core::LockBackend;
+use dlm_core::backend::LockBackend;
 use dlm_redis::RedisBackend;
 use dlm_testkit::sentinel::SentinelTopology;
 

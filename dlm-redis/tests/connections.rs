@@ -142,7 +142,7 @@ fn a_refused_connection_fails_the_request_without_waiting_for_the_connect_timeou
     let e = lock.try_lock().unwrap_err();
     let took = start.elapsed();
     assert_eq!(
-        e.backend().map(|b| b.kind()),
+        e.backend_kind(),
         Some(dlm_core::BackendErrorKind::Unavailable),
         "{e}"
     );

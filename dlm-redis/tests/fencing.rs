@@ -279,7 +279,7 @@ fn a_commit_round_without_a_quorum_releases_everywhere() {
             .unwrap(),
     );
     let e = c.get_lock(&name).unwrap().try_lock().unwrap_err();
-    let kind = e.backend().map(|b| b.kind());
+    let kind = e.backend_kind();
     assert!(
         matches!(
             kind,

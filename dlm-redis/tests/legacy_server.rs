@@ -117,7 +117,7 @@ fn a_fenced_single_redis_6_is_detected_once_and_its_tokens_increase() {
     let client = LockClient::new(backend);
     let e = client.get_lock(name).unwrap().try_lock().unwrap_err();
     assert_eq!(
-        e.backend().map(|b| b.kind()),
+        e.backend_kind(),
         Some(dlm_core::BackendErrorKind::UnexpectedKey),
         "{e}"
     );

@@ -218,11 +218,7 @@ fn a_connection_reset_during_a_release_is_a_typed_error_and_leaves_nothing_held(
         .expect_err("a reset release reports an error");
     resetter.join().unwrap();
     assert!(start.elapsed() < Duration::from_secs(2));
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Unavailable),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Unavailable), "{e}");
     proxy.heal();
     // The server ran the release: the lock is free, and the client works again.
     let exists: bool = redis::cmd("EXISTS")
@@ -353,11 +349,7 @@ fn a_single_instance_lease_gone_when_its_reply_arrives_is_a_timeout_and_released
         .unwrap();
     proxy.set_latency(Direction::ToClient, Duration::from_millis(100));
     let e = client.get_lock(&name).unwrap().try_lock().unwrap_err();
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Timeout),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Timeout), "{e}");
     proxy.heal();
     let exists: bool = redis::cmd("EXISTS")
         .arg(format!("dlm:{{{name}}}"))

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlm_core::{BackendErrorKind, Error, Lock, LockBackend, LockClient, RetryPolicy};
+use dlm_core::backend::{BackendErrorKind, LockBackend};
+use dlm_core::{Error, Lock, LockClient, RetryPolicy};
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::redis_server::{RedisServer, RedisServerBuilder};
 use dlm_testkit::unique_name;
@@ -62,7 +63,7 @@ fn fence_key(name: &str) -> String {
 }
 
 fn kind(e: &Error) -> Option<BackendErrorKind> {
-    e.backend().map(|b| b.kind())
+    e.backend_kind()
 }
 
 /// Asserts that `r` is a backend error of `expected` kind and returns the error.
@@ -501,7 +502,7 @@ fn out_of_memory_is_reported_as_out_of_memory() {
     let r = lock.try_lock_timeout(Duration::from_secs(5));
     let e = expect_kind(r, BackendErrorKind::OutOfMemory, "acquire at maxmemory 1");
     assert!(start.elapsed() < PROMPT, "took {:?}", start.elapsed());
-    assert!(!e.backend().unwrap().is_transient());
+    assert!(!e.is_transient());
     assert!(
         !exists(&mut admin, &lock_key(&name)),
         "a lock key was written"
@@ -789,7 +790,7 @@ fn a_server_busy_with_a_long_script_is_reported_as_busy_and_recovers() {
         "try_lock while BUSY",
     );
     assert!(start.elapsed() < PROMPT, "took {:?}", start.elapsed());
-    assert!(e.backend().unwrap().is_transient(), "Busy is transient");
+    assert!(e.is_transient(), "Busy is transient");
     expect_kind(
         lock.is_locked(),
         BackendErrorKind::Busy,
@@ -835,7 +836,7 @@ fn max_clients_reached_is_reported_as_unavailable_and_recovers() {
     );
     let elapsed = start.elapsed();
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
-    assert!(e.backend().unwrap().is_transient());
+    assert!(e.is_transient());
 
     let _: () = query(
         &mut admin,

@@ -14,7 +14,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::Cluster;
-use dlm_core::{BackendErrorKind, Error, Lock, LockBackend, LockClient, RetryPolicy};
+use dlm_core::backend::{BackendErrorKind, LockBackend};
+use dlm_core::{Error, Lock, LockClient, RetryPolicy};
 use dlm_redis::Redlock;
 use dlm_testkit::redis_server::RedisServer;
 use dlm_testkit::{CountingBackend, unique_name};
@@ -153,7 +154,7 @@ fn expect_no_quorum<T: Debug>(r: dlm_core::Result<T>, what: &str) -> Error {
         Ok(v) => panic!("{what}: expected a NoQuorum error, got Ok({v:?})"),
         Err(e) => {
             assert_eq!(
-                e.backend().map(|b| b.kind()),
+                e.backend_kind(),
                 Some(BackendErrorKind::NoQuorum),
                 "{what}: wrong error: {e} / {e:?}"
             );

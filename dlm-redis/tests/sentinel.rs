@@ -233,11 +233,7 @@ fn data_node_and_sentinel_passwords() {
             .unwrap(),
     );
     let e = wrong.get_lock(&name).unwrap().try_lock().unwrap_err();
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Auth),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Auth), "{e}");
     assert!(!e.to_string().contains("data pw") && !e.to_string().contains("wrong"));
 
     // Sentinel URLs without the sentinels' password: refused at build.
@@ -250,11 +246,7 @@ fn data_node_and_sentinel_passwords() {
         .master_auth(None, "data pw%41")
         .build()
         .unwrap_err();
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Auth),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Auth), "{e}");
 }
 
 /// Each bad setting is a typed error from `build`, before any lock is attempted.
@@ -304,11 +296,7 @@ fn bad_settings_are_refused_at_build() {
         .connect_timeout(Duration::from_millis(200))
         .build()
         .unwrap_err();
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Unavailable),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Unavailable), "{e}");
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
@@ -363,11 +351,7 @@ fn acl_users_on_the_sentinels_and_the_data_nodes() {
             .unwrap(),
     );
     let e = wrong.get_lock(&name).unwrap().try_lock().unwrap_err();
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Auth),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Auth), "{e}");
     // A sentinel user that may not ask: refused at build, as a permission error.
     let denied: Vec<String> = t
         .sentinel_addrs()
@@ -378,11 +362,7 @@ fn acl_users_on_the_sentinels_and_the_data_nodes() {
     let e = RedisBackend::sentinel(t.master_name(), &denied)
         .build()
         .unwrap_err();
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Permission),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Permission), "{e}");
 }
 
 /// A deployment that uses TLS everywhere (data nodes, replication, sentinels): the
@@ -438,9 +418,5 @@ fn a_tls_deployment_is_reached_over_tls_and_followed_through_a_failover() {
     let e = RedisBackend::sentinel(t.master_name(), &t.sentinel_tls_urls())
         .build()
         .unwrap_err();
-    assert_eq!(
-        e.backend().map(|b| b.kind()),
-        Some(BackendErrorKind::Tls),
-        "{e}"
-    );
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Tls), "{e}");
 }

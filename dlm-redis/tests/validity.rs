@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlm_core::{Lock, LockBackend, LockClient};
+use dlm_core::backend::LockBackend;
+use dlm_core::{Lock, LockClient};
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::unique_name;
 

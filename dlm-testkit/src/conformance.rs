@@ -12,9 +12,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
-use dlm_core::{
-    Error, HoldState, Lock, LockClient, LockName, OwnerToken, RetryPolicy, interrupt_pair,
-};
+use dlm_core::backend::{LockName, OwnerToken};
+use dlm_core::{Error, HoldState, Lock, LockClient, RetryPolicy, interrupt_pair};
 
 use crate::history::History;
 use crate::{CountingBackend, Fixture, unique_name};
@@ -821,19 +820,19 @@ pub fn a_released_lock_is_not_reported_lost(f: &dyn Fixture) {
 /// finds the lock held: the release lands between a waiter's failed try and its wait.
 #[derive(Debug)]
 struct ReleaseAfterFirstHeld {
-    inner: Arc<dyn dlm_core::LockBackend>,
+    inner: Arc<dyn dlm_core::backend::LockBackend>,
     guard: parking_lot::Mutex<Option<dlm_core::LockGuard>>,
 }
 
-impl dlm_core::LockBackend for ReleaseAfterFirstHeld {
+impl dlm_core::backend::LockBackend for ReleaseAfterFirstHeld {
     fn try_acquire(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<dlm_core::Acquire, dlm_core::BackendError> {
+    ) -> Result<dlm_core::backend::Acquire, dlm_core::BackendError> {
         let r = self.inner.try_acquire(name, owner, ttl);
-        if matches!(r, Ok(dlm_core::Acquire::Held { .. }))
+        if matches!(r, Ok(dlm_core::backend::Acquire::Held { .. }))
             && let Some(g) = self.guard.lock().take()
         {
             g.unlock().unwrap();
@@ -845,7 +844,7 @@ impl dlm_core::LockBackend for ReleaseAfterFirstHeld {
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<Option<dlm_core::Lease>, dlm_core::BackendError> {
+    ) -> Result<Option<dlm_core::backend::Lease>, dlm_core::BackendError> {
         self.inner.extend(name, owner, ttl)
     }
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, dlm_core::BackendError> {
@@ -860,7 +859,7 @@ impl dlm_core::LockBackend for ReleaseAfterFirstHeld {
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
         self.inner.inspect(name)
     }
-    fn watch(&self, name: &LockName) -> Option<dlm_core::Watch> {
+    fn watch(&self, name: &LockName) -> Option<dlm_core::backend::Watch> {
         self.inner.watch(name)
     }
 }
@@ -1006,14 +1005,14 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
         .try_acquire(&name, &owner, Duration::from_secs(2))
         .unwrap()
     {
-        dlm_core::Acquire::Acquired(lease) => lease,
+        dlm_core::backend::Acquire::Acquired(lease) => lease,
         other => panic!("a free lock: {other:?}"),
     };
     let again = match backend
         .try_acquire(&name, &owner, Duration::from_secs(60))
         .unwrap()
     {
-        dlm_core::Acquire::Acquired(lease) => lease,
+        dlm_core::backend::Acquire::Acquired(lease) => lease,
         other => panic!("its own lock, asked again: {other:?}"),
     };
     assert!(again.valid_until() > first.valid_until());
@@ -1029,7 +1028,7 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
         backend
             .try_acquire(&name, &other, Duration::from_secs(2))
             .unwrap(),
-        dlm_core::Acquire::Held { .. }
+        dlm_core::backend::Acquire::Held { .. }
     ));
     assert!(backend.release(&name, &owner).unwrap());
 }
@@ -1202,7 +1201,7 @@ pub fn reentry_does_no_io(f: &dyn Fixture) {
 /// hand-over).
 #[derive(Debug)]
 struct Gate {
-    inner: Arc<dyn dlm_core::LockBackend>,
+    inner: Arc<dyn dlm_core::backend::LockBackend>,
     pass: u64,
     attempts: AtomicU64,
     /// Attempts that have returned.
@@ -1218,13 +1217,13 @@ impl Gate {
     }
 }
 
-impl dlm_core::LockBackend for Gate {
+impl dlm_core::backend::LockBackend for Gate {
     fn try_acquire(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<dlm_core::Acquire, dlm_core::BackendError> {
+    ) -> Result<dlm_core::backend::Acquire, dlm_core::BackendError> {
         if self.attempts.fetch_add(1, Ordering::SeqCst) >= self.pass {
             let mut open = self.open.lock();
             while !*open {
@@ -1240,7 +1239,7 @@ impl dlm_core::LockBackend for Gate {
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<Option<dlm_core::Lease>, dlm_core::BackendError> {
+    ) -> Result<Option<dlm_core::backend::Lease>, dlm_core::BackendError> {
         self.inner.extend(name, owner, ttl)
     }
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, dlm_core::BackendError> {
@@ -1252,7 +1251,7 @@ impl dlm_core::LockBackend for Gate {
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
         self.inner.inspect(name)
     }
-    fn watch(&self, name: &LockName) -> Option<dlm_core::Watch> {
+    fn watch(&self, name: &LockName) -> Option<dlm_core::backend::Watch> {
         self.inner.watch(name)
     }
     fn wake_pending(&self, name: &LockName) -> bool {

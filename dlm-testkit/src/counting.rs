@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use dlm_core::{Acquire, BackendError, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch};
+use dlm_core::backend::{
+    Acquire, BackendError, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
+};
 
 /// Wraps a backend and counts the calls that reach it (`watch` excluded: it is not a
 /// request to the store), and records each renewal round ([`LockBackend::extend_many`]):

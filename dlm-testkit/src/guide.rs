@@ -1,7 +1,7 @@
 #![doc = concat!(r#"
 # Writing a backend
 
-A backend is a lock store behind the [`LockBackend`](dlm_core::LockBackend) trait. The
+A backend is a lock store behind the [`LockBackend`](dlm_core::backend::LockBackend) trait. The
 front ([`LockClient`](dlm_core::LockClient)) does everything else once, for every backend:
 waiting and deadlines, interrupts, re-entrancy, guards, the watchdog's renewals, the lost
 signal. A backend makes one bounded attempt per call: it never sleeps, never retries,
@@ -9,23 +9,23 @@ never waits for a lock.
 
 ## What a backend must do
 
-- [`try_acquire(name, owner, ttl)`](dlm_core::LockBackend::try_acquire): take `name` for
+- [`try_acquire(name, owner, ttl)`](dlm_core::backend::LockBackend::try_acquire): take `name` for
   `owner` if it is free, with an expiry `ttl` from now, and return
-  [`Acquire::Acquired`](dlm_core::Acquire::Acquired) with a
-  [`Lease`](dlm_core::Lease) whose `valid_until` is no later than the real expiry
+  [`Acquire::Acquired`](dlm_core::backend::Acquire::Acquired) with a
+  [`Lease`](dlm_core::backend::Lease) whose `valid_until` is no later than the real expiry
   (count it from before the request was sent; a network backend subtracts its clock-drift
   allowance). If `owner` already holds it (a retry whose reply was lost), refresh the
   lease and say acquired. If someone else holds it, return
-  [`Acquire::Held { retry_after }`](dlm_core::Acquire::Held) with the holder's remaining
+  [`Acquire::Held { retry_after }`](dlm_core::backend::Acquire::Held) with the holder's remaining
   lease when you know it: a waiter never sleeps past it (with release hints it sleeps
   until then unless a hint wakes it; without them it polls with backoff). Contention is
   never an error.
-- [`extend`](dlm_core::LockBackend::extend) and [`release`](dlm_core::LockBackend::release)
+- [`extend`](dlm_core::backend::LockBackend::extend) and [`release`](dlm_core::backend::LockBackend::release)
   act only while `owner` still holds the name (`Ok(None)` / `Ok(false)` otherwise), and
   never re-create an entry that is gone: a holder whose lease ran out must learn that it
   lost the lock, not get it back behind the back of whoever took it since.
-- [`force_release`](dlm_core::LockBackend::force_release) (administration) and
-  [`inspect`](dlm_core::LockBackend::inspect) (the holder's remaining lease).
+- [`force_release`](dlm_core::backend::LockBackend::force_release) (administration) and
+  [`inspect`](dlm_core::backend::LockBackend::inspect) (the holder's remaining lease).
 - Every entry ends with its lease: no acquire path may leave a name held for ever, and a
   name nobody holds should cost nothing.
 - Fencing tokens, if you issue them: every acquisition of a name gets a larger token than
@@ -38,12 +38,12 @@ never waits for a lock.
   `Timeout`, `NoQuorum`, `Busy`) within the caller's deadline, and returns the others
   at once: pick a transient kind only for a failure a later attempt may not see.
   Messages never hold a password or an owner token.
-- Optional: [`extend_many`](dlm_core::LockBackend::extend_many) (batch the watchdog's
-  renewals: one round trip per server, however many holds), [`watch`](dlm_core::LockBackend::watch)
-  and [`wake_pending`](dlm_core::LockBackend::wake_pending) (release hints: a waiter wakes
+- Optional: [`extend_many`](dlm_core::backend::LockBackend::extend_many) (batch the watchdog's
+  renewals: one round trip per server, however many holds), [`watch`](dlm_core::backend::LockBackend::watch)
+  and [`wake_pending`](dlm_core::backend::LockBackend::wake_pending) (release hints: a waiter wakes
   when the lock is released instead of at the holder's lease end;
-  [`WaitList`](dlm_core::WaitList) does the bookkeeping), and
-  [`now`](dlm_core::LockBackend::now) (only for a virtual clock in a test double).
+  [`WaitList`](dlm_core::backend::WaitList) does the bookkeeping), and
+  [`now`](dlm_core::backend::LockBackend::now) (only for a virtual clock in a test double).
 
 ## A complete backend
 
@@ -66,7 +66,7 @@ In your crate's `tests/conformance.rs` (with `dlm-testkit` as a dev-dependency),
 # include!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/guide/map_backend.rs"));
 # }
 use std::sync::Arc;
-use dlm_core::LockBackend;
+use dlm_core::backend::LockBackend;
 use my_backend::MapBackend;
 
 struct Map(MapBackend);

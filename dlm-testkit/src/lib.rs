@@ -36,7 +36,7 @@ pub use counting::{CountingBackend, Round};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dlm_core::LockBackend;
+use dlm_core::backend::LockBackend;
 
 /// What a conformance case needs from the backend under test.
 pub trait Fixture {
@@ -76,7 +76,7 @@ pub static TIMING: parking_lot::RwLock<()> = parking_lot::RwLock::new(());
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use dlm_core::LockBackend;
+/// # use dlm_core::backend::LockBackend;
 /// struct Memory(dlm_memory::MemoryBackend);
 /// impl dlm_testkit::Fixture for Memory {
 ///     fn backend(&self) -> Arc<dyn LockBackend> { Arc::new(self.0.clone()) }

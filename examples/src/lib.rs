@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlm_core::LockBackend;
+use dlm_core::backend::LockBackend;
 
 /// Command-line arguments, parsed by hand (`--flag value` pairs and bare `--switch`es).
 #[derive(Debug)]

@@ -170,7 +170,7 @@ fn crashed_holder(urls: &[String]) {
     guard.unlock().unwrap();
 }
 
-fn backend(urls: &[String]) -> std::sync::Arc<dyn dlm_core::LockBackend> {
+fn backend(urls: &[String]) -> std::sync::Arc<dyn dlm_core::backend::LockBackend> {
     if urls.len() == 1 {
         std::sync::Arc::new(dlm_redis::RedisBackend::new(&urls[0]).unwrap())
     } else {

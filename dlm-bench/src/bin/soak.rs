@@ -38,7 +38,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlm_core::{BackendErrorKind, FencedResource, Lock, LockBackend, LockClient};
+use dlm_core::backend::{BackendErrorKind, LockBackend};
+use dlm_core::{FencedResource, Lock, LockClient};
 use dlm_memory::MemoryBackend;
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::faults::{Direction, FaultProxy};
@@ -267,8 +268,8 @@ fn work(
             Ok(Some(g)) => g,
             Ok(None) => continue,
             Err(e) => {
-                match e.backend() {
-                    Some(b) if b.is_transient() => counters.error(format!("{:?}", b.kind())),
+                match e.backend_kind() {
+                    Some(kind) if kind.is_transient() => counters.error(format!("{kind:?}")),
                     _ => counters.fatal.lock().push(format!("{owner}: acquire: {e}")),
                 }
                 continue;
@@ -323,8 +324,8 @@ fn work(
         match guard.unlock() {
             Ok(()) => {}
             Err(dlm_core::Error::LockLost) => counters.error("lost".into()),
-            Err(e) => match e.backend() {
-                Some(b) if b.is_transient() => counters.error(format!("release {:?}", b.kind())),
+            Err(e) => match e.backend_kind() {
+                Some(kind) if kind.is_transient() => counters.error(format!("release {kind:?}")),
                 _ => counters.fatal.lock().push(format!("{owner}: release: {e}")),
             },
         }

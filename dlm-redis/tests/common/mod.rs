@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlm_core::LockBackend;
+use dlm_core::backend::LockBackend;
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::redis_server::{
     RedisNodes, RedisServer, legacy_redis_server_binary, require_redis_server,

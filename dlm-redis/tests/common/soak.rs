@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlm_core::{Lock, LockBackend, LockClient};
+use dlm_core::backend::LockBackend;
+use dlm_core::{Lock, LockClient};
 use dlm_testkit::history::History;
 use parking_lot::Mutex;
 
@@ -75,10 +76,7 @@ impl Soak {
                             Ok(Some(guard)) => guard,
                             Ok(None) => continue,
                             Err(e) => {
-                                assert!(
-                                    e.backend().is_some_and(|b| b.is_transient()),
-                                    "thread {id}: {e}"
-                                );
+                                assert!(e.is_transient(), "thread {id}: {e}");
                                 errors.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             }

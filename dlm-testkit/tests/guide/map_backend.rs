@@ -2,9 +2,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlm_core::{
-    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName, OwnerToken,
-};
+use dlm_core::backend::{Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName, OwnerToken};
 
 /// Locks in a map behind a mutex, for the threads of one process (like dlm-memory).
 /// Cloning shares the map.

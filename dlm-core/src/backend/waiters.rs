@@ -1,5 +1,5 @@
 //! A registry of waiters for one lock name that backends use to implement
-//! [`LockBackend::watch`](crate::LockBackend::watch).
+//! [`LockBackend::watch`](crate::backend::LockBackend::watch).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crossbeam_channel::{Sender, TrySendError};
 use parking_lot::Mutex;
 
-use crate::backend::{Unsubscribe, Watch};
+use super::watch::{Unsubscribe, Watch};
 
 /// Waiters of one lock name, woken one at a time in FIFO order.
 ///
@@ -98,7 +98,7 @@ impl WaitList {
     /// Whether a hand-over is under way: a waiter has been woken and has not yet made the
     /// attempt it was woken for (the wake-up is still in its channel, or the waiter is
     /// trying, see [`Watch::trying`]). A newcomer should let that waiter try first (see
-    /// [`LockBackend::wake_pending`](crate::LockBackend::wake_pending)).
+    /// [`LockBackend::wake_pending`](crate::backend::LockBackend::wake_pending)).
     pub fn wake_pending(&self) -> bool {
         self.inner
             .lock()

@@ -1,0 +1,280 @@
+//! The wait loop, one for every backend: attempt, subscribe to release hints, sleep
+//! until a hint, the holder's lease end, a backoff, the deadline or an interrupt; and
+//! the local side of an acquisition (re-entry, installing the hold).
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, select};
+
+use crate::backend::{Acquire, Lease, OwnerToken, Watch};
+use crate::error::{Error, InvalidArgument, Result};
+use crate::guard::LockGuard;
+use crate::interrupt::Interrupt;
+use crate::shared::{Holding, LockShared, thread_no};
+use crate::watchdog::{KeepAlive, Registration};
+
+/// How long an acquisition may wait.
+#[derive(Clone, Copy)]
+pub(crate) enum Wait {
+    /// One attempt.
+    No,
+    /// Until this instant.
+    Until(Instant),
+    Forever,
+}
+
+impl Wait {
+    pub(crate) fn from_timeout(timeout: Duration) -> Wait {
+        if timeout.is_zero() {
+            return Wait::No;
+        }
+        match Instant::now().checked_add(timeout) {
+            Some(deadline) => Wait::Until(deadline),
+            None => Wait::Forever,
+        }
+    }
+}
+
+/// One acquisition through a lock handle: its lock, the lease it asks for (`None`:
+/// watchdog-renewed) and the client's keep-alive, for the guard.
+pub(crate) struct Acquisition<'a> {
+    pub(crate) shared: &'a Arc<LockShared>,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) keep_alive: &'a Arc<KeepAlive>,
+}
+
+impl Acquisition<'_> {
+    pub(crate) fn run(
+        &self,
+        wait: Wait,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<Option<LockGuard>> {
+        let shared = self.shared;
+        let client = &shared.client;
+        if interrupt.is_some_and(Interrupt::is_interrupted) {
+            return Err(Error::Interrupted);
+        }
+        if client.reentrant
+            && let Some(guard) = self.reenter()?
+        {
+            return Ok(Some(guard));
+        }
+        let token = client.token_for_current_thread();
+        let never = crossbeam_channel::never();
+        let interrupt_rx: &Receiver<()> = interrupt.map_or(&never, Interrupt::receiver);
+        let mut watch: Option<Watch> = None;
+        let mut subscribed = false;
+        let mut attempt: u32 = 0;
+        let mut failing_since: Option<Instant> = None;
+        let ttl = self.lease.unwrap_or(client.watchdog.config().timeout);
+        // The next attempt follows a wake-up of ours.
+        let mut woken = false;
+        // A real attempt was made (every call makes at least one).
+        let mut attempted = false;
+        let mut force = false;
+        loop {
+            // No barging past a hand-over in progress: an attempt that does not follow a
+            // wake-up of ours holds back while a waiter of this process has been woken for
+            // this lock and has not finished its attempt (typically woken by our own
+            // thread's release a moment ago). It waits for its own turn (hints come in
+            // FIFO order) or its backoff instead, so local waiters are served in turn.
+            // `try_lock`, and the last look before a deadline, always attempt.
+            let (our_turn, forced) = (std::mem::take(&mut woken), std::mem::take(&mut force));
+            let hold_back = !our_turn
+                && !forced
+                && !matches!(wait, Wait::No)
+                && client.backend.wake_pending(&shared.name);
+            if hold_back && !subscribed {
+                subscribed = true;
+                watch = client.backend.watch(&shared.name);
+            }
+            let outcome = if hold_back && watch.is_some() {
+                Ok(Acquire::Held { retry_after: None })
+            } else {
+                attempted = true;
+                client.backend.try_acquire(&shared.name, &token, ttl)
+            };
+            if let Some(w) = &watch {
+                w.trying(false);
+            }
+            let (retry_after, error) = match outcome {
+                Ok(Acquire::Acquired(lease)) => {
+                    if let Some(w) = &watch {
+                        w.consume();
+                    }
+                    if interrupt.is_some_and(Interrupt::is_interrupted) {
+                        self.abandon(&token);
+                        return Err(Error::Interrupted);
+                    }
+                    return Ok(Some(self.install(token, lease)));
+                }
+                Ok(Acquire::Held { retry_after }) => {
+                    failing_since = None;
+                    (retry_after, None)
+                }
+                Err(e) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if !e.is_transient() || since.elapsed() >= client.retry.error_timeout_value() {
+                        self.abandon(&token);
+                        return Err(e.into());
+                    }
+                    log::debug!(
+                        "lock {:?}: transient backend error, retrying: {e}",
+                        shared.name
+                    );
+                    (None, Some(e))
+                }
+            };
+            let now = Instant::now();
+            let deadline = match wait {
+                Wait::No => None,
+                Wait::Until(d) if now >= d => None,
+                Wait::Until(d) => Some(Some(d)),
+                Wait::Forever => Some(None),
+            };
+            let Some(deadline) = deadline else {
+                if !attempted {
+                    // Held back until the end: look once before giving up.
+                    force = true;
+                    continue;
+                }
+                // Out of time: report the last failure if the last attempt failed.
+                return match error {
+                    Some(e) => {
+                        self.abandon(&token);
+                        Err(e.into())
+                    }
+                    None => Ok(None),
+                };
+            };
+            // Subscribe after the first contended attempt, then look once more before
+            // sleeping: a release between that attempt and the subscription is seen by the
+            // second attempt, one after it by the subscription. No wake-up is lost, and an
+            // uncontended acquisition pays nothing for the subscription.
+            if !subscribed {
+                subscribed = true;
+                watch = client.backend.watch(&shared.name);
+                if watch.is_some() && error.is_none() {
+                    continue;
+                }
+            }
+            let delay = match (&watch, retry_after) {
+                // Woken by the release hint; otherwise look when the holder's lease ends.
+                (Some(_), Some(remaining)) if error.is_none() => {
+                    remaining + Duration::from_micros(rand::random_range(500..=2_000))
+                }
+                _ => client.retry.delay(attempt, retry_after),
+            };
+            attempt = attempt.saturating_add(1);
+            let wake_at = match (now.checked_add(delay), deadline) {
+                (Some(t), Some(d)) => t.min(d),
+                (Some(t), None) => t,
+                (None, Some(d)) => d,
+                (None, None) => now + Duration::from_secs(3600),
+            };
+            let hint_rx = watch.as_ref().map_or(&never, Watch::receiver);
+            select! {
+                recv(interrupt_rx) -> _ => return Err(Error::Interrupted),
+                recv(hint_rx) -> hint => {
+                    if let (Ok(()), Some(w)) = (&hint, &watch) {
+                        // Our turn: newcomers of this process hold back until we tried.
+                        w.trying(true);
+                        woken = true;
+                    }
+                    if hint.is_err() {
+                        // The subscription died: poll from now on.
+                        log::debug!("lock {:?}: release hints lost, polling", shared.name);
+                        watch = None;
+                    }
+                }
+                recv(crossbeam_channel::at(wake_at)) -> _ => {}
+            }
+        }
+    }
+
+    /// The re-entrant fast path: a further hold of a lock the calling thread holds.
+    fn reenter(&self) -> Result<Option<LockGuard>> {
+        let mut state = self.shared.state.lock();
+        let me = thread_no();
+        let Some(h) = state.holding.as_mut().filter(|h| h.thread == me) else {
+            return Ok(None);
+        };
+        if !h.is_valid(self.shared.client.backend.now()) {
+            // The earlier hold's lease is gone; its guards will report it. This
+            // acquisition starts afresh.
+            log::warn!(
+                "lock {:?}: re-acquired by its holding thread after the lease was lost",
+                self.shared.name
+            );
+            state.holding = None;
+            return Ok(None);
+        }
+        h.count = h
+            .count
+            .checked_add(1)
+            .ok_or_else(|| InvalidArgument::new("hold count", "too many re-entrant holds"))?;
+        let (generation, lease) = (h.generation, h.lease);
+        drop(state);
+        Ok(Some(LockGuard::new(
+            self.shared.clone(),
+            self.keep_alive.clone(),
+            generation,
+            lease,
+        )))
+    }
+
+    fn install(&self, token: OwnerToken, lease: Lease) -> LockGuard {
+        let mut state = self.shared.state.lock();
+        state.next_generation += 1;
+        let generation = state.next_generation;
+        if state.holding.is_some() {
+            // Another of our threads held it, but the backend granted it to us: that hold
+            // expired. Its guards will see they are stale.
+            log::warn!(
+                "lock {:?}: taken over from an expired hold of this process",
+                self.shared.name
+            );
+        }
+        // Scheduled under the state mutex: the hold and its ticket appear together.
+        let renewal = if self.lease.is_none() {
+            let lock: Weak<LockShared> = Arc::downgrade(self.shared);
+            self.shared.client.watchdog.register(Registration {
+                lock,
+                generation,
+                acquired: Instant::now(),
+            })
+        } else {
+            None
+        };
+        state.holding = Some(Holding {
+            thread: thread_no(),
+            count: 1,
+            generation,
+            token,
+            lease,
+            renewals: 0,
+            lost: false,
+            _renewal: renewal,
+            signal: None,
+        });
+        drop(state);
+        LockGuard::new(
+            self.shared.clone(),
+            self.keep_alive.clone(),
+            generation,
+            lease,
+        )
+    }
+
+    /// Best effort: undoes an acquisition that may have landed (an attempt that failed
+    /// after the request was sent, or one that won after an interrupt).
+    fn abandon(&self, token: &OwnerToken) {
+        if let Err(e) = self.shared.client.backend.release(&self.shared.name, token) {
+            log::debug!(
+                "lock {:?}: clean-up after a failed acquisition failed: {e}",
+                self.shared.name
+            );
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The contract between the generic front and a backend: what a store implements
+//! ([`LockBackend`]) and the types it exchanges with the front.
+//!
+//! Users of a lock need none of this beyond what the crate root re-exports
+//! ([`LockName`], [`FencingToken`], [`BackendError`], [`BackendErrorKind`]); a backend
+//! needs only this module: `use dlm_core::backend::{...}`.
+//!
+//! ## `crossbeam-channel` is part of this contract
+//! A [`Watch`] carries a [`channel::Receiver`]: the front waits on it together with an
+//! interrupt and a timer in one `select!`, and a backend with a hint source of its own
+//! (not a [`WaitList`]) hands the receiving end of such a channel to [`Watch::new`]. The
+//! crate is re-exported as [`channel`] so that a backend uses the same version as
+//! dlm-core; a release of dlm-core that moves to an incompatible `crossbeam-channel` is
+//! an incompatible release of dlm-core. Nothing outside this module exposes it.
+
+mod lease;
+mod name;
+mod owner;
+mod waiters;
+mod watch;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use crossbeam_channel as channel;
+
+pub use crate::error::{BackendError, BackendErrorKind};
+pub use lease::{FencingToken, Lease};
+pub use name::{LockName, MAX_NAME_LEN};
+pub(crate) use owner::random_client_id;
+pub use owner::{EncodedOwnerToken, OwnerToken};
+pub use waiters::WaitList;
+pub use watch::{Unsubscribe, Watch};
+
+/// The outcome of one acquisition attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acquire {
+    /// The lock is ours.
+    Acquired(Lease),
+    /// Someone else holds it.
+    Held {
+        /// The holder's remaining lease, when known: the lock cannot become free by
+        /// expiry before then, so a waiter need not look again sooner (unless woken).
+        retry_after: Option<Duration>,
+    },
+}
+
+/// One hold to renew, for [`LockBackend::extend_many`].
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Renewal<'a> {
+    /// The lock's name.
+    pub name: &'a LockName,
+    /// The holder's token.
+    pub owner: &'a OwnerToken,
+    /// The lease to set from now.
+    pub ttl: Duration,
+}
+
+impl<'a> Renewal<'a> {
+    /// A renewal of `name`, held by `owner`, for `ttl`.
+    pub fn new(name: &'a LockName, owner: &'a OwnerToken, ttl: Duration) -> Self {
+        Renewal { name, owner, ttl }
+    }
+}
+
+/// A lock store: one bounded attempt per call, never sleeping, never retrying.
+///
+/// The generic front ([`LockClient`](crate::LockClient)) implements waiting, deadlines,
+/// interrupts, re-entrancy and guards once, on top of these calls. Implement this trait to
+/// plug in a new store:
+///
+/// 1. Keep per name: the owner token of the holder and its expiry. If you issue fencing
+///    tokens, every acquisition of a name must get a larger token than every earlier
+///    acquisition of it, even after your store loses state (dlm-memory: one counter per
+///    store; dlm-redis: stream IDs, which restart from the server's clock).
+/// 2. [`try_acquire`](LockBackend::try_acquire) takes the name if it is free (or already
+///    held by the same token, which refreshes the lease), with an expiry: no acquire path
+///    may leave a name held without one.
+/// 3. [`extend`](LockBackend::extend) and [`release`](LockBackend::release) act only when
+///    the token still holds the name, and never re-create a missing entry.
+/// 4. Return within your I/O deadline; map failures to [`BackendError`] kinds so the front
+///    knows what to retry.
+/// 5. Run the conformance suite of `dlm-testkit` against it.
+///
+/// For a walk-through, see the `dlm-testkit` crate's `guide` module: the contract in
+/// detail, a complete backend (a map behind a mutex) and the conformance suite run
+/// against it.
+///
+/// Contention is not an error: it is [`Acquire::Held`]. Calling a backend directly (the
+/// front does this; users rarely need to):
+///
+/// ```
+/// use std::time::Duration;
+/// use dlm_core::backend::{Acquire, LockBackend, LockName, OwnerToken};
+/// use dlm_memory::MemoryBackend;
+///
+/// let backend = MemoryBackend::new();
+/// let name = LockName::new("report")?;
+/// let (me, other) = (OwnerToken::random_for_tests(1), OwnerToken::random_for_tests(2));
+/// let ttl = Duration::from_secs(10);
+/// let Acquire::Acquired(lease) = backend.try_acquire(&name, &me, ttl)? else {
+///     panic!("a free lock");
+/// };
+/// assert!(lease.fence().is_some());
+/// assert!(matches!(
+///     backend.try_acquire(&name, &other, ttl)?,
+///     Acquire::Held { retry_after: Some(_) }   // when the holder's lease ends, at most
+/// ));
+/// assert!(!backend.release(&name, &other)?);   // not its lock
+/// assert!(backend.release(&name, &me)?);
+/// assert_eq!(backend.inspect(&name)?, None);    // free
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// One bounded attempt to take `name` for `owner` for `ttl`.
+    ///
+    /// Idempotent for the same owner: if `owner` already holds `name`, the lease is
+    /// refreshed to `ttl` and `Acquired` is returned again (a retry after a lost reply must
+    /// never block its own sender). The returned lease's `valid_until` is already reduced by
+    /// the time the call took and by the backend's drift allowance.
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError>;
+
+    /// Resets the expiry of `name` to `ttl` if `owner` still holds it. `Ok(None)`: it is
+    /// no longer ours. Never re-creates a missing entry. The returned lease keeps the
+    /// fencing token of the acquisition.
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError>;
+
+    /// Renews several holds at once: the watchdog's renewal round. One result per
+    /// renewal, in order, each what [`extend`](LockBackend::extend) would return for it.
+    ///
+    /// The default calls `extend` for each in turn. A backend that talks to servers
+    /// should batch them (one round trip per server, whatever the number of holds), so
+    /// that a client holding many locks does not lose them to one slow server: the
+    /// renewals of one round must all be done well within a third of the lease.
+    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+        renewals
+            .iter()
+            .map(|r| self.extend(r.name, r.owner, r.ttl))
+            .collect()
+    }
+
+    /// Releases `name` if `owner` holds it. `Ok(false)`: it was not ours (any more).
+    fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError>;
+
+    /// Releases `name` whoever holds it (administration). `Ok(false)`: it was free.
+    fn force_release(&self, name: &LockName) -> Result<bool, BackendError>;
+
+    /// The remaining lease of whoever holds `name`, or `None` if it is free.
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError>;
+
+    /// Optional and cheap (no I/O on the caller's thread beyond registering): a
+    /// subscription that receives a hint when `name` was probably released. The front
+    /// subscribes after its first attempt finds the lock held, then attempts once more
+    /// (a release in between is seen by that attempt, a later one by the subscription),
+    /// and still bounds every wait by the holder's remaining lease, so a lost hint
+    /// costs a bounded delay, never a hang. The default returns `None` (the front
+    /// polls).
+    fn watch(&self, name: &LockName) -> Option<Watch> {
+        let _ = name;
+        None
+    }
+
+    /// Optional and cheap (no I/O): whether a release hint for `name` has been delivered
+    /// to a waiter of this process that has not woken up to use it yet. The front then
+    /// lets that waiter try first instead of racing it: a thread that releases and at
+    /// once asks again does not barge past the hand-over it just started, so local
+    /// waiters are served in turn. The default (`false`) never holds anyone back.
+    fn wake_pending(&self, name: &LockName) -> bool {
+        let _ = name;
+        false
+    }
+
+    /// The clock this backend's leases are measured on: the front compares every
+    /// [`Lease::valid_until`] it got from this backend with it (whether a guard
+    /// [`is_held`](crate::LockGuard::is_held), a re-entry, the watchdog's verdict on a
+    /// failed renewal). The default is [`Instant::now`]; override it only for a test
+    /// double with a virtual clock (`dlm_memory::ManualClock`), so that its guards see
+    /// the leases its store sees. It must never go back. Timeouts of waits are real time
+    /// whatever this returns.
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// What a [`LockClient`](crate::LockClient) runs on: any [`LockBackend`] by value (it is
+/// put behind an [`Arc`]), or an `Arc` of one, to share one backend (and its
+/// connections) between clients. Implemented for those; not meant to be implemented
+/// elsewhere.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlm_core::LockClient;
+/// use dlm_memory::MemoryBackend;
+///
+/// // By value: the client owns the backend.
+/// let alone = LockClient::new(MemoryBackend::new());
+/// // Shared: two clients (two owners) over one store.
+/// let shared = Arc::new(MemoryBackend::new());
+/// let a = LockClient::new(shared.clone());
+/// let b = LockClient::builder(shared).reentrant(false).build()?;
+/// # let _ = (alone, a, b);
+/// # Ok::<(), dlm_core::Error>(())
+/// ```
+pub trait IntoBackend: sealed::Sealed {
+    /// The backend, shared.
+    fn into_backend(self) -> Arc<dyn LockBackend>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<B: LockBackend> sealed::Sealed for B {}
+impl<B: LockBackend> IntoBackend for B {
+    fn into_backend(self) -> Arc<dyn LockBackend> {
+        Arc::new(self)
+    }
+}
+
+impl<B: LockBackend> sealed::Sealed for Arc<B> {}
+impl<B: LockBackend> IntoBackend for Arc<B> {
+    fn into_backend(self) -> Arc<dyn LockBackend> {
+        self
+    }
+}
+
+impl sealed::Sealed for Arc<dyn LockBackend> {}
+impl IntoBackend for Arc<dyn LockBackend> {
+    fn into_backend(self) -> Arc<dyn LockBackend> {
+        self
+    }
+}

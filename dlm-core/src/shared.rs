@@ -1,0 +1,310 @@
+//! What the handles of a client share: the client's settings and its registry of locks,
+//! and each lock's hold state (what this process knows about its own hold of a lock).
+//!
+//! No state mutex is held across a backend call: an extension, a renewal or a release
+//! takes what it needs under the mutex, lets go, makes the request, and applies the
+//! answer only if the hold is still the same acquisition (its generation).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::backend::{Lease, LockBackend, LockName, OwnerToken};
+use crate::error::{Error, InvalidArgument, Result};
+use crate::retry::RetryPolicy;
+use crate::signal::Signal;
+use crate::watchdog::{Renewable, RenewedHold, Started, Ticket, Watchdog};
+
+/// The settings and registry of one client, shared by its handles.
+pub(crate) struct ClientShared {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) id: [u8; 16],
+    /// The fixed lease of handles that set none; `None`: watchdog-renewed leases.
+    pub(crate) lease: Option<Duration>,
+    pub(crate) max_lease: Duration,
+    /// Renews watchdog-managed holds (its thread starts with the first of them).
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) reentrant: bool,
+    pub(crate) retry: RetryPolicy,
+    seq: AtomicU64,
+    registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
+}
+
+/// The settings of a client, for [`ClientShared::new`].
+pub(crate) struct Settings {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) id: [u8; 16],
+    pub(crate) lease: Option<Duration>,
+    pub(crate) max_lease: Duration,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) reentrant: bool,
+    pub(crate) retry: RetryPolicy,
+}
+
+impl ClientShared {
+    pub(crate) fn new(s: Settings) -> Self {
+        ClientShared {
+            backend: s.backend,
+            id: s.id,
+            lease: s.lease,
+            max_lease: s.max_lease,
+            watchdog: s.watchdog,
+            reentrant: s.reentrant,
+            retry: s.retry,
+            seq: AtomicU64::new(0),
+            registry: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The owner token of the calling thread's next acquisition: unique to it (re-entry is
+    /// counted here and never reaches the backend), so that a request that arrives late at
+    /// a server, or a clean-up of a failed attempt, can only ever touch the key of the
+    /// acquisition that sent it, never a later one of the same thread.
+    pub(crate) fn token_for_current_thread(&self) -> OwnerToken {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        OwnerToken::new(self.id, thread_no(), seq)
+    }
+
+    /// The shared state of the lock called `name`: the one every live handle to it
+    /// shares, or a new one.
+    pub(crate) fn lock_state(self: &Arc<Self>, name: LockName) -> Arc<LockShared> {
+        let mut registry = self.registry.lock();
+        if let Some(shared) = registry.get(&name).and_then(Weak::upgrade) {
+            return shared;
+        }
+        let shared = Arc::new(LockShared::new(self.clone(), name.clone()));
+        registry.insert(name, Arc::downgrade(&shared));
+        shared
+    }
+
+    /// Forgets `lock` when its last handle is gone.
+    fn unregister(&self, name: &LockName, lock: *const LockShared) {
+        let mut registry = self.registry.lock();
+        if registry.get(name).is_some_and(|w| w.as_ptr() == lock) {
+            registry.remove(name);
+        }
+    }
+
+    pub(crate) fn check_lease(&self, lease: Duration) -> Result<Duration, InvalidArgument> {
+        check_lease(lease, self.max_lease)
+    }
+}
+
+/// `lease` if it is at least 1 ms, at most `max_lease`, and fits the monotonic clock.
+pub(crate) fn check_lease(
+    lease: Duration,
+    max_lease: Duration,
+) -> Result<Duration, InvalidArgument> {
+    if lease < Duration::from_millis(1) {
+        return Err(InvalidArgument::new(
+            "lease",
+            format!("{lease:?} is below the minimum of 1 ms"),
+        ));
+    }
+    if lease > max_lease {
+        return Err(InvalidArgument::new(
+            "lease",
+            format!("{lease:?} exceeds the maximum of {:?}", max_lease),
+        ));
+    }
+    if Instant::now().checked_add(lease).is_none() {
+        return Err(InvalidArgument::new(
+            "lease",
+            format!("{lease:?} overflows the monotonic clock"),
+        ));
+    }
+    Ok(lease)
+}
+
+/// A small number unique to the calling thread for the life of the process.
+pub(crate) fn thread_no() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NO: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NO.with(|n| *n)
+}
+
+/// The hold state of one lock name of one client, shared by all its handles and guards.
+pub(crate) struct LockShared {
+    pub(crate) client: Arc<ClientShared>,
+    pub(crate) name: LockName,
+    pub(crate) state: Mutex<State>,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub(crate) holding: Option<Holding>,
+    pub(crate) next_generation: u64,
+}
+
+/// What this process knows about its own hold of a lock.
+pub(crate) struct Holding {
+    /// The thread that acquired it.
+    pub(crate) thread: u64,
+    /// Re-entrant holds outstanding.
+    pub(crate) count: u32,
+    /// Identifies this acquisition: guards of an earlier one are stale.
+    pub(crate) generation: u64,
+    pub(crate) token: OwnerToken,
+    pub(crate) lease: Lease,
+    /// Renewals (watchdog and extensions) recorded in `lease`.
+    pub(crate) renewals: u64,
+    /// A renewal or extension found the lock gone.
+    pub(crate) lost: bool,
+    /// Its place in the watchdog's schedule (watchdog-renewed holds only): dropped with
+    /// the hold, which ends the renewals.
+    pub(crate) _renewal: Option<Ticket>,
+    /// The lost-lock signal, made on the first `LockGuard::lost_signal`: ended with a
+    /// verdict (lost or released) when the hold ends. Most holds never ask, and pay
+    /// nothing for it.
+    pub(crate) signal: Option<Signal>,
+}
+
+impl Holding {
+    pub(crate) fn is_valid(&self, now: Instant) -> bool {
+        !self.lost && now < self.lease.valid_until()
+    }
+
+    /// Records that the lock is gone and signals it to whoever watches a
+    /// [`LostSignal`](crate::LostSignal) of this hold.
+    pub(crate) fn mark_lost(&mut self) {
+        self.lost = true;
+        if let Some(signal) = self.signal.take() {
+            signal.end(true);
+        }
+    }
+
+    /// What a renewal (or extension) of this hold sends.
+    pub(crate) fn start_renewal(&self) -> Started {
+        Started {
+            token: self.token,
+            renewals: self.renewals,
+        }
+    }
+
+    /// Records the lease a renewal got. No mutex is held across the requests, so two
+    /// renewals (the watchdog's and an `extend`, or two `extend`s) can be under way at
+    /// once and reach the backend in either order. If another renewal was recorded since
+    /// this one was sent, the two overlapped and the backend keeps whichever arrived last:
+    /// the hold then keeps the earlier of the two ends, never a lease longer than the
+    /// backend's. The fencing token stays that of the acquisition.
+    pub(crate) fn renewed(&mut self, started: Started, lease: Lease) {
+        let until = if started.renewals == self.renewals {
+            lease.valid_until()
+        } else {
+            lease.valid_until().min(self.lease.valid_until())
+        };
+        let renewed = Lease::new(until);
+        self.lease = match self.lease.fence().or(lease.fence()) {
+            Some(fence) => renewed.with_fence(fence),
+            None => renewed,
+        };
+        self.renewals += 1;
+    }
+}
+
+impl RenewedHold for Holding {
+    fn lease(&self) -> Lease {
+        self.lease
+    }
+
+    fn renewed(&mut self, started: Started, lease: Lease) {
+        Holding::renewed(self, started, lease);
+    }
+
+    fn mark_lost(&mut self) {
+        Holding::mark_lost(self);
+    }
+}
+
+impl LockShared {
+    fn new(client: Arc<ClientShared>, name: LockName) -> Self {
+        LockShared {
+            client,
+            name,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Gives back one hold of acquisition `generation`; the last one releases at the
+    /// backend.
+    ///
+    /// The hold leaves the state before the request, and the state mutex is not held
+    /// across it: local questions (`is_held`, `hold_count`, a lost signal's state) and the
+    /// watchdog's renewals of other locks go on meanwhile. A re-entry after that point
+    /// cannot join the ending hold: it is a fresh acquisition with an owner token of its
+    /// own, which this release (of the old token) cannot touch at the backend.
+    pub(crate) fn release_hold(&self, generation: u64, all: bool) -> Result<()> {
+        let mut state = self.state.lock();
+        let holding = match state.holding.as_mut() {
+            Some(h) if h.generation == generation => h,
+            _ => return Err(Error::NotHeld),
+        };
+        if !all && holding.count > 1 {
+            holding.count -= 1;
+            return Ok(());
+        }
+        let token = holding.token;
+        let signal = holding.signal.take();
+        let was_valid = holding.is_valid(self.client.backend.now());
+        // Drops the hold's ticket under the state mutex: its renewals end.
+        state.holding = None;
+        drop(state);
+        let released = self.client.backend.release(&self.name, &token);
+        if let Some(signal) = signal {
+            // Until now a watcher sees the hold as held (its release under way).
+            // Lost if the lease had run out here (as the signal already said) or the key
+            // was gone; a failed release (the key lasts until its lease ends) is still the
+            // holder letting go.
+            signal.end(!was_valid || matches!(released, Ok(false)));
+        }
+        match released {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::LockLost),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Runs `f` on hold `generation` under the state mutex, if it is current and not lost.
+    pub(crate) fn with_current<T>(
+        &self,
+        generation: u64,
+        f: impl FnOnce(&mut Holding) -> T,
+    ) -> Option<T> {
+        let mut state = self.state.lock();
+        state
+            .holding
+            .as_mut()
+            .filter(|h| h.generation == generation && !h.lost)
+            .map(f)
+    }
+}
+
+impl Renewable for LockShared {
+    fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    fn now(&self) -> Instant {
+        self.client.backend.now()
+    }
+
+    fn start_renewal(&self, generation: u64) -> Option<Started> {
+        self.with_current(generation, |h| h.start_renewal())
+    }
+
+    fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold)) {
+        self.with_current(generation, |h| f(h));
+    }
+}
+
+impl Drop for LockShared {
+    fn drop(&mut self) {
+        self.client
+            .unregister(&self.name, self as *const LockShared);
+    }
+}
