@@ -169,11 +169,14 @@ fn cluster_and_sentinel_backends() {
         "redis-cli -p {} -a data-pw --no-auth-warning EXISTS 'dlm:{{sn-job}}' | grep -qx 1",
         t.master().port()
     );
+    // `-w`, not `-n`: on a loaded machine a replica can miss the 0.5 s WAIT; the grant is
+    // then undone and, within a wait, retried.
     run(dlm()
         .env("DLM_REDIS_PASSWORD", "data-pw")
         .args([
             "run",
-            "-n",
+            "-w",
+            "30",
             "--sentinel",
             t.master_name(),
             "--redis",
@@ -217,4 +220,33 @@ fn cluster_and_sentinel_backends() {
         "true",
     ]))
     .expect(2);
+}
+
+/// `--sentinel` with the URL of a plain Redis (not a Sentinel): a usage error (2) that
+/// says so, not the server's `ERR unknown command 'SENTINEL'` as a backend failure (69).
+#[test]
+fn a_plain_redis_given_as_a_sentinel_is_a_usage_error() {
+    let _serial = SERIAL.lock();
+    let plain = server();
+    for cmd in [
+        &["run", "--sentinel", "m"][..],
+        &["status", "--sentinel", "m"],
+    ] {
+        let done =
+            run(dlm()
+                .args(cmd)
+                .args(["--redis", &plain.url(), "n"])
+                .args(if cmd[0] == "run" {
+                    &["--", "true"][..]
+                } else {
+                    &[]
+                }));
+        done.expect(2);
+        assert_eq!(
+            done.stderr,
+            "dlm: --sentinel: --redis does not name a Redis Sentinel (the server does not know \
+             the SENTINEL command: a plain Redis?); give the sentinels' URLs (port 26379 by \
+             default), or drop --sentinel to lock on one server\n"
+        );
+    }
 }

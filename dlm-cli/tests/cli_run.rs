@@ -11,7 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Clock, Proc, SECOND, SERIAL, dlm, held, q, read, run, secs, server, wait_until};
+use common::{
+    Clock, LIMIT, Proc, SECOND, SERIAL, alive, dlm, held, q, read, run, secs, server, wait_until,
+};
 use dlm_testkit::history::{History, Hold};
 use dlm_testkit::redis_server::{RedisNodes, require_redis_server};
 
@@ -199,6 +201,51 @@ fn no_wait_wait_and_conflict_status_while_held() {
     );
     attempt(&["-n"]).expect(0);
     assert_eq!(read(&ran), "ran\n");
+}
+
+// --- A server that starts late ------------------------------------------------------
+
+/// `dlm run` started while its Redis is down, the server started on that port a second
+/// later: with `-w 10` and with the default wait, dlm retries the unreachable server
+/// within the wait, gets the lock once the server is up and runs the command (exit 0).
+/// (It used to make one attempt before waiting and exit 69 at once.) `-n` stays one
+/// attempt: 69 at once.
+#[test]
+fn a_wait_rides_out_a_server_that_starts_late() {
+    let _serial = SERIAL.lock();
+    let mut server = server();
+    let url = server.url();
+    server.kill();
+    let once = run(dlm().args(["run", "-n", "--redis", &url, "late", "--", "echo", "ran"]));
+    once.expect(69);
+    assert!(once.took < 5 * SECOND, "-n took {:?}", once.took);
+    assert_eq!(once.stdout, "");
+    for wait in [&["-w", "10"][..], &[]] {
+        let mut p = Proc::spawn(
+            dlm()
+                .args(["run", "-v", "--redis", &url])
+                .args(wait)
+                .args(["late", "--", "echo", "ran"]),
+        );
+        // dlm has built its backend and goes on to the lock: its first attempts find the
+        // server down. The server comes up a second later.
+        wait_until(Duration::from_secs(10), "dlm to start", || {
+            p.stderr_now().contains("backend: 1 server")
+        });
+        let started = Instant::now();
+        std::thread::sleep(SECOND);
+        assert!(
+            alive(p.pid()),
+            "dlm run {wait:?} gave up while the server was down:\n{}",
+            p.stderr_now()
+        );
+        server.restart();
+        let done = p.wait(LIMIT);
+        done.expect(0);
+        assert_eq!(done.stdout, "ran\n", "{wait:?}");
+        assert!(done.at >= started + SECOND, "{wait:?}");
+        server.kill();
+    }
 }
 
 // --- 3. Exit statuses and the command's environment ---------------------------------
