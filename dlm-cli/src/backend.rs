@@ -14,6 +14,23 @@ pub(crate) const URL_VAR: &str = "DLM_REDIS_URL";
 /// The environment variable with the password for URLs that have none.
 pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
 
+/// dlm's environment variables that hold a secret, which the command does not get: the
+/// password, and the URLs when one of them carries a password (as `user:pw@` or, for a
+/// unix socket, `?pass=`). A URL list without one stays, for a nested `dlm`.
+pub(crate) fn secret_vars() -> Vec<&'static str> {
+    let mut vars = vec![PASSWORD_VAR];
+    let has_password = |u: &str| {
+        url::Url::parse(u.trim()).is_ok_and(|u| {
+            u.password().is_some_and(|p| !p.is_empty())
+                || u.query_pairs().any(|(k, _)| k.eq_ignore_ascii_case("pass"))
+        })
+    };
+    if std::env::var(URL_VAR).is_ok_and(|urls| urls.split(',').any(has_password)) {
+        vars.push(URL_VAR);
+    }
+    vars
+}
+
 /// A backend, and what the output may say about it (never a password).
 pub(crate) struct Connection {
     pub(crate) backend: Arc<dyn LockBackend>,
@@ -25,9 +42,9 @@ pub(crate) struct Connection {
 impl Connection {
     /// Builds the backend the arguments (or the environment) name.
     pub(crate) fn from_args(args: &BackendArgs) -> Result<Connection, Failure> {
-        let urls = match (&args.redis, std::env::var(URL_VAR)) {
-            (Some(urls), _) => urls.clone(),
-            (None, Ok(urls)) if !urls.trim().is_empty() => urls,
+        let (list, source) = match (&args.redis, std::env::var(URL_VAR)) {
+            (Some(urls), _) => (urls.clone(), "--redis"),
+            (None, Ok(urls)) if !urls.trim().is_empty() => (urls, "$DLM_REDIS_URL"),
             _ => {
                 return Err(Failure::usage(format!(
                     "no backend: give --redis URL[,URL...] or set {URL_VAR} (see dlm --help)"
@@ -37,13 +54,16 @@ impl Connection {
         let password = password(args)?;
         // With Sentinel the password is the data nodes', not the sentinels'.
         let url_password = password.as_deref().filter(|_| args.sentinel.is_none());
-        let urls: Vec<String> = urls
+        let urls: Vec<String> = list
             .split(',')
             .map(str::trim)
             .filter(|u| !u.is_empty())
             .enumerate()
-            .map(|(i, u)| with_password(i, u, url_password))
+            .map(|(i, u)| with_password(source, i, u, url_password))
             .collect::<Result<_, _>>()?;
+        if !args.cluster && args.sentinel.is_none() {
+            redlock_or_one(source, &list, urls.len())?;
+        }
         let tls = tls(args, &urls)?;
         let wait = match (args.wait_replicas, args.wait_timeout) {
             (None, _) => None,
@@ -55,7 +75,15 @@ impl Connection {
                 Some((n, timeout))
             }
         };
-        let bad = |e: dlm_core::Error| Failure::from_lock_error("cannot use the backend", &e);
+        let bad = |e: dlm_core::Error| {
+            if args.sentinel.is_some() && not_a_sentinel(&e) {
+                log::info!("{e}");
+                return Failure::usage(format!(
+                    "--sentinel: {source} does not name a Redis Sentinel (the server does not know the SENTINEL command: a plain Redis?); give the sentinels' URLs (port 26379 by default), or drop --sentinel to lock on one server"
+                ));
+            }
+            Failure::from_lock_error_with("cannot use the backend", &e, source)
+        };
         let configure = |mut b: dlm_redis::RedisBackendBuilder| {
             if let Some(tls) = tls.clone() {
                 b = b.tls(tls);
@@ -69,7 +97,7 @@ impl Connection {
             b
         };
         let (backend, describe): (Arc<dyn LockBackend>, String) = match urls.len() {
-            0 => return Err(Failure::usage("--redis names no URL")),
+            0 => return Err(Failure::usage(format!("{source} names no URL"))),
             n if args.cluster => (
                 Arc::new(
                     configure(RedisBackend::cluster(&urls))
@@ -130,6 +158,33 @@ impl Connection {
     }
 }
 
+/// A plain URL list (not `--cluster`, not `--sentinel`) is one server, or Redlock over 3
+/// or more independent masters. Two masters are refused: Redlock's majority of 2 is both,
+/// so either one down stops every lock (worse than one server). So is one URL written as
+/// a list (`URL,`), which reads as an unfinished Redlock.
+fn redlock_or_one(source: &str, list: &str, n: usize) -> Result<(), Failure> {
+    let why = "Redlock needs 3 or more independent masters; for one server, give one URL";
+    match n {
+        1 if list.contains(',') => Err(Failure::usage(format!(
+            "{source} is a list of one URL: {why} (without a comma)"
+        ))),
+        2 => Err(Failure::usage(format!(
+            "{source} gives 2 URLs: {why} (with 2, a majority is both: either one down stops every lock)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a `--sentinel` build failed because the server is no Sentinel. The library
+/// returns the server's error as a protocol error with no kind of its own, so this reads
+/// the server's words (`ERR unknown command 'SENTINEL'`).
+fn not_a_sentinel(e: &dlm_core::Error) -> bool {
+    e.backend().is_some_and(|b| {
+        let text = b.to_string().to_ascii_lowercase();
+        text.contains("unknown command") && text.contains("sentinel")
+    })
+}
+
 /// The password from `--password-file` or the environment, if any.
 fn password(args: &BackendArgs) -> Result<Option<String>, Failure> {
     if let Some(path) = &args.password_file {
@@ -153,12 +208,18 @@ fn password(args: &BackendArgs) -> Result<Option<String>, Failure> {
 
 /// `url` with `password` put in when it has none. Errors never echo the URL (it may hold
 /// a password); they say which one by its position.
-fn with_password(i: usize, url: &str, password: Option<&str>) -> Result<String, Failure> {
+fn with_password(
+    source: &str,
+    i: usize,
+    url: &str,
+    password: Option<&str>,
+) -> Result<String, Failure> {
     let Some(password) = password else {
         return Ok(url.to_owned());
     };
-    let mut parsed = url::Url::parse(url)
-        .map_err(|e| Failure::usage(format!("URL {} of --redis is not a valid URL: {e}", i + 1)))?;
+    let mut parsed = url::Url::parse(url).map_err(|e| {
+        Failure::usage(format!("URL {} of {source} is not a valid URL: {e}", i + 1))
+    })?;
     if parsed.password().is_some() || parsed.cannot_be_a_base() || !parsed.has_host() {
         // Has its own password, or a unix socket URL: left as given.
         return Ok(url.to_owned());
@@ -168,9 +229,9 @@ fn with_password(i: usize, url: &str, password: Option<&str>) -> Result<String, 
     let encoded =
         percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC)
             .to_string();
-    parsed
-        .set_password(Some(&encoded))
-        .map_err(|()| Failure::usage(format!("URL {} of --redis cannot take a password", i + 1)))?;
+    parsed.set_password(Some(&encoded)).map_err(|()| {
+        Failure::usage(format!("URL {} of {source} cannot take a password", i + 1))
+    })?;
     Ok(parsed.into())
 }
 

@@ -29,7 +29,7 @@ Examples:
   # on a Redis Cluster (any node as a seed), or behind Sentinel (the master named mymaster);
   # --wait-replicas 1: a grant no replica acknowledged is undone
   dlm run --cluster --redis redis://10.0.1.1:6379,redis://10.0.1.2:6379 backup -- ./backup.sh
-  dlm run --sentinel mymaster --redis redis://10.0.2.1:26379,redis://10.0.2.2:26379 \
+  dlm run --sentinel mymaster --redis redis://10.0.2.1:26379,redis://10.0.2.2:26379 \\
     --wait-replicas 1 --password-file /etc/dlm/password backup -- ./backup.sh
 
   # is it held, and for how long?
@@ -47,7 +47,8 @@ Exit status:
 Environment:
   DLM_REDIS_URL        the backend when --redis is not given (one URL or several, comma-separated)
   DLM_REDIS_PASSWORD   the password for URLs that have none (never shown anywhere)
-  The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS.";
+  The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS, and
+  not dlm's secrets: DLM_REDIS_PASSWORD, and DLM_REDIS_URL when a URL in it has a password.";
 
 /// Runs a command under a distributed lock on Redis (single instance, Sentinel, Cluster or
 /// Redlock).
@@ -76,7 +77,8 @@ enum Command {
 #[derive(Debug, Args)]
 struct BackendArgs {
     /// Redis URL(s), comma-separated: one for a single instance, three or more for
-    /// Redlock over independent masters. Default: $DLM_REDIS_URL. A password here is
+    /// Redlock over independent masters (two are refused: either one down would stop
+    /// every lock). Default: $DLM_REDIS_URL. A password here is
     /// visible in `ps`: prefer --password-file or $DLM_REDIS_PASSWORD.
     #[arg(long, value_name = "URL[,URL...]")]
     redis: Option<String>,
@@ -131,7 +133,9 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Run(args) => {
             logger::init(args.backend.verbose, args.backend.quiet);
-            Connection::from_args(&args.backend).and_then(|c| run::run(&c, &args))
+            run::check(&args)
+                .and_then(|_| Connection::from_args(&args.backend))
+                .and_then(|c| run::run(&c, &args))
         }
         Command::Status(args) => {
             logger::init(args.backend.verbose, args.backend.quiet);
@@ -151,5 +155,16 @@ fn main() -> ExitCode {
             }
             ExitCode::from(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks of the arguments (they run at parse time in debug
+    /// builds only).
+    #[test]
+    fn the_arguments_are_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use dlm_core::{
     DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, HoldState, Interrupter, Lock, LockGuard,
-    LockName, interrupt_pair,
+    LockName, RetryPolicy, interrupt_pair,
 };
 use parking_lot::Mutex;
 use rustix::process::{Pid, Signal};
@@ -33,6 +33,10 @@ pub(crate) struct RunArgs {
     /// The lock's name (1 to 512 bytes, no control characters).
     #[arg(value_name = "NAME")]
     name: String,
+    /// Words after NAME that are not options: a command given without `--`, refused with
+    /// a hint (an option of the command's, such as `ls -l`, would be read as dlm's).
+    #[arg(value_name = "WORDS", hide = true, allow_hyphen_values = true)]
+    stray: Vec<String>,
     /// The command and its arguments (after --).
     #[arg(value_name = "COMMAND", last = true)]
     command: Vec<String>,
@@ -47,7 +51,8 @@ pub(crate) struct RunArgs {
     /// Fail at once when the lock is held.
     #[arg(short = 'n', long, conflicts_with = "wait")]
     no_wait: bool,
-    /// Give up after waiting SECS for the lock (default: wait forever).
+    /// Give up after waiting SECS for the lock (default: wait forever). A backend that
+    /// does not answer is retried for the whole wait (without -w: for 10 s); -n tries once.
     #[arg(short = 'w', long, value_name = "SECS", value_parser = seconds)]
     wait: Option<Duration>,
     /// The exit status when the lock was not obtained.
@@ -110,6 +115,18 @@ fn seconds(s: &str) -> Result<Duration, String> {
 
 /// The command to run, as given.
 fn command_of(args: &RunArgs) -> Result<Vec<String>, Failure> {
+    if !args.stray.is_empty() {
+        let words = args.stray.join(" ");
+        return Err(Failure::usage(match args.shell {
+            Some(_) => format!(
+                "unexpected {words:?} after NAME: -c takes the whole shell command as one argument (quote it)"
+            ),
+            None => format!(
+                "put the command after --: dlm run [OPTIONS] {} -- {words} (or give a shell command with -c)",
+                args.name
+            ),
+        }));
+    }
     match (&args.shell, args.command.is_empty()) {
         (Some(shell), _) => Ok(vec!["sh".into(), "-c".into(), shell.clone()]),
         (None, false) => Ok(args.command.clone()),
@@ -153,10 +170,15 @@ impl Child {
     }
 }
 
-pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
+/// The lock's name and the command, checked before any I/O.
+pub(crate) fn check(args: &RunArgs) -> Result<(LockName, Vec<String>), Failure> {
     let name = LockName::new(&args.name)
         .map_err(|e| Failure::usage(format!("bad lock name: {}", e.reason())))?;
-    let command = command_of(args)?;
+    Ok((name, command_of(args)?))
+}
+
+pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
+    let (name, command) = check(args)?;
     let mut builder = conn.client();
     let lease = args
         .lease
@@ -170,6 +192,12 @@ pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
     }
     if let Some(max) = args.max_hold {
         builder = builder.max_hold(max);
+    }
+    if let Some(wait) = args.wait {
+        // Transient backend errors (unreachable, no quorum) are retried for the whole wait,
+        // not only for the library's default 10 s.
+        let retry = RetryPolicy::new();
+        builder = builder.retry(retry.error_timeout(wait.max(retry.error_timeout_value())));
     }
     let client = builder
         .build()
@@ -224,22 +252,21 @@ fn acquire_and_run(
             &e,
         ),
     };
-    // One attempt first: only a wait shows the status line.
-    let guard = match lock.try_lock().map_err(acquire_error)? {
-        Some(guard) => guard,
-        None if args.no_wait => return conflict(),
-        None => {
-            let status = StatusLine::start(args, lock);
-            let got = match args.wait {
-                Some(wait) => lock.try_lock_interruptibly(wait, interrupt),
-                None => lock.lock_interruptibly(interrupt).map(Some),
-            };
-            drop(status);
-            match got.map_err(acquire_error)? {
-                Some(guard) => guard,
-                None => return conflict(),
-            }
-        }
+    // -n: one attempt. Otherwise the library's waiting calls, which retry transient
+    // errors within the wait (a server that comes up late is waited for).
+    let got = if args.no_wait {
+        lock.try_lock()
+    } else {
+        let status = StatusLine::start(args, lock);
+        let got = match args.wait {
+            Some(wait) => lock.try_lock_interruptibly(wait, interrupt),
+            None => lock.lock_interruptibly(interrupt).map(Some),
+        };
+        drop(status);
+        got
+    };
+    let Some(guard) = got.map_err(acquire_error)? else {
+        return conflict();
     };
     if state.lock().received.is_some() {
         // A signal came just as the lock was taken: do not start the command.
@@ -263,6 +290,11 @@ fn run_child(
     lease: Duration,
 ) -> Result<u8, Failure> {
     let (mut cmd, own_group) = child_command(command, !in_the_terminals_foreground());
+    // dlm's secrets are not the command's: with the lock server's password it could
+    // release anyone's lock.
+    for var in crate::backend::secret_vars() {
+        cmd.env_remove(var);
+    }
     cmd.env("DLM_LOCK_NAME", &args.name)
         .env("DLM_LEASE_MS", lease.as_millis().to_string());
     match guard.fencing_token() {
@@ -611,6 +643,9 @@ fn watch_lost(
     }
 }
 
+/// How long a wait lasts before the status line shows.
+const STATUS_AFTER: Duration = Duration::from_millis(300);
+
 /// The line on stderr while waiting on a terminal: what is waited for, and how long.
 struct StatusLine {
     stop: Option<Sender<()>>,
@@ -633,21 +668,36 @@ impl StatusLine {
             .name("dlm-status".into())
             .spawn(move || {
                 let start = Instant::now();
-                let mut remaining = None;
-                let mut asked = None::<Instant>;
+                // Nothing for a lock obtained at once: the line shows once the wait has
+                // lasted a moment.
+                if !matches!(
+                    stopped.recv_timeout(STATUS_AFTER),
+                    Err(RecvTimeoutError::Timeout)
+                ) {
+                    return;
+                }
+                // The holder's lease (`Ok(Some)`), a free lock (`Ok(None)`), or whether
+                // the backend failed transiently (`Err`), asked every few seconds.
+                let mut seen: Result<Option<Duration>, bool> = Err(false);
+                let mut asked = Instant::now();
+                let mut first = true;
                 loop {
-                    // The holder's lease, asked every few seconds (display only).
-                    if asked.is_none_or(|t| t.elapsed() >= Duration::from_secs(3)) {
-                        remaining = lock.remaining_lease().ok().flatten();
-                        asked = Some(Instant::now());
+                    if first || asked.elapsed() >= Duration::from_secs(3) {
+                        seen = lock.remaining_lease().map_err(|e| {
+                            e.backend()
+                                .is_some_and(dlm_core::BackendError::is_transient)
+                        });
+                        asked = Instant::now();
+                        first = false;
                     }
-                    let holder = match remaining {
-                        Some(r) => {
-                            let left =
-                                r.saturating_sub(asked.map_or(Duration::ZERO, |t| t.elapsed()));
-                            format!("held by another owner, lease ends in {}s", left.as_secs())
-                        }
-                        None => "held by another owner".to_owned(),
+                    let holder = match seen {
+                        Ok(Some(r)) => format!(
+                            "held by another owner, lease ends in {}s",
+                            r.saturating_sub(asked.elapsed()).as_secs()
+                        ),
+                        Ok(None) => "free a moment ago".to_owned(),
+                        Err(true) => "the backend does not answer; retrying".to_owned(),
+                        Err(false) => "held by another owner".to_owned(),
                     };
                     let mut err = std::io::stderr().lock();
                     let _ = write!(

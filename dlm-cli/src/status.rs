@@ -43,6 +43,8 @@ pub(crate) fn status(conn: &Connection, args: &StatusArgs) -> Result<u8, Failure
         .map_err(|e| Failure::from_lock_error("bad settings", &e))?;
     let mut rows = Vec::with_capacity(args.names.len());
     for name in &args.names {
+        dlm_core::LockName::new(name)
+            .map_err(|e| Failure::usage(format!("bad lock name {name:?}: {}", e.reason())))?;
         let lock = client
             .get_lock(name)
             .map_err(|e| Failure::from_lock_error(&format!("bad lock name {name:?}"), &e))?;

@@ -1,12 +1,14 @@
 //! Helpers for running the real `dlm` binary: processes that are always waited for with a
 //! deadline and killed when a test ends early, bounded polls, `/proc` checks, and a small
-//! JSON reader for `dlm status --json`.
+//! JSON reader for `dlm status --json`, and lock helpers. Each test file uses a part of it.
+#![allow(dead_code)]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dlm_redis::redis;
 use dlm_testkit::redis_server::{RedisServer, require_redis_server};
 
 /// The timing-sensitive tests run one at a time, even without `--test-threads=1`.
@@ -14,6 +16,48 @@ pub(crate) static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// How long a `dlm` run that should end by itself may take before the test fails.
 pub(crate) const LIMIT: Duration = Duration::from_secs(30);
+
+pub(crate) const SECOND: Duration = Duration::from_secs(1);
+
+pub(crate) fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// A shell-quoted path.
+pub(crate) fn q(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', "'\\''"))
+}
+
+/// `DEL`s lock `name`'s key by hand (`dlm:{name}`, see dlm-redis's crate docs), asserting
+/// it was there.
+pub(crate) fn delete_key(server: &RedisServer, name: &str) {
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(format!("dlm:{{{name}}}"))
+        .query(&mut server.connection())
+        .unwrap();
+    assert_eq!(deleted, 1, "no key dlm:{{{name}}}: is that the lock's key?");
+}
+
+/// Waits until a waiter has marked lock `name` (dlm-redis appends `~` to the holder's
+/// value once a waiter waits for its release): the waiter is past its first attempt and
+/// waiting.
+pub(crate) fn wait_for_a_waiter(server: &RedisServer, name: &str) {
+    let mut con = server.connection();
+    wait_until(Duration::from_secs(10), "a waiter to wait", || {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(format!("dlm:{{{name}}}"))
+            .query(&mut con)
+            .unwrap();
+        v.is_some_and(|v| v.ends_with('~'))
+    });
+}
+
+/// `dlm run -n NAME -- true`: 0 when it got the lock, 1 when it is held.
+pub(crate) fn try_once(urls: &str, name: &str) -> i32 {
+    let code = run(dlm().args(["run", "-n", "--redis", urls, name, "--", "true"])).code();
+    assert!(code == 0 || code == 1, "dlm run -n exited {code}");
+    code
+}
 
 /// The binary under test, with no backend or password from the test's environment.
 pub(crate) fn dlm() -> Command {
