@@ -105,7 +105,7 @@ fn check(
             .try_lock()
             .expect_err("a foreign fencing key must fail the acquisition");
         assert_eq!(
-            e.backend().map(|b| b.kind()),
+            e.backend_kind(),
             Some(BackendErrorKind::UnexpectedKey),
             "{kind}: {e}"
         );

@@ -230,7 +230,7 @@ fn refused_at_once(client: &LockClient, what: &str) -> String {
     let err = lock.try_lock().expect_err(what);
     let took = started.elapsed();
     assert_eq!(
-        err.backend().map(|b| b.kind()),
+        err.backend_kind(),
         Some(BackendErrorKind::Tls),
         "{what}: {err}"
     );
