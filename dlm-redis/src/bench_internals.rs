@@ -7,7 +7,7 @@ use std::time::Duration;
 use dlm_core::BackendError;
 
 use crate::conn::{Endpoint, ParsedUrl, Timeouts};
-use crate::wire::Wire;
+use crate::transport::Wire;
 
 /// One connection as dlm's backends open it (plain `redis://` URLs only: TLS needs a
 /// backend's loaded configuration).

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
 use parking_lot::{Mutex, RwLock};
 
-use crate::conn::{Endpoint, Timeouts};
+use crate::conn::{Endpoint, Locate, Timeouts};
 use crate::node::Node;
 use crate::options::{Options, Tls};
 use crate::slot::SLOTS;
-use crate::wire::Wire;
+use crate::transport::Wire;
 
 /// The shortest time between two reads of the slot map.
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
@@ -459,9 +459,22 @@ impl Cluster {
         Ok(())
     }
 
-    /// A connection to any master that answers, or else a seed (for the release-hint
-    /// listener: classic pub/sub reaches every node of a cluster).
-    pub(crate) fn connect_any(&self, t: Timeouts) -> Result<Wire, BackendError> {
+    /// The endpoint of any node of the cluster that answers (the release-hint listener's:
+    /// classic pub/sub reaches every node of a cluster). The address, credentials and TLS
+    /// come from the cluster's nodes on each connect.
+    pub(crate) fn any_node(self: &Arc<Self>) -> Endpoint {
+        use redis::IntoConnectionInfo;
+        Endpoint::located(
+            "redis://127.0.0.1/"
+                .into_connection_info()
+                .expect("a valid URL"),
+            "redis cluster (any node)".into(),
+            self.clone(),
+        )
+    }
+
+    /// A connection to any master that answers, or else a seed.
+    fn connect_any(&self, t: Timeouts) -> Result<Wire, BackendError> {
         let masters: Vec<Endpoint> = self.masters().iter().map(|n| n.endpoint.clone()).collect();
         let mut last = None;
         for endpoint in masters.iter().chain(&self.seeds) {
@@ -475,6 +488,12 @@ impl Cluster {
         Err(last.unwrap_or_else(|| {
             BackendError::new(BackendErrorKind::Unavailable, "redis cluster: no node")
         }))
+    }
+}
+
+impl Locate for Cluster {
+    fn connect(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
+        self.connect_any(t).map(|con| (con, 0))
     }
 }
 

@@ -18,7 +18,7 @@ use dlm_core::backend::{BackendErrorKind, WaitList, Watch};
 use parking_lot::Mutex;
 
 use crate::conn::{Endpoint, Timeouts};
-use crate::wire::Resp;
+use crate::transport::Resp;
 
 /// How often a listener looks up from its socket to notice a shutdown.
 const TICK: Duration = Duration::from_millis(100);

@@ -70,11 +70,10 @@ mod redlock;
 mod sentinel;
 mod single;
 mod slot;
-mod tls;
-mod wire;
+mod transport;
 
 pub use fenced::{FencedWriteError, fenced_get, fenced_set};
-pub use tls::TlsOptions;
+pub use transport::TlsOptions;
 
 /// The Redis keys and the channel of one lock, from [`RedisBackend::keys`] or
 /// [`Redlock::keys`]: for ACLs, monitoring and administration.

@@ -13,7 +13,7 @@ use redis::Script;
 use crate::cluster::{Cluster, Redirect};
 use crate::conn::{Conn, Endpoint, Manager, Timeouts};
 use crate::options::ReplicaWait;
-use crate::wire::{Resp, Wire};
+use crate::transport::{Resp, Wire};
 
 struct Scripts {
     acquire: Script,

@@ -8,7 +8,7 @@ use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::conn::{Endpoint, ParsedUrl, Timeouts};
 use crate::node::{Keys, Node};
-use crate::tls::TlsOptions;
+use crate::transport::TlsOptions;
 
 /// Settings of a Redis backend; set through [`RedisBackendBuilder`](crate::RedisBackendBuilder)
 /// or [`RedlockBuilder`](crate::RedlockBuilder).

@@ -18,9 +18,9 @@ use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo};
 use rustls::ClientConfig;
 
-use crate::conn::{Endpoint, Timeouts};
-use crate::tls::TlsOptions;
-use crate::wire::{TlsTarget, Wire};
+use crate::conn::{Endpoint, Locate, Timeouts};
+use crate::transport::TlsOptions;
+use crate::transport::{TlsTarget, Wire};
 
 /// A master's address, as the sentinels give it.
 type Addr = (String, u16);
@@ -59,17 +59,8 @@ impl Discovery {
         }
     }
 
-    /// The data nodes' credentials and database, at no address in particular.
-    pub(crate) fn template(&self) -> &ConnectionInfo {
-        &self.template
-    }
-
-    pub(crate) fn master_name(&self) -> &str {
-        &self.master_name
-    }
-
     /// Changes whenever the master's address does: connections made before are stale.
-    pub(crate) fn generation(&self) -> u64 {
+    fn current_generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
@@ -82,12 +73,22 @@ impl Discovery {
     /// After a transient failure of a request made in `generation`: asks the sentinels
     /// again and says whether the master has moved since (the request can go to the new
     /// one).
-    pub(crate) fn moved_since(&self, generation: u64, t: Timeouts) -> bool {
-        if self.generation() == generation {
+    fn master_moved_since(&self, generation: u64, t: Timeouts) -> bool {
+        if self.current_generation() == generation {
             self.suspect();
             let _ = self.lookup(t);
         }
-        self.generation() != generation
+        self.current_generation() != generation
+    }
+
+    /// The endpoint of the master, whichever server that is now: each new connection
+    /// asks (or remembers) where it is.
+    pub(crate) fn endpoint(self: &Arc<Self>) -> Endpoint {
+        Endpoint::located(
+            self.template.clone(),
+            format!("master {:?} (sentinel)", self.master_name),
+            self.clone(),
+        )
     }
 
     /// One sentinel's answer: the master's address, or `None` if it does not know the
@@ -217,7 +218,7 @@ impl Discovery {
 
     /// A connection to the master, authenticated and checked with `ROLE`, and the
     /// generation it belongs to.
-    pub(crate) fn connect(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
+    fn connect_master(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
         let mut asked = false;
         loop {
             let cached = (!self.suspect.load(Ordering::Acquire))
@@ -230,7 +231,7 @@ impl Discovery {
                     self.lookup(t)?
                 }
             };
-            let generation = self.generation();
+            let generation = self.current_generation();
             match self.connect_to(&addr, t) {
                 Ok(con) => return Ok((con, generation)),
                 Err(e) => {
@@ -319,5 +320,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plain.error(&readonly).kind(), BackendErrorKind::ReadOnly);
+    }
+}
+
+impl Locate for Discovery {
+    fn connect(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
+        self.connect_master(t)
+    }
+
+    fn generation(&self) -> u64 {
+        self.current_generation()
+    }
+
+    fn moved_since(&self, generation: u64, t: Timeouts) -> bool {
+        self.master_moved_since(generation, t)
+    }
+
+    /// A failure casts doubt on the master's address (the next connection asks the
+    /// sentinels again), and `READONLY` (the server was demoted) is `Unavailable`:
+    /// retried, by then against the new master.
+    fn failed(&self, err: BackendError) -> BackendError {
+        match err.kind() {
+            BackendErrorKind::ReadOnly => {
+                self.suspect();
+                BackendError::new(
+                    BackendErrorKind::Unavailable,
+                    format!(
+                        "{}: no longer the master; asking the sentinels again",
+                        err.message()
+                    ),
+                )
+            }
+            BackendErrorKind::Unavailable | BackendErrorKind::Timeout => {
+                self.suspect();
+                err
+            }
+            _ => err,
+        }
     }
 }

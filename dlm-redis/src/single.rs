@@ -665,11 +665,7 @@ impl RedisBackendBuilder {
                 )));
             }
             let cluster = Cluster::connect(self.options.clone(), seeds)?;
-            let hints = self
-                .options
-                .hints_at(vec![crate::conn::Endpoint::any_cluster_node(
-                    cluster.clone(),
-                )]);
+            let hints = self.options.hints_at(vec![cluster.any_node()]);
             return Ok(RedisBackend {
                 inner: Arc::new(Inner {
                     target: Target::Cluster(cluster),
@@ -754,8 +750,6 @@ impl RedisBackendBuilder {
             tls,
         ));
         discovery.check(self.options.timeouts())?;
-        Ok(self
-            .options
-            .node(crate::conn::Endpoint::sentinel(discovery)))
+        Ok(self.options.node(discovery.endpoint()))
     }
 }
