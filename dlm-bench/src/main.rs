@@ -652,20 +652,17 @@ fn main() {
         for (nodes, pair) in [(2, &replicated[..2]), (6, &replicated[2..])] {
             let mut systems: Vec<Box<dyn LockSystem>> = Vec::new();
             for (name, replicas, _) in pair {
-                let builder = if nodes == 2 {
-                    dlm_redis::RedisBackend::builder(&master.url())
-                } else {
-                    dlm_redis::RedisBackend::cluster(&cluster.seed_urls())
+                let backend = match (nodes, replicas) {
+                    (2, Some(n)) => dlm_redis::RedisBackend::builder(&master.url())
+                        .wait_for_replicas(*n, wait)
+                        .build(),
+                    (2, None) => dlm_redis::RedisBackend::new(&master.url()),
+                    (_, Some(n)) => dlm_redis::RedisBackend::cluster_builder(&cluster.seed_urls())
+                        .wait_for_replicas(*n, wait)
+                        .build(),
+                    (_, None) => dlm_redis::RedisBackend::cluster(&cluster.seed_urls()),
                 };
-                let builder = match replicas {
-                    Some(n) => builder.wait_for_replicas(*n, wait),
-                    None => builder,
-                };
-                systems.push(Box::new(Dlm::new(
-                    name,
-                    Arc::new(builder.build().unwrap()),
-                    TTL,
-                )));
+                systems.push(Box::new(Dlm::new(name, Arc::new(backend.unwrap()), TTL)));
             }
             groups.push((nodes, systems));
         }

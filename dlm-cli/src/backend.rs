@@ -84,23 +84,28 @@ impl Connection {
             }
             Failure::from_lock_error_with("cannot use the backend", &e, source)
         };
-        let configure = |mut b: dlm_redis::RedisBackendBuilder| {
-            if let Some(tls) = tls.clone() {
-                b = b.tls(tls);
-            }
-            if let Some(prefix) = &args.prefix {
-                b = b.prefix(prefix);
-            }
-            if let Some((n, timeout)) = wait {
-                b = b.wait_for_replicas(n, timeout);
-            }
-            b
-        };
+        // The settings every single-master builder takes (each deployment has a builder
+        // type of its own, with the same setter names).
+        macro_rules! configure {
+            ($builder:expr) => {{
+                let mut b = $builder;
+                if let Some(tls) = tls.clone() {
+                    b = b.tls(tls);
+                }
+                if let Some(prefix) = &args.prefix {
+                    b = b.prefix(prefix);
+                }
+                if let Some((n, timeout)) = wait {
+                    b = b.wait_for_replicas(n, timeout);
+                }
+                b
+            }};
+        }
         let (backend, describe): (Arc<dyn LockBackend>, String) = match urls.len() {
             0 => return Err(Failure::usage(format!("{source} names no URL"))),
             n if args.cluster => (
                 Arc::new(
-                    configure(RedisBackend::cluster(&urls))
+                    configure!(RedisBackend::cluster_builder(&urls))
                         .build()
                         .map_err(bad)?,
                 ),
@@ -108,7 +113,7 @@ impl Connection {
             ),
             n => match &args.sentinel {
                 Some(name) => {
-                    let mut b = configure(RedisBackend::sentinel(name, &urls));
+                    let mut b = configure!(RedisBackend::sentinel_builder(name, &urls));
                     if let Some(password) = &password {
                         b = b.master_auth(None, password);
                     }
@@ -122,7 +127,7 @@ impl Connection {
                 }
                 None if n == 1 => (
                     Arc::new(
-                        configure(RedisBackend::builder(&urls[0]))
+                        configure!(RedisBackend::builder(&urls[0]))
                             .build()
                             .map_err(bad)?,
                     ),

@@ -9,7 +9,7 @@ use redis::{ConnectionLike, Script};
 use crate::conn::map_error;
 
 static FENCED_SET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/fenced_set.lua")));
+    LazyLock::new(|| Script::new(include_str!("protocol/lua/fenced_set.lua")));
 
 /// Why a fenced write was not applied.
 #[derive(Debug)]

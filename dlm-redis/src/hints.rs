@@ -117,6 +117,17 @@ pub(crate) struct Hints {
 }
 
 impl Hints {
+    /// The release-hint listeners for `endpoints` (one each, started on the first wait),
+    /// if `options` enable them.
+    pub(crate) fn when_enabled(
+        options: &crate::options::Options,
+        endpoints: Vec<Endpoint>,
+    ) -> Option<Hints> {
+        options
+            .hints
+            .then(|| Hints::new(&options.prefix, endpoints, options.timeouts()))
+    }
+
     pub(crate) fn new(prefix: &str, endpoints: Vec<Endpoint>, timeouts: Timeouts) -> Self {
         let (ready_tx, ready) = crossbeam_channel::bounded(0);
         Hints {

@@ -26,7 +26,7 @@
 //! older servers are detected and get the acquire script); with fencing, the acquire
 //! script takes the lock and draws the token in one step, and touches the fencing stream
 //! only once it has seen that it is a stream (dlm never changes a key it did not write).
-//! Everything else is a Lua script (`src/lua/`: acquire, extend, release, force release,
+//! Everything else is a Lua script (`src/protocol/lua/`: acquire, extend, release, force release,
 //! inspect, commit), run with EVALSHA and reloaded on NOSCRIPT. An uncontended lock + unlock is two round trips
 //! per node on pooled connections (three for Redlock with fencing: its commit round).
 //!
@@ -56,48 +56,33 @@
 //! itself; an uncontended release publishes nothing).
 #![deny(missing_docs)]
 
+mod backends;
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod bench_internals;
-mod cluster;
 mod conn;
 mod fanout;
 mod fenced;
 mod hints;
 mod node;
 mod options;
-mod redlock;
-mod sentinel;
-mod single;
+mod protocol;
 mod slot;
+mod topology;
 mod transport;
 
 pub use fenced::{FencedWriteError, fenced_get, fenced_set};
+pub use node::SETTINGS_LOG_TARGET;
+pub use protocol::LockKeys;
 pub use transport::TlsOptions;
 
-/// The Redis keys and the channel of one lock, from [`RedisBackend::keys`] or
-/// [`Redlock::keys`]: for ACLs, monitoring and administration.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct LockKeys {
-    /// `prefix:{name}`: a string, the holder's owner token (with `~` appended once a
-    /// waiter has marked it), with an expiry.
-    pub lock: String,
-    /// `prefix:fence:{tag}`: the fencing stream of the lock's cluster slot, shared by the
-    /// names of that slot, with an expiry that every acquisition refreshes.
-    pub fencing_stream: String,
-    /// `prefix:{name}:released`: the channel a release is announced on.
-    pub channel: String,
-}
-/// The `log` target of the warnings about a server's settings (no `appendonly yes` +
-/// `appendfsync always`, an eviction policy that can evict lock keys), logged once per server and process: a short-lived program (a CLI run by cron)
-/// can route or lower them without hiding other warnings.
-pub const SETTINGS_LOG_TARGET: &str = "dlm_redis::settings";
+pub use backends::{
+    ClusterBuilder, RedisBackend, RedisBackendBuilder, Redlock, RedlockBuilder, SentinelBuilder,
+    quorum,
+};
 /// The `redis` crate dlm-redis is built on, re-exported so that a connection for
 /// [`fenced_set`] needs no dependency of your own, and always has the version it expects.
 pub use redis;
-pub use redlock::{Redlock, RedlockBuilder, quorum};
-pub use single::{RedisBackend, RedisBackendBuilder};
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

@@ -33,7 +33,7 @@ impl Cluster {
 impl dlm_testkit::Fixture for Cluster {
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
-            RedisBackend::cluster(&self.0.seed_urls()[..2])
+            RedisBackend::cluster_builder(&self.0.seed_urls()[..2])
                 .build()
                 .unwrap(),
         )

@@ -21,7 +21,7 @@ impl Sentinel {
 impl dlm_testkit::Fixture for Sentinel {
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
-            RedisBackend::sentinel(self.0.master_name(), &self.0.sentinel_urls())
+            RedisBackend::sentinel_builder(self.0.master_name(), &self.0.sentinel_urls())
                 .build()
                 .unwrap(),
         )

@@ -256,8 +256,8 @@ fn a_commit_round_without_a_quorum_releases_everywhere() {
                 .credentials("app", "app-pw")
                 .spawn();
             for script in [
-                include_str!("../src/lua/acquire.lua"),
-                include_str!("../src/lua/release.lua"),
+                include_str!("../src/protocol/lua/acquire.lua"),
+                include_str!("../src/protocol/lua/release.lua"),
             ] {
                 let _: String = redis::cmd("SCRIPT")
                     .arg("LOAD")

@@ -162,7 +162,7 @@ fn redlock_every_node() {
 fn cluster_master_of_the_slot() {
     common::require();
     let c = RedisCluster::builder().replicas(0).spawn();
-    let backend = RedisBackend::cluster(&c.seed_urls())
+    let backend = RedisBackend::cluster_builder(&c.seed_urls())
         .io_timeout(Duration::from_secs(2))
         .build()
         .unwrap();

@@ -175,7 +175,11 @@ fn a_stopped_cluster_master_costs_no_hold_on_the_others() {
         .arg("no")
         .spawn();
     // The library's default timeouts (1 s connect, 1 s I/O).
-    let backend = || RedisBackend::cluster(&c.seed_urls()).build().unwrap();
+    let backend = || {
+        RedisBackend::cluster_builder(&c.seed_urls())
+            .build()
+            .unwrap()
+    };
     let counting = Arc::new(CountingBackend::new(Arc::new(backend())));
     let prefix = unique_name("cluster-many");
     let (_client, guards) = hold_many(counting.clone(), &prefix);

@@ -25,7 +25,7 @@ const IO: Duration = Duration::from_secs(3);
 
 fn client(t: &SentinelTopology, replicas: u32) -> LockClient {
     LockClient::builder(
-        RedisBackend::sentinel(t.master_name(), &t.sentinel_urls())
+        RedisBackend::sentinel_builder(t.master_name(), &t.sentinel_urls())
             .io_timeout(IO)
             .connect_timeout(common::CALM)
             .wait_for_replicas(replicas, WAIT)
@@ -336,7 +336,7 @@ fn on_a_cluster_a_grant_its_replica_does_not_acknowledge_is_refused() {
     common::require();
     let c = RedisCluster::spawn();
     let client = LockClient::new(
-        RedisBackend::cluster(&c.seed_urls())
+        RedisBackend::cluster_builder(&c.seed_urls())
             .io_timeout(IO)
             .wait_for_replicas(1, WAIT)
             .build()

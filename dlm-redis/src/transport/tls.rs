@@ -15,6 +15,13 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+use std::io;
+use std::net::TcpStream;
+use std::time::Instant;
+
+use redis::{ErrorKind, RedisError, RedisResult};
+use rustls::{ClientConnection, StreamOwned};
+
 /// How to reach servers given as `rediss://` URLs: which certificate authorities to trust,
 /// the client's own certificate for mutual TLS, and the name to verify.
 ///
@@ -294,5 +301,87 @@ pub(crate) fn describe(e: &rustls::Error) -> String {
             format!("the server did not answer with TLS (a plain-TCP port? use redis://): {e}")
         }
         _ => e.to_string(),
+    }
+}
+
+/// Runs the TLS handshake on `tcp`, done by `deadline`. A server that has not said a
+/// word by half the time left is asked, on a second connection within the rest, whether
+/// it speaks plain RESP (a plain Redis port waits for the end of a line, so it never
+/// answers a ClientHello): then the error says to use `redis://`, within the connect
+/// timeout, instead of a timeout.
+/// Where a TLS connection goes: the loaded configuration and the name to verify.
+#[derive(Clone, Debug)]
+pub(crate) struct TlsTarget {
+    pub(crate) config: Arc<ClientConfig>,
+    pub(crate) name: ServerName<'static>,
+}
+
+pub(crate) fn handshake(
+    mut tcp: TcpStream,
+    target: &TlsTarget,
+    deadline: Instant,
+) -> RedisResult<StreamOwned<ClientConnection, TcpStream>> {
+    let mut conn = ClientConnection::new(target.config.clone(), target.name.clone())
+        .map_err(|e| tls_error(&e))?;
+    let first_word_by = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+    let mut heard = false;
+    while conn.is_handshaking() {
+        let until = if heard { deadline } else { first_word_by };
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(handshake_timeout(&tcp, deadline));
+        }
+        tcp.set_read_timeout(Some(left))?;
+        tcp.set_write_timeout(Some(left))?;
+        match conn.complete_io(&mut tcp) {
+            Ok((read, _)) => heard |= read > 0,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(RedisError::from((
+                    ErrorKind::Client,
+                    "TLS",
+                    "the server closed the connection during the TLS handshake (not a TLS port, or it refused our client certificate)".to_owned(),
+                )));
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(handshake_timeout(&tcp, deadline));
+            }
+            Err(e) => return Err(io_error(e)),
+        }
+    }
+    Ok(StreamOwned::new(conn, tcp))
+}
+
+/// A handshake that got no answer: a plain Redis port (it waits for the end of a line),
+/// or a server that answers nothing at all (stopped), which stays a timeout.
+pub(crate) fn handshake_timeout(tcp: &TcpStream, deadline: Instant) -> RedisError {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if !left.is_zero() && tcp.peer_addr().is_ok_and(|a| speaks_resp(&a, left)) {
+        return RedisError::from((
+            ErrorKind::Client,
+            "TLS",
+            "the server does not speak TLS on this port (it answers plain RESP): use a redis:// URL, or its TLS port".to_owned(),
+        ));
+    }
+    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out").into()
+}
+
+/// A TLS failure as a `RedisError` that `conn::map_error` types as TLS.
+pub(crate) fn tls_error(e: &rustls::Error) -> RedisError {
+    RedisError::from((ErrorKind::Client, "TLS", describe(e)))
+}
+
+/// An I/O error, or the TLS failure inside it.
+pub(crate) fn io_error(e: io::Error) -> RedisError {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(tls) => tls_error(tls),
+        None => e.into(),
     }
 }

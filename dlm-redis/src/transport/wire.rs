@@ -23,26 +23,18 @@
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, RedisResult, Value};
 
 use super::resp::{MAX_DEPTH, Resp, parse, protocol_error};
-use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, ClientConnection, StreamOwned};
+use super::tls::{TlsTarget, handshake, io_error};
+use rustls::{ClientConnection, StreamOwned};
 
 /// The read buffer's size; it grows for a larger reply ...
 const BUFFER: usize = 4096;
 /// ... and is put back to `BUFFER` after one beyond this.
 const BUFFER_KEPT: usize = 64 * 1024;
-
-/// Where a TLS connection goes: the loaded configuration and the name to verify.
-#[derive(Clone, Debug)]
-pub(crate) struct TlsTarget {
-    pub(crate) config: Arc<ClientConfig>,
-    pub(crate) name: ServerName<'static>,
-}
 
 enum Stream {
     Tcp(TcpStream),
@@ -104,85 +96,6 @@ impl Stream {
                 s.set_write_timeout(Some(io))
             }
         }
-    }
-}
-
-/// Runs the TLS handshake on `tcp`, done by `deadline`. A server that has not said a
-/// word by half the time left is asked, on a second connection within the rest, whether
-/// it speaks plain RESP (a plain Redis port waits for the end of a line, so it never
-/// answers a ClientHello): then the error says to use `redis://`, within the connect
-/// timeout, instead of a timeout.
-fn handshake(
-    mut tcp: TcpStream,
-    target: &TlsTarget,
-    deadline: Instant,
-) -> RedisResult<StreamOwned<ClientConnection, TcpStream>> {
-    let mut conn = ClientConnection::new(target.config.clone(), target.name.clone())
-        .map_err(|e| tls_error(&e))?;
-    let first_word_by = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
-    let mut heard = false;
-    while conn.is_handshaking() {
-        let until = if heard { deadline } else { first_word_by };
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(handshake_timeout(&tcp, deadline));
-        }
-        tcp.set_read_timeout(Some(left))?;
-        tcp.set_write_timeout(Some(left))?;
-        match conn.complete_io(&mut tcp) {
-            Ok((read, _)) => heard |= read > 0,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                return Err(RedisError::from((
-                    ErrorKind::Client,
-                    "TLS",
-                    "the server closed the connection during the TLS handshake (not a TLS port, or it refused our client certificate)".to_owned(),
-                )));
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(handshake_timeout(&tcp, deadline));
-            }
-            Err(e) => return Err(io_error(e)),
-        }
-    }
-    Ok(StreamOwned::new(conn, tcp))
-}
-
-/// A handshake that got no answer: a plain Redis port (it waits for the end of a line),
-/// or a server that answers nothing at all (stopped), which stays a timeout.
-fn handshake_timeout(tcp: &TcpStream, deadline: Instant) -> RedisError {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if !left.is_zero()
-        && tcp
-            .peer_addr()
-            .is_ok_and(|a| super::tls::speaks_resp(&a, left))
-    {
-        return RedisError::from((
-            ErrorKind::Client,
-            "TLS",
-            "the server does not speak TLS on this port (it answers plain RESP): use a redis:// URL, or its TLS port".to_owned(),
-        ));
-    }
-    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out").into()
-}
-
-/// A TLS failure as a `RedisError` that `conn::map_error` types as TLS.
-fn tls_error(e: &rustls::Error) -> RedisError {
-    RedisError::from((ErrorKind::Client, "TLS", super::tls::describe(e)))
-}
-
-/// An I/O error, or the TLS failure inside it.
-fn io_error(e: io::Error) -> RedisError {
-    match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    {
-        Some(tls) => tls_error(tls),
-        None => e.into(),
     }
 }
 
@@ -324,13 +237,13 @@ impl Wire {
                     match wire.request(&auth.0)?.extract_error() {
                         Ok(Value::Okay) => {}
                         Ok(other) => return Err(auth_failed(format!("{other:?}"))),
-                        Err(e) => return Err(auth_failed(super::words(&e))),
+                        Err(e) => return Err(auth_failed(super::resp::words(&e))),
                     }
                 }
                 // Whatever the server said (WRONGPASS, "no password is set", Redis 5's
                 // "invalid password"), the credentials were refused: never retried. Its
                 // words are kept.
-                Err(e) => return Err(auth_failed(super::words(&e))),
+                Err(e) => return Err(auth_failed(super::resp::words(&e))),
                 Ok(other) => return Err(auth_failed(format!("{other:?}"))),
             }
         }

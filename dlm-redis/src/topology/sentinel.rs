@@ -1,7 +1,7 @@
 //! Redis Sentinel: finding the master of a monitored group through its sentinels, and
 //! finding it again after a failover.
 //!
-//! The lock connections of a Sentinel-mode [`RedisBackend`](crate::RedisBackend) go to
+//! The lock connections of a Sentinel-mode `RedisBackend` go to
 //! whichever server the sentinels name as the master. Every new connection asks for it
 //! (the answer is cached until something casts doubt on it) and checks with `ROLE` that
 //! the server is a master, as the Sentinel client guidelines ask. Doubt comes from a
@@ -288,41 +288,6 @@ impl fmt::Debug for Discovery {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use redis::IntoConnectionInfo;
-
-    use super::*;
-
-    /// A `READONLY` refusal on a connection to the master (the server was demoted and
-    /// the connection survived) is `Unavailable`, which the front retries, and makes the
-    /// next connection ask the sentinels again; on a plain endpoint it stays `ReadOnly`.
-    #[test]
-    fn readonly_is_retried_and_casts_doubt_on_the_master() {
-        let template = "redis://127.0.0.1/".into_connection_info().unwrap();
-        let discovery = Arc::new(Discovery::new("m".into(), Vec::new(), template, None));
-        discovery.remember(("127.0.0.1".into(), 6379));
-        assert!(!discovery.suspect.load(Ordering::Acquire));
-        let readonly =
-            redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
-                .unwrap()
-                .extract_error()
-                .unwrap_err();
-        let endpoint = Endpoint::sentinel(discovery.clone());
-        let e = endpoint.error(&readonly);
-        assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
-        assert!(e.is_transient());
-        assert!(discovery.suspect.load(Ordering::Acquire));
-
-        let plain = Endpoint::new(
-            crate::conn::ParsedUrl::parse("redis://127.0.0.1:6379/").unwrap(),
-            None,
-        )
-        .unwrap();
-        assert_eq!(plain.error(&readonly).kind(), BackendErrorKind::ReadOnly);
-    }
-}
-
 impl Locate for Discovery {
     fn connect(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
         self.connect_master(t)
@@ -357,5 +322,40 @@ impl Locate for Discovery {
             }
             _ => err,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::IntoConnectionInfo;
+
+    use super::*;
+
+    /// A `READONLY` refusal on a connection to the master (the server was demoted and
+    /// the connection survived) is `Unavailable`, which the front retries, and makes the
+    /// next connection ask the sentinels again; on a plain endpoint it stays `ReadOnly`.
+    #[test]
+    fn readonly_is_retried_and_casts_doubt_on_the_master() {
+        let template = "redis://127.0.0.1/".into_connection_info().unwrap();
+        let discovery = Arc::new(Discovery::new("m".into(), Vec::new(), template, None));
+        discovery.remember(("127.0.0.1".into(), 6379));
+        assert!(!discovery.suspect.load(Ordering::Acquire));
+        let readonly =
+            redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
+                .unwrap()
+                .extract_error()
+                .unwrap_err();
+        let endpoint = discovery.endpoint();
+        let e = endpoint.error(&readonly);
+        assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+        assert!(e.is_transient());
+        assert!(discovery.suspect.load(Ordering::Acquire));
+
+        let plain = Endpoint::new(
+            crate::conn::ParsedUrl::parse("redis://127.0.0.1:6379/").unwrap(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(plain.error(&readonly).kind(), BackendErrorKind::ReadOnly);
     }
 }

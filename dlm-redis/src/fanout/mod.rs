@@ -27,22 +27,26 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Sender};
 use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 
 use crate::conn::Manager;
-use crate::node::{Call, Job, Node, Ticket};
+mod drain;
+
+pub(crate) use drain::Late;
+use drain::{Drainer, Straggler};
+
+use crate::conn::Job;
+use crate::node::{Node, Ticket};
+use crate::protocol::Call;
 
 /// The least time the replies of the other nodes are awaited once the outcome is
 /// decided (more when the first reply took longer).
 const GRACE: Duration = Duration::from_millis(5);
-/// How often the drainer looks at its channel while it has stragglers.
-const DRAIN_TICK: Duration = Duration::from_millis(20);
 
 type Conn = r2d2::PooledConnection<Manager>;
 
@@ -113,56 +117,6 @@ impl<T> Replies<T> {
                 self.replies.len(),
             ),
         )
-    }
-}
-
-/// What is done with a reply that comes after the operation returned.
-#[derive(Clone)]
-pub(crate) enum Late {
-    /// Nothing (a late release, extension, commit or inspection changes nothing that
-    /// matters: the caller has moved on and counted that node as failed).
-    Drop,
-    /// Release the key of this acquisition on that node, whatever the reply said (the
-    /// caller counted the node as failed, so a key there is nobody's). The owner token is
-    /// unique to the acquisition, so this never touches a later one.
-    Release { name: LockName, owner: OwnerToken },
-}
-
-impl Late {
-    /// The acquisition (lock and owner token) whose later requests must wait for this one
-    /// (see [`Node::busy`]).
-    fn key(&self) -> Option<(LockName, OwnerToken)> {
-        match self {
-            Late::Drop => None,
-            Late::Release { name, owner } => Some((name.clone(), *owner)),
-        }
-    }
-
-    /// Does what was asked, on `conn` (the straggler's connection, all of whose replies
-    /// were read: the release then follows the acquisition on one connection) or else on
-    /// a pooled one.
-    fn run(&self, node: &Node, conn: Option<&mut Conn>) {
-        let Late::Release { name, owner } = self else {
-            return;
-        };
-        let released = match conn {
-            Some(conn) => {
-                let call = node.release_call(name, owner, rand::random());
-                call.execute(&mut conn.con)
-                    .map_err(|e| {
-                        conn.broken = true;
-                        node.endpoint.error(&e)
-                    })
-                    .and_then(|reply| node.parse_flag(reply))
-            }
-            None => node.release(name, owner, rand::random()),
-        };
-        if let Err(e) = released {
-            log::debug!(
-                "{}: releasing a late acquisition failed (it ends with its lease): {e}",
-                node.endpoint
-            );
-        }
     }
 }
 
@@ -512,154 +466,4 @@ fn wait(flying: &[InFlight], wake: Option<&OwnedFd>, timeout: Duration) -> (Vec<
     let mut ready = ready;
     ready.truncate(flying.len());
     (ready, woken)
-}
-
-/// A request whose caller has moved on.
-struct Straggler {
-    /// Counts it in its node's background until it is done.
-    ticket: Ticket,
-    /// When its reply is given up on (see `Node::straggler_limit`).
-    give_up: Instant,
-    conn: Conn,
-    call: Call,
-    replies: Vec<redis::Value>,
-    late: Late,
-}
-
-/// Reads late replies in the background and does what their operation asked (see the
-/// module docs). One thread per backend, started by the first straggler.
-#[derive(Default)]
-struct Drainer {
-    inner: Arc<DrainerInner>,
-}
-
-#[derive(Default)]
-struct DrainerInner {
-    tx: Mutex<Option<Sender<Straggler>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drainer {
-    fn handle(&self) -> Drainer {
-        Drainer {
-            inner: self.inner.clone(),
-        }
-    }
-
-    fn running(&self) -> bool {
-        self.inner
-            .thread
-            .lock()
-            .as_ref()
-            .is_some_and(|t| !t.is_finished())
-    }
-
-    /// Takes over a straggler until it is answered (or its connection fails).
-    fn hand_over(&self, s: Straggler) {
-        let mut tx = self.inner.tx.lock();
-        if tx.is_none() {
-            let (sender, rx) = crossbeam_channel::unbounded();
-            match std::thread::Builder::new()
-                .name("dlm-redis-drain".into())
-                .spawn(move || drain(&rx))
-            {
-                Ok(thread) => {
-                    *self.inner.thread.lock() = Some(thread);
-                    *tx = Some(sender);
-                }
-                Err(e) => {
-                    log::error!("cannot start the fan-out's drainer thread: {e}");
-                    complete(s, false);
-                    return;
-                }
-            }
-        }
-        let Some(tx) = tx.as_ref() else { return };
-        if let Err(e) = tx.send(s) {
-            complete(e.into_inner(), false);
-        }
-    }
-
-    fn stop(&self) {
-        self.inner.tx.lock().take();
-        if let Some(thread) = self.inner.thread.lock().take()
-            && thread.thread().id() != std::thread::current().id()
-        {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The drainer's loop: waits for the stragglers' replies (however long), then completes
-/// them. Ends when the Redlock is dropped (its stragglers' connections are then closed
-/// and their keys, if any, end with their leases).
-fn drain(rx: &Receiver<Straggler>) {
-    let mut stragglers: Vec<Straggler> = Vec::new();
-    loop {
-        if stragglers.is_empty() {
-            match rx.recv() {
-                Ok(s) => stragglers.push(s),
-                Err(_) => return,
-            }
-        }
-        loop {
-            match rx.try_recv() {
-                Ok(s) => stragglers.push(s),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return,
-            }
-        }
-        let ready: Vec<bool> = {
-            let mut fds: Vec<PollFd<'_>> = stragglers
-                .iter()
-                .map(|s| PollFd::new(&s.conn.con, PollFlags::IN))
-                .collect();
-            let tick = Timespec::try_from(DRAIN_TICK).expect("a small duration");
-            if poll(&mut fds, Some(&tick)).is_err() {
-                continue;
-            }
-            fds.iter().map(|f| !f.revents().is_empty()).collect()
-        };
-        let now = Instant::now();
-        for k in (0..ready.len()).rev() {
-            if !ready[k] {
-                if stragglers[k].give_up <= now {
-                    log::debug!(
-                        "{}: no reply within {:?}; the connection is given up",
-                        stragglers[k].ticket.node().endpoint,
-                        stragglers[k].ticket.node().straggler_limit()
-                    );
-                    complete(stragglers.swap_remove(k), false);
-                }
-                continue;
-            }
-            let s = &mut stragglers[k];
-            let done = match s.call.receive_some(&mut s.conn.con, &mut s.replies) {
-                Ok(false) => continue,
-                Ok(true) => true,
-                Err(_) => false,
-            };
-            complete(stragglers.swap_remove(k), done);
-        }
-    }
-}
-
-/// Ends a straggler: its late action runs (on its connection when every reply was read,
-/// else on another), its connection goes back to the pool or is discarded, and its node
-/// stops counting it.
-fn complete(s: Straggler, answered: bool) {
-    let Straggler {
-        ticket,
-        mut conn,
-        late,
-        ..
-    } = s;
-    if answered {
-        late.run(ticket.node(), Some(&mut conn));
-    } else {
-        conn.broken = true;
-        drop(conn);
-        late.run(ticket.node(), None);
-    }
-    drop(ticket);
 }

@@ -11,8 +11,9 @@ use dlm_core::backend::{
 
 use crate::fanout::{Fanout, Late, Replies};
 use crate::hints::Hints;
-use crate::node::{Call, Fencing, Node, NodeAcquire, Step};
-use crate::options::{Options, invalid, option_setters};
+use crate::node::Node;
+use crate::options::Options;
+use crate::protocol::{Call, Fencing, NodeAcquire, Step};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
 pub fn quorum(n: usize) -> usize {
@@ -72,29 +73,26 @@ impl Drop for Inner {
 }
 
 impl Redlock {
-    /// A builder for a Redlock over the masters at `urls` (see
-    /// [`RedisBackend::builder`](crate::RedisBackend::builder) for the URL form).
-    pub fn builder<S: AsRef<str>>(urls: &[S]) -> RedlockBuilder {
-        RedlockBuilder {
-            urls: urls.iter().map(|u| u.as_ref().to_owned()).collect(),
-            options: Options::redlock(),
-            verify_distinct: true,
+    /// A Redlock over `nodes` with `options` (built and checked by its builder).
+    pub(crate) fn assemble(nodes: Vec<Node>, options: Options) -> Redlock {
+        let hints =
+            Hints::when_enabled(&options, nodes.iter().map(|n| n.endpoint.clone()).collect());
+        Redlock {
+            inner: Arc::new(Inner {
+                hints,
+                quorum: quorum(nodes.len()),
+                nodes: nodes.into_iter().map(Arc::new).collect(),
+                fanout: Fanout::new(),
+                options,
+            }),
         }
-    }
-
-    /// A Redlock over `urls` with the default settings.
-    ///
-    /// # Errors
-    /// See [`RedlockBuilder::build`].
-    pub fn new<S: AsRef<str>>(urls: &[S]) -> dlm_core::Result<Self> {
-        Redlock::builder(urls).build()
     }
 
     /// The Redis keys and the channel of the lock called `name`.
     ///
     /// # Errors
     /// [`dlm_core::Error::InvalidArgument`] for a name that [`LockName::new`] rejects.
-    pub fn keys(&self, name: &str) -> dlm_core::Result<crate::LockKeys> {
+    pub fn keys(&self, name: &str) -> dlm_core::Result<crate::protocol::LockKeys> {
         Ok(self.nodes_ref()[0].keys.all(&LockName::new(name)?))
     }
 
@@ -207,7 +205,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&again),
             Some((name, owner)),
-            |_, node| node.acquire_script_call(name, owner, ttl, mode),
+            |_, node| node.keys.acquire_script_call(name, owner, ttl, mode),
             |node, call, reply| match node.parse_acquire(name, call, reply)? {
                 Step::Done(answer) => Ok(answer),
                 Step::Script => Err(BackendError::new(
@@ -254,8 +252,8 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            |_, node| node.release_call(name, owner, release_id),
-            |node, _, reply| node.parse_flag(reply),
+            |_, node| node.keys.release_call(name, owner, release_id),
+            |node, _, reply| node.reader().flag(reply),
             |r: &Replies<bool>| {
                 let released = r.ok().filter(|ok| **ok).count();
                 let refused = r.ok().filter(|ok| !**ok).count();
@@ -361,8 +359,8 @@ impl LockBackend for Redlock {
                 self.deadline(Instant::now()),
                 Some(&taken),
                 Some((name, owner)),
-                |_, node| node.commit_call(name, owner, token),
-                |node, _, reply| node.parse_flag(reply),
+                |_, node| node.keys.commit_call(name, owner, token),
+                |node, _, reply| node.reader().flag(reply),
                 |r: &Replies<bool>| {
                     let committed = r.ok().filter(|c| **c).count();
                     committed >= q || committed + r.pending() < q
@@ -441,8 +439,8 @@ impl LockBackend for Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            |_, node| node.extend_call(name, owner, ttl),
-            |node, _, reply| node.parse_flag(reply),
+            |_, node| node.keys.extend_call(name, owner, ttl),
+            |node, _, reply| node.reader().flag(reply),
             |r: &Replies<bool>| {
                 let extended = r.ok().filter(|ok| **ok).count();
                 let refused = r.ok().filter(|ok| !**ok).count();
@@ -493,10 +491,13 @@ impl LockBackend for Redlock {
                 Call::batch(
                     renewals
                         .iter()
-                        .map(|r| node.extend_call(r.name, r.owner, r.ttl)),
+                        .map(|r| node.keys.extend_call(r.name, r.owner, r.ttl)),
                 )
             },
-            |node, _, reply| node.parse_batch(reply, renewals.len(), |v| node.parse_flag(v)),
+            |node, _, reply| {
+                node.reader()
+                    .batch(reply, renewals.len(), |v| node.reader().flag(v))
+            },
             |r| {
                 (0..renewals.len()).all(|k| {
                     let (extended, refused) = counts(r, k);
@@ -551,8 +552,8 @@ impl LockBackend for Redlock {
             self.deadline(start),
             None,
             None,
-            |_, node| node.force_release_call(name, release_id),
-            |node, _, reply| node.parse_force_release(name, reply),
+            |_, node| node.keys.force_release_call(name, release_id),
+            |node, _, reply| node.reader().force_release(name, reply),
             // Every node is asked; a slow one is not waited for once a quorum deleted.
             |r: &Replies<bool>| r.ok().filter(|d| **d).count() >= q,
             Late::Drop,
@@ -575,8 +576,8 @@ impl LockBackend for Redlock {
             self.deadline(start),
             None,
             None,
-            |_, node| node.inspect_call(name),
-            |node, _, reply| node.parse_inspect(name, reply),
+            |_, node| node.keys.inspect_call(name),
+            |node, _, reply| node.reader().inspect(name, reply),
             // The q-th longest lease needs every answer (a busy node is not asked).
             |_: &Replies<Option<Duration>>| false,
             Late::Drop,
@@ -618,119 +619,4 @@ impl fmt::Debug for Redlock {
             .field("prefix", &self.inner.options.prefix)
             .finish_non_exhaustive()
     }
-}
-
-/// Configures a [`Redlock`]. Created by [`Redlock::builder`].
-#[must_use]
-pub struct RedlockBuilder {
-    urls: Vec<String>,
-    options: Options,
-    verify_distinct: bool,
-}
-
-impl fmt::Debug for RedlockBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // URLs may hold passwords: only their number is shown.
-        f.debug_struct("RedlockBuilder")
-            .field("nodes", &self.urls.len())
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RedlockBuilder {
-    option_setters!();
-
-    /// Whether `build` asks every reachable node for its `run_id` to reject one server
-    /// listed twice under different addresses (one server must never count twice toward
-    /// a quorum). Nodes that are down are not checked. Defaults to `true`.
-    pub fn verify_distinct(mut self, on: bool) -> Self {
-        self.verify_distinct = on;
-        self
-    }
-
-    /// Builds the Redlock and starts its worker threads (`pool_size` per node).
-    ///
-    /// # Errors
-    /// [`dlm_core::Error::InvalidArgument`] for no nodes, a malformed URL or setting, or
-    /// one server listed twice (the same resolved address, or the same `run_id`).
-    pub fn build(self) -> dlm_core::Result<Redlock> {
-        if self.urls.is_empty() {
-            return Err(invalid(dlm_core::InvalidArgument::new(
-                "urls",
-                "Redlock needs at least one node",
-            )));
-        }
-        let nodes = self.options.nodes(&self.urls).map_err(invalid)?;
-        check_distinct_addresses(&nodes).map_err(invalid)?;
-        if self.verify_distinct {
-            check_distinct_servers(&nodes)?;
-        }
-        if nodes.len() % 2 == 0 {
-            log::warn!(
-                "Redlock over an even number of nodes ({}) tolerates no more failures than {}",
-                nodes.len(),
-                nodes.len() - 1
-            );
-        }
-        let quorum = quorum(nodes.len());
-        let hints = self.options.hints(&nodes);
-        Ok(Redlock {
-            inner: Arc::new(Inner {
-                hints,
-                nodes: nodes.into_iter().map(Arc::new).collect(),
-                fanout: Fanout::new(),
-                options: self.options,
-                quorum,
-            }),
-        })
-    }
-}
-
-fn check_distinct_addresses(nodes: &[Node]) -> Result<(), dlm_core::InvalidArgument> {
-    let addrs: Vec<Vec<String>> = nodes.iter().map(|n| n.endpoint.socket_addrs()).collect();
-    for i in 0..nodes.len() {
-        for j in i + 1..nodes.len() {
-            if let Some(a) = addrs[i].iter().find(|a| addrs[j].contains(a)) {
-                return Err(dlm_core::InvalidArgument::new(
-                    "urls",
-                    format!("nodes {i} and {j} are the same server ({a})"),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn check_distinct_servers(nodes: &[Node]) -> dlm_core::Result<()> {
-    let ids: Vec<Option<String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = nodes.iter().map(|n| s.spawn(move || n.run_id())).collect();
-        handles
-            .into_iter()
-            .zip(nodes)
-            .map(|(h, n)| match h.join() {
-                Ok(Ok(id)) => Some(id),
-                Ok(Err(e)) if e.kind() == BackendErrorKind::Auth => {
-                    log::warn!("{}: cannot verify the node: {e}", n.endpoint);
-                    None
-                }
-                Ok(Err(e)) => {
-                    log::info!("{}: not reachable now, not verified: {e}", n.endpoint);
-                    None
-                }
-                Err(_) => None,
-            })
-            .collect()
-    });
-    for i in 0..ids.len() {
-        for j in i + 1..ids.len() {
-            if ids[i].is_some() && ids[i] == ids[j] {
-                return Err(invalid(dlm_core::InvalidArgument::new(
-                    "urls",
-                    format!("nodes {i} and {j} are the same server (same run_id)"),
-                )));
-            }
-        }
-    }
-    Ok(())
 }

@@ -1,6 +1,7 @@
-//! Redis Cluster: the slot map, one node (and pool) per master, and the redirections.
+//! Redis Cluster: the slot map, one node (and pool) per master, and the redirections
+//! (the cluster is its masters' [`Router`]).
 //!
-//! A lock's keys share one hash slot (`node.rs`: the name is the hash tag, the fencing
+//! A lock's keys share one hash slot (`protocol/keys.rs`: the name is the hash tag, the fencing
 //! stream's tag is chosen for that slot), so every request of a lock goes to one master:
 //! the slot's, from the map. A `MOVED` updates the map and sends the request again to the
 //! node it names; an `ASK` (a slot half migrated) sends it once, after `ASKING`, to the
@@ -18,8 +19,9 @@ use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
 use parking_lot::{Mutex, RwLock};
 
 use crate::conn::{Endpoint, Locate, Timeouts};
-use crate::node::Node;
+use crate::node::{Node, Router, Try};
 use crate::options::{Options, Tls};
+use crate::protocol::Redirect;
 use crate::slot::SLOTS;
 use crate::transport::Wire;
 
@@ -27,49 +29,6 @@ use crate::transport::Wire;
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// The most redirections one request follows.
 const MAX_REDIRECTS: usize = 16;
-
-/// What a cluster node's refusal asks the client to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Redirect {
-    /// The slot is served by `addr` now.
-    Moved { slot: u16, addr: String },
-    /// This one request goes to `addr`, after `ASKING` (the slot is being migrated there).
-    Ask { addr: String },
-    /// `TRYAGAIN` (a multi-key request during a migration) or `CLUSTERDOWN`: later.
-    Retry,
-}
-
-impl Redirect {
-    fn of(code: &str, detail: Option<&str>) -> Option<Redirect> {
-        match code {
-            "MOVED" | "ASK" => {
-                let mut words = detail?.split_ascii_whitespace();
-                let slot: u16 = words.next()?.parse().ok()?;
-                let addr = words.next()?.to_owned();
-                Some(if code == "MOVED" {
-                    Redirect::Moved { slot, addr }
-                } else {
-                    Redirect::Ask { addr }
-                })
-            }
-            "TRYAGAIN" | "CLUSTERDOWN" => Some(Redirect::Retry),
-            _ => None,
-        }
-    }
-
-    /// The redirection an error asks for, if any.
-    pub(crate) fn of_error(e: &redis::RedisError) -> Option<Redirect> {
-        Redirect::of(e.code()?, e.detail())
-    }
-
-    /// The redirection a reply (a server error kept as a value) asks for, if any.
-    pub(crate) fn of_value(v: &redis::Value) -> Option<Redirect> {
-        match v {
-            redis::Value::ServerError(e) => Redirect::of(e.code(), e.details()),
-            _ => None,
-        }
-    }
-}
 
 /// The masters and who serves which slot.
 struct SlotMap {
@@ -192,88 +151,6 @@ impl Cluster {
         self.map.read().nodes.values().cloned().collect()
     }
 
-    /// Runs `f` on `first` (the slot's master when the request was made), following the
-    /// redirections the replies ask for (`redirect_in` finds those kept in a value).
-    pub(crate) fn run<T>(
-        &self,
-        first: &Node,
-        f: &dyn Fn(&mut Wire) -> redis::RedisResult<T>,
-        redirect_in: &dyn Fn(&T) -> Option<Redirect>,
-    ) -> Result<T, BackendError> {
-        let deadline = Instant::now() + self.options.io_timeout;
-        let mut pause = Duration::from_millis(2);
-        let mut other: Option<Arc<Node>> = None;
-        let mut asking = false;
-        let mut redirects = 0;
-        loop {
-            let node = other.as_deref().unwrap_or(first);
-            let result = match node.run_here(f, asking) {
-                Ok(result) => result,
-                Err(e) => {
-                    // Down or unreachable: a failover may have moved its slots.
-                    if e.is_transient() {
-                        self.refresh();
-                    }
-                    return Err(e);
-                }
-            };
-            let redirect = match &result {
-                Ok(value) => redirect_in(value),
-                Err(e) => Redirect::of_error(e),
-            };
-            let Some(redirect) = redirect else {
-                return result.map_err(|e| node.endpoint.error(&e));
-            };
-            if matches!(redirect, Redirect::Moved { .. } | Redirect::Ask { .. }) {
-                redirects += 1;
-                if redirects > MAX_REDIRECTS {
-                    return Err(BackendError::new(
-                        BackendErrorKind::Unavailable,
-                        format!(
-                            "redis cluster: more than {MAX_REDIRECTS} redirections for one request"
-                        ),
-                    ));
-                }
-            }
-            match redirect {
-                Redirect::Moved { slot, addr } => {
-                    log::debug!("{}: slot {slot} moved to {addr}", node.endpoint);
-                    other = Some(self.moved(node, slot, &addr)?);
-                    asking = false;
-                    self.refresh();
-                }
-                Redirect::Ask { addr } => {
-                    other = Some(self.node_at(node, &addr)?);
-                    asking = true;
-                }
-                // The same request again, to the same node, the same way (with `ASKING`
-                // if it was asked there).
-                Redirect::Retry => {
-                    let now = Instant::now();
-                    if now + pause > deadline {
-                        return Err(BackendError::new(
-                            BackendErrorKind::Unavailable,
-                            format!(
-                                "{}: still refused after {:?} ({})",
-                                node.endpoint,
-                                self.options.io_timeout,
-                                match &result {
-                                    Err(e) => e.code().unwrap_or("error").to_owned(),
-                                    Ok(_) => "TRYAGAIN or CLUSTERDOWN".to_owned(),
-                                }
-                            ),
-                        ));
-                    }
-                    if matches!(&result, Err(e) if e.code() == Some("CLUSTERDOWN")) {
-                        self.refresh();
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-            }
-        }
-    }
-
     /// The node at `addr` (`host:port`, or `:port` for the host of `from`), made if new.
     fn node_at(&self, from: &Node, addr: &str) -> Result<Arc<Node>, BackendError> {
         if let Some(node) = self.map.read().nodes.get(addr) {
@@ -319,29 +196,8 @@ impl Cluster {
     }
 
     fn new_node(&self, endpoint: Endpoint) -> Arc<Node> {
-        Arc::new(self.options.node(endpoint).in_cluster(self.me.clone()))
-    }
-
-    /// Runs `f` on the master of `slot`; when it fails with a transient error (the master
-    /// is down or gone), reads the slot map again and, if the slot has another master
-    /// now, runs `f` there once (a holder's release after a failover goes to the new
-    /// master instead of failing).
-    pub(crate) fn on_slot<T>(
-        &self,
-        slot: u16,
-        f: impl Fn(&Node) -> Result<T, BackendError>,
-    ) -> Result<T, BackendError> {
-        let node = self.node(slot)?;
-        let failed = match f(&node) {
-            Err(e) if e.is_transient() => e,
-            other => return other,
-        };
-        let failed_at = Instant::now();
-        self.refresh_since(failed_at);
-        match self.node(slot) {
-            Ok(now) if !Arc::ptr_eq(&now, &node) => f(&now),
-            _ => Err(failed),
-        }
+        let router: Weak<dyn Router> = self.me.clone();
+        Arc::new(Node::new(endpoint, &self.options).routed_by(router))
     }
 
     /// Reads the slot map again, from a master that answers (or a seed), unless another
@@ -358,7 +214,7 @@ impl Cluster {
 
     /// Reads the slot map again unless it was read after `since` (waits for a read under
     /// way).
-    fn refresh_since(&self, since: Instant) {
+    pub(crate) fn refresh_since(&self, since: Instant) {
         let refreshed = self.refreshed.lock();
         if refreshed.is_some_and(|t| t > since) {
             return;
@@ -491,6 +347,80 @@ impl Cluster {
     }
 }
 
+impl Router for Cluster {
+    /// Runs `attempt` on `first` (the slot's master when the request was made), following
+    /// the redirections it reports: `MOVED` updates the map, `ASK` goes once to the
+    /// importing node after `ASKING`, `TRYAGAIN` and `CLUSTERDOWN` are retried after a
+    /// short pause within the I/O timeout.
+    fn route(
+        &self,
+        first: &Node,
+        attempt: &mut dyn FnMut(&Node, bool) -> Try,
+    ) -> Result<(), BackendError> {
+        let deadline = Instant::now() + self.options.io_timeout;
+        let mut pause = Duration::from_millis(2);
+        let mut other: Option<Arc<Node>> = None;
+        let mut asking = false;
+        let mut redirects = 0;
+        loop {
+            let node = other.as_deref().unwrap_or(first);
+            let (redirect, said) = match attempt(node, asking) {
+                Try::Done => return Ok(()),
+                Try::Unreachable(e) => {
+                    // Down or unreachable: a failover may have moved its slots.
+                    if e.is_transient() {
+                        self.refresh();
+                    }
+                    return Err(e);
+                }
+                Try::Redirected(redirect, said) => (redirect, said),
+            };
+            if matches!(redirect, Redirect::Moved { .. } | Redirect::Ask { .. }) {
+                redirects += 1;
+                if redirects > MAX_REDIRECTS {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        format!(
+                            "redis cluster: more than {MAX_REDIRECTS} redirections for one request"
+                        ),
+                    ));
+                }
+            }
+            match redirect {
+                Redirect::Moved { slot, addr } => {
+                    log::debug!("{}: slot {slot} moved to {addr}", node.endpoint);
+                    other = Some(self.moved(node, slot, &addr)?);
+                    asking = false;
+                    self.refresh();
+                }
+                Redirect::Ask { addr } => {
+                    other = Some(self.node_at(node, &addr)?);
+                    asking = true;
+                }
+                // The same request again, to the same node, the same way (with `ASKING`
+                // if it was asked there).
+                Redirect::Retry => {
+                    let now = Instant::now();
+                    if now + pause > deadline {
+                        return Err(BackendError::new(
+                            BackendErrorKind::Unavailable,
+                            format!(
+                                "{}: still refused after {:?} ({said})",
+                                node.endpoint, self.options.io_timeout,
+                            ),
+                        ));
+                    }
+                    if said == "CLUSTERDOWN" {
+                        self.refresh();
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+}
+
 impl Locate for Cluster {
     fn connect(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
         self.connect_any(t).map(|con| (con, 0))
@@ -540,33 +470,4 @@ fn view(seed: &Endpoint, t: Timeouts) -> Result<SeedView, BackendError> {
         known,
         slots,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redirections_are_read_from_errors_and_values() {
-        assert_eq!(
-            Redirect::of("MOVED", Some("3999 127.0.0.1:6381")),
-            Some(Redirect::Moved {
-                slot: 3999,
-                addr: "127.0.0.1:6381".into()
-            })
-        );
-        assert_eq!(
-            Redirect::of("ASK", Some("3999 :6381")),
-            Some(Redirect::Ask {
-                addr: ":6381".into()
-            })
-        );
-        assert_eq!(Redirect::of("TRYAGAIN", None), Some(Redirect::Retry));
-        assert_eq!(
-            Redirect::of("CLUSTERDOWN", Some("The cluster is down")),
-            Some(Redirect::Retry)
-        );
-        assert_eq!(Redirect::of("MOVED", Some("nonsense")), None);
-        assert_eq!(Redirect::of("ERR", Some("3999 127.0.0.1:6381")), None);
-    }
 }

@@ -9,12 +9,13 @@ use dlm_core::backend::{
     OwnerToken, Renewal, Watch,
 };
 
-use crate::cluster::{Cluster, Redirect};
 use crate::fanout::{Fanout, Late};
 use crate::hints::Hints;
-use crate::node::{Call, Fencing, Keys, Node, NodeAcquire};
+use crate::node::Node;
+use crate::protocol::{Call, Fencing, Keys, NodeAcquire, Redirect};
+use crate::topology::Topology;
 
-use crate::options::{Options, invalid, option_setters};
+use crate::options::Options;
 
 /// A lock on one Redis server.
 ///
@@ -40,7 +41,7 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    target: Target,
+    target: Topology,
     keys: Keys,
     options: Options,
     hints: Option<Hints>,
@@ -51,121 +52,18 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.fanout.stop();
-        let nodes = match &self.target {
-            Target::One(node) => vec![node.clone()],
-            Target::Cluster(cluster) => cluster.masters(),
-        };
-        for node in nodes {
+        for node in self.target.nodes() {
             node.stop_connect_worker();
         }
     }
 }
 
-/// Where the lock keys live.
-enum Target {
-    /// One server (or the master that Sentinel names).
-    One(Arc<Node>),
-    /// The master of the key's slot in a Redis Cluster.
-    Cluster(Arc<Cluster>),
-}
-
 impl RedisBackend {
-    /// A builder for a backend on the server at `url`: `redis://[user:pass@]host:port[/db]`
-    /// or `redis+unix:///path/to/socket`.
-    pub fn builder(url: &str) -> RedisBackendBuilder {
-        RedisBackendBuilder {
-            url: url.to_owned(),
-            options: Options::single(),
-            sentinel: None,
-            sentinel_only: None,
-            cluster: None,
-        }
-    }
-
-    /// A builder for a backend on a Redis Cluster, given one or more of its nodes
-    /// (`redis://[user:pass@]host:port`, `rediss://` for TLS; every node is reached with
-    /// the seeds' credentials and TLS settings). `build` asks every seed for the cluster's
-    /// slot map, and refuses a server without cluster mode and seeds of two clusters.
-    ///
-    /// A lock's keys share one hash slot (the name is the hash tag), so each lock lives
-    /// on one master: the slot's. `MOVED` and `ASK` are followed (slot migrations keep
-    /// working), and the map is read again when a master stops answering. Safe only while
-    /// that master keeps its data: a failover to a replica that had not received the
-    /// grant can lose a held lock (see the README's "Which deployment gives which
-    /// guarantee").
-    ///
-    /// ```no_run
-    /// use dlm_redis::RedisBackend;
-    ///
-    /// let backend =
-    ///     RedisBackend::cluster(&["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]).build()?;
-    /// # Ok::<(), dlm_core::Error>(())
-    /// ```
-    pub fn cluster<S: AsRef<str>>(seeds: &[S]) -> RedisBackendBuilder {
-        RedisBackendBuilder {
-            url: String::new(),
-            options: Options::single(),
-            sentinel: None,
-            sentinel_only: None,
-            cluster: Some(seeds.iter().map(|s| s.as_ref().to_owned()).collect()),
-        }
-    }
-
-    /// A builder for a backend on the master of a Redis Sentinel deployment: the server
-    /// that the `sentinels` (URLs `redis://[user:pass@]host:port`, with the sentinels' own
-    /// credentials; `rediss://` when the deployment uses TLS, for the sentinels and the
-    /// data nodes alike) name as the master of `master_name`. The data nodes' credentials
-    /// and database are [`master_auth`](RedisBackendBuilder::master_auth) and
-    /// [`master_db`](RedisBackendBuilder::master_db).
-    ///
-    /// Each new connection asks the sentinels for the master (the answer is cached until
-    /// a failure casts doubt on it) and checks it with `ROLE`; connections to a former
-    /// master are dropped, and its `READONLY` refusals are retried against the new one.
-    /// Safe only while the master keeps its data: a failover to a replica that had not
-    /// received the latest writes can lose a held lock (see the README's "Which deployment
-    /// gives which guarantee").
-    ///
-    /// ```no_run
-    /// use dlm_redis::RedisBackend;
-    ///
-    /// let backend = RedisBackend::sentinel(
-    ///     "mymaster",
-    ///     &["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
-    /// )
-    /// .master_auth(None, "data-password")
-    /// .build()?;
-    /// # Ok::<(), dlm_core::Error>(())
-    /// ```
-    pub fn sentinel<S: AsRef<str>>(master_name: &str, sentinels: &[S]) -> RedisBackendBuilder {
-        RedisBackendBuilder {
-            url: String::new(),
-            options: Options::single(),
-            sentinel: Some(SentinelSpec {
-                master_name: master_name.to_owned(),
-                sentinels: sentinels.iter().map(|s| s.as_ref().to_owned()).collect(),
-                username: None,
-                password: None,
-                db: None,
-            }),
-            sentinel_only: None,
-            cluster: None,
-        }
-    }
-
-    /// The backend for `url` with the default settings. No I/O happens here: a server that
-    /// is down fails the calls that need it, not the construction.
-    ///
-    /// # Errors
-    /// [`dlm_core::Error::InvalidArgument`] for a malformed URL.
-    pub fn new(url: &str) -> dlm_core::Result<Self> {
-        RedisBackend::builder(url).build()
-    }
-
     /// The Redis keys and the channel of the lock called `name`.
     ///
     /// # Errors
     /// [`dlm_core::Error::InvalidArgument`] for a name that [`LockName::new`] rejects.
-    pub fn keys(&self, name: &str) -> dlm_core::Result<crate::LockKeys> {
+    pub fn keys(&self, name: &str) -> dlm_core::Result<crate::protocol::LockKeys> {
         Ok(self.inner.keys.all(&LockName::new(name)?))
     }
 
@@ -191,20 +89,20 @@ impl RedisBackend {
     /// ```
     ///
     /// # Errors
-    /// [`FencedWriteError::Stale`](crate::FencedWriteError::Stale) when a newer token wrote
-    /// first; [`FencedWriteError::Backend`](crate::FencedWriteError::Backend) when Redis
+    /// [`FencedWriteError::Stale`](crate::fenced::FencedWriteError::Stale) when a newer token wrote
+    /// first; [`FencedWriteError::Backend`](crate::fenced::FencedWriteError::Backend) when Redis
     /// fails.
     pub fn fenced_set(
         &self,
         key: &str,
         token: FencingToken,
         value: &[u8],
-    ) -> Result<(), crate::FencedWriteError> {
+    ) -> Result<(), crate::fenced::FencedWriteError> {
         let reply = self
             .on_node_of_key(key, |node| {
                 node.run(|con| crate::fenced::set_request(con, key, token, value))
             })
-            .map_err(crate::FencedWriteError::Backend)?;
+            .map_err(crate::fenced::FencedWriteError::Backend)?;
         crate::fenced::set_verdict(token, reply)
     }
 
@@ -218,6 +116,20 @@ impl RedisBackend {
         self.on_node_of_key(key, |node| {
             node.run(|con| crate::fenced::get_request(con, key))
         })
+    }
+
+    /// A backend on `target` with `options` (built and checked by a builder).
+    pub(crate) fn assemble(target: Topology, options: Options) -> RedisBackend {
+        let hints = Hints::when_enabled(&options, vec![target.listener()]);
+        RedisBackend {
+            inner: Arc::new(Inner {
+                target,
+                keys: Keys::new(options.prefix.clone(), options.fence_ttl),
+                options,
+                hints,
+                fanout: Fanout::new(),
+            }),
+        }
     }
 
     /// Whether the release-hint listener is subscribed now (it starts with the first
@@ -257,29 +169,12 @@ impl RedisBackend {
 
     fn on_slot<T>(
         &self,
-        slot: impl FnOnce() -> u16,
+        slot: impl Fn() -> u16,
         f: impl Fn(&Node) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
-        match &self.inner.target {
-            Target::One(node) => {
-                // Sentinel: a request that failed because the master was demoted or
-                // went away goes once to the master the sentinels name now (a holder's
-                // release during a failover, instead of a lock left to its lease).
-                let generation = node.endpoint.generation();
-                match f(node) {
-                    Err(e)
-                        if e.is_transient()
-                            && node
-                                .endpoint
-                                .moved_since(generation, self.inner.options.timeouts()) =>
-                    {
-                        f(node)
-                    }
-                    other => other,
-                }
-            }
-            Target::Cluster(cluster) => cluster.on_slot(slot(), f),
-        }
+        self.inner
+            .target
+            .on_slot(slot, self.inner.options.timeouts(), f)
     }
 
     fn lease(&self, start: Instant, ttl: Duration, fence: u64) -> Option<Lease> {
@@ -299,10 +194,7 @@ impl RedisBackend {
 impl RedisBackend {
     /// The node that serves `name` now.
     fn node_of(&self, name: &LockName) -> Result<Arc<Node>, BackendError> {
-        match &self.inner.target {
-            Target::One(node) => Ok(node.clone()),
-            Target::Cluster(cluster) => cluster.node(self.inner.keys.slot(name)),
-        }
+        self.inner.target.node(|| self.inner.keys.slot(name))
     }
 
     /// What one renewal of a batch came to, from its reply (`acked`: how many replicas
@@ -323,7 +215,7 @@ impl RedisBackend {
         let ok = value
             .extract_error()
             .map_err(|e| node.endpoint.error(&e))
-            .and_then(|v| node.parse_flag(v))?;
+            .and_then(|v| node.reader().flag(v))?;
         if let Some(w) = self.inner.options.replica_wait
             && ok
             && acked.unwrap_or(0) < w.replicas
@@ -460,11 +352,12 @@ impl LockBackend for RedisBackend {
             None,
             |g, node| {
                 let extends = groups[g].iter().map(|&i| {
-                    node.extend_call(renewals[i].name, renewals[i].owner, renewals[i].ttl)
+                    node.keys
+                        .extend_call(renewals[i].name, renewals[i].owner, renewals[i].ttl)
                 });
                 Call::batch(extends.chain(wait.map(Call::wait)))
             },
-            |node, call, reply| node.batch_values(reply, call.len()),
+            |node, call, reply| node.reader().values(reply, call.len()),
             // Every node's answer is needed: each serves its own holds.
             |_| false,
             Late::Drop,
@@ -544,212 +437,9 @@ impl LockBackend for RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field(
-                "server",
-                &match &self.inner.target {
-                    Target::One(node) => format!("{}", node.endpoint),
-                    Target::Cluster(cluster) => format!("{cluster:?}"),
-                },
-            )
+            .field("server", &self.inner.target)
             .field("prefix", &self.inner.options.prefix)
             .field("fencing", &self.inner.options.fencing)
             .finish_non_exhaustive()
-    }
-}
-
-/// Configures a [`RedisBackend`]. Created by [`RedisBackend::builder`].
-#[must_use]
-pub struct RedisBackendBuilder {
-    url: String,
-    options: Options,
-    sentinel: Option<SentinelSpec>,
-    /// A Sentinel-only setter used on a single server's builder: refused by `build`.
-    sentinel_only: Option<&'static str>,
-    /// Cluster mode: the seed URLs.
-    cluster: Option<Vec<String>>,
-}
-
-/// What [`RedisBackend::sentinel`] and its setters were given.
-struct SentinelSpec {
-    master_name: String,
-    sentinels: Vec<String>,
-    username: Option<String>,
-    password: Option<String>,
-    db: Option<i64>,
-}
-
-impl fmt::Debug for RedisBackendBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The URL may hold a password: not shown.
-        f.debug_struct("RedisBackendBuilder")
-            .field("options", &self.options)
-            .field(
-                "sentinel_master",
-                &self.sentinel.as_ref().map(|s| &s.master_name),
-            )
-            .finish_non_exhaustive()
-    }
-}
-
-impl RedisBackendBuilder {
-    option_setters!();
-
-    /// Narrows the failover window: after each acquisition and each renewal, waits
-    /// (`WAIT replicas timeout`, on the same connection) until at least `replicas`
-    /// replicas acknowledged the write, or `timeout` passed. An acquisition fewer
-    /// replicas acknowledged is undone (the key released) and reported as
-    /// [`BackendErrorKind::NotReplicated`] (transient: `lock` retries it within the
-    /// error budget); a renewal is reported the same way and the guard keeps its previous
-    /// lease. Off by default. Redisson has the same check.
-    ///
-    /// What it buys: a failover that promotes a replica that acknowledged the grant
-    /// keeps the lock. What it does not: Redis replication stays asynchronous and `WAIT`
-    /// is not a consensus protocol. A failover may still promote a replica that did not
-    /// acknowledge (Sentinel and Cluster prefer the most up-to-date replica, but do not
-    /// require it), a replica that acknowledged can lose the write in a restart without
-    /// `appendfsync always`, and a grant is on the master before `WAIT` answers (another
-    /// client can see it then, and it stays there if the release after a refusal fails).
-    /// `timeout` must be shorter than `io_timeout`. See the README's "Which deployment
-    /// gives which guarantee".
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    ///
-    /// let backend = dlm_redis::RedisBackend::sentinel("mymaster", &["redis://10.0.0.1:26379"])
-    ///     .wait_for_replicas(1, Duration::from_millis(200))
-    ///     .build()?;
-    /// # Ok::<(), dlm_core::Error>(())
-    /// ```
-    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.options.replica_wait = Some(crate::options::ReplicaWait { replicas, timeout });
-        self
-    }
-
-    /// Sentinel mode ([`RedisBackend::sentinel`]): the ACL user (if any) and password of
-    /// the data nodes. The sentinels' own credentials go in their URLs.
-    pub fn master_auth(mut self, username: Option<&str>, password: &str) -> Self {
-        if let Some(s) = &mut self.sentinel {
-            s.username = username.map(str::to_owned);
-            s.password = Some(password.to_owned());
-        } else {
-            self.sentinel_only.get_or_insert("master_auth");
-        }
-        self
-    }
-
-    /// Sentinel mode ([`RedisBackend::sentinel`]): the database number on the master.
-    /// Defaults to 0.
-    pub fn master_db(mut self, db: i64) -> Self {
-        if let Some(s) = &mut self.sentinel {
-            s.db = Some(db);
-        } else {
-            self.sentinel_only.get_or_insert("master_db");
-        }
-        self
-    }
-
-    /// Builds the backend. No I/O for a single server: the pool connects on first use.
-    /// In Sentinel mode, every sentinel is asked for the master once.
-    ///
-    /// # Errors
-    /// [`dlm_core::Error::InvalidArgument`] for a malformed URL or setting, and in
-    /// Sentinel mode for a master name the sentinels do not know, or sentinels that
-    /// disagree about the master; [`dlm_core::Error::Backend`] when no sentinel answers.
-    pub fn build(self) -> dlm_core::Result<RedisBackend> {
-        let keys = Keys::new(self.options.prefix.clone(), self.options.fence_ttl);
-        if let Some(seeds) = &self.cluster {
-            if let Some(setter) = self.sentinel_only {
-                return Err(invalid(dlm_core::InvalidArgument::new(
-                    setter,
-                    "only for RedisBackend::sentinel: the seed URLs carry the cluster's credentials",
-                )));
-            }
-            let cluster = Cluster::connect(self.options.clone(), seeds)?;
-            let hints = self.options.hints_at(vec![cluster.any_node()]);
-            return Ok(RedisBackend {
-                inner: Arc::new(Inner {
-                    target: Target::Cluster(cluster),
-                    keys,
-                    options: self.options,
-                    hints,
-                    fanout: Fanout::new(),
-                }),
-            });
-        }
-        let node = match &self.sentinel {
-            Some(spec) => self.sentinel_node(spec)?,
-            None if self.sentinel_only.is_some() => {
-                return Err(invalid(dlm_core::InvalidArgument::new(
-                    self.sentinel_only.unwrap_or_default(),
-                    "only for RedisBackend::sentinel: a server's URL carries its credentials and database",
-                )));
-            }
-            None => self
-                .options
-                .nodes(std::slice::from_ref(&self.url))
-                .map_err(invalid)?
-                .pop()
-                .expect("one URL gives one node"),
-        };
-        let hints = self.options.hints(std::slice::from_ref(&node));
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                target: Target::One(Arc::new(node)),
-                keys,
-                options: self.options,
-                hints,
-                fanout: Fanout::new(),
-            }),
-        })
-    }
-
-    /// The node of a Sentinel deployment's master; asks every sentinel once.
-    fn sentinel_node(&self, spec: &SentinelSpec) -> dlm_core::Result<Node> {
-        use redis::IntoConnectionInfo;
-        let bad =
-            |field: &'static str, why: &str| invalid(dlm_core::InvalidArgument::new(field, why));
-        self.options.validate().map_err(invalid)?;
-        if spec.master_name.is_empty() || spec.master_name.len() > 256 {
-            return Err(bad("master_name", "must be 1 to 256 bytes"));
-        }
-        if spec.sentinels.is_empty() {
-            return Err(bad("sentinels", "no sentinel URL"));
-        }
-        let (sentinels, tls) = self.options.endpoints(&spec.sentinels).map_err(invalid)?;
-        let tls_urls = spec
-            .sentinels
-            .iter()
-            .filter(|u| u.to_ascii_lowercase().starts_with("rediss://"))
-            .count();
-        if tls_urls != 0 && tls_urls != spec.sentinels.len() {
-            return Err(bad(
-                "sentinels",
-                "some sentinel URLs are rediss:// and some are not: a deployment uses TLS everywhere or nowhere",
-            ));
-        }
-        let mut settings = "redis://127.0.0.1/"
-            .into_connection_info()
-            .expect("a valid URL")
-            .redis_settings()
-            .clone()
-            .set_db(spec.db.unwrap_or(0));
-        if let Some(user) = &spec.username {
-            settings = settings.set_username(user);
-        }
-        if let Some(password) = &spec.password {
-            settings = settings.set_password(password);
-        }
-        let template = "redis://127.0.0.1/"
-            .into_connection_info()
-            .expect("a valid URL")
-            .set_redis_settings(settings);
-        let discovery = Arc::new(crate::sentinel::Discovery::new(
-            spec.master_name.clone(),
-            sentinels,
-            template,
-            tls,
-        ));
-        discovery.check(self.options.timeouts())?;
-        Ok(self.options.node(discovery.endpoint()))
     }
 }

@@ -1,0 +1,17 @@
+//! The lock protocol: the requests dlm sends (the plain `SET NX`, the scripts of
+//! `src/protocol/lua/`, `WAIT`), encoded from a lock's keys, and what their replies mean. Above
+//! the connections; it runs nothing itself (the nodes do).
+
+mod call;
+mod fencing;
+mod keys;
+mod redirect;
+mod replies;
+mod requests;
+
+pub(crate) use call::{Call, ReplicaWait, Shape};
+pub(crate) use fencing::Fencing;
+pub use keys::LockKeys;
+pub(crate) use keys::{Keys, millis};
+pub(crate) use redirect::Redirect;
+pub(crate) use replies::{NodeAcquire, Reader, Step};

@@ -1,0 +1,190 @@
+//! What a server's replies mean: the answers to lock requests, read with the server's
+//! name and the lock's keys for the errors.
+
+use std::time::Duration;
+
+use dlm_core::backend::{BackendError, BackendErrorKind, LockName};
+
+use super::fencing::token_of_id;
+use super::keys::Keys;
+use crate::conn::Endpoint;
+
+/// What one server answered to an acquisition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeAcquire {
+    /// Ours now; the token drawn from the fencing stream (0 when fencing is off).
+    Acquired { fence: u64 },
+    /// Someone else's, for this much longer.
+    Held { remaining: Duration },
+}
+
+/// What the reply to an acquire call says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The answer.
+    Done(NodeAcquire),
+    /// Ask again with the acquire script.
+    Script,
+}
+
+/// Reads the replies of one server (its name is in every error).
+#[derive(Clone, Copy)]
+pub(crate) struct Reader<'a> {
+    pub(crate) server: &'a Endpoint,
+    pub(crate) keys: &'a Keys,
+}
+
+impl Reader<'_> {
+    pub(crate) fn unexpected_key(&self, name: &LockName, what: &str) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::UnexpectedKey,
+            format!(
+                "{}: the key {} {what}; it was not written by dlm",
+                self.server,
+                self.keys.lock(name)
+            ),
+        )
+    }
+
+    pub(crate) fn acquire_script(
+        &self,
+        name: &LockName,
+        reply: redis::Value,
+    ) -> Result<NodeAcquire, BackendError> {
+        let (code, value): (i64, redis::Value) = self.parse(reply)?;
+        match code {
+            // The new stream ID with fencing, 0 without.
+            1 => match value {
+                redis::Value::Int(_) => Ok(NodeAcquire::Acquired { fence: 0 }),
+                draw => Ok(NodeAcquire::Acquired {
+                    fence: self.draw(name, draw)?,
+                }),
+            },
+            0 => Ok(NodeAcquire::Held {
+                remaining: Duration::from_millis(self.parse::<i64>(value)?.max(0) as u64),
+            }),
+            -1 => Err(self.unexpected_key(name, "is not a string")),
+            -2 => Err(self.unexpected_key(name, "has no expiry")),
+            -3 => Err(self.foreign_fence(name)),
+            other => Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{}: acquire script returned {other}", self.server),
+            )),
+        }
+    }
+
+    /// The fencing token of the ID the slot's stream drew (`XADD`). A key of another type
+    /// at the stream's name was not written by dlm.
+    pub(crate) fn draw(&self, name: &LockName, value: redis::Value) -> Result<u64, BackendError> {
+        match value {
+            redis::Value::BulkString(id) => token_of_id(&id).ok_or_else(|| {
+                BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!(
+                        "{}: the fencing stream gave the ID {:?}, which makes no token",
+                        self.server,
+                        String::from_utf8_lossy(&id)
+                    ),
+                )
+            }),
+            redis::Value::ServerError(e) => {
+                let e: redis::RedisError = e.into();
+                if e.code() == Some("WRONGTYPE") {
+                    return Err(self.foreign_fence(name));
+                }
+                Err(self.server.error(&e))
+            }
+            other => Err(self.protocol("XADD", &other)),
+        }
+    }
+
+    pub(crate) fn foreign_fence(&self, name: &LockName) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::UnexpectedKey,
+            format!(
+                "{}: the fencing stream {} is not a stream; it was not written by dlm",
+                self.server,
+                self.keys.fence(name)
+            ),
+        )
+    }
+
+    pub(crate) fn protocol(&self, what: &str, reply: &redis::Value) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::Protocol,
+            format!("{}: unexpected reply to {what}: {reply:?}", self.server),
+        )
+    }
+
+    /// Converts a script's reply.
+    pub(crate) fn parse<T: redis::FromRedisValue>(
+        &self,
+        reply: redis::Value,
+    ) -> Result<T, BackendError> {
+        redis::from_redis_value(reply).map_err(|e| {
+            BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{}: unexpected script reply: {e}", self.server),
+            )
+        })
+    }
+
+    /// The replies of a batch (see [`Call::batch`]) of `n` calls, each parsed by `one`; a
+    /// call's server error is its own result, not the batch's.
+    pub(crate) fn batch<T>(
+        &self,
+        reply: redis::Value,
+        n: usize,
+        one: impl Fn(redis::Value) -> Result<T, BackendError>,
+    ) -> Result<Vec<Result<T, BackendError>>, BackendError> {
+        Ok(self
+            .values(reply, n)?
+            .into_iter()
+            .map(|v| match v.extract_error() {
+                Ok(v) => one(v),
+                Err(e) => Err(self.server.error(&e)),
+            })
+            .collect())
+    }
+
+    /// The `n` replies of a batch, as they came (server errors kept as values).
+    pub(crate) fn values(
+        &self,
+        reply: redis::Value,
+        n: usize,
+    ) -> Result<Vec<redis::Value>, BackendError> {
+        match reply {
+            redis::Value::Array(values) if values.len() == n => Ok(values),
+            other => Err(self.protocol("a batch", &other)),
+        }
+    }
+
+    /// `1` -> `true`, `0` -> `false`.
+    pub(crate) fn flag(&self, reply: redis::Value) -> Result<bool, BackendError> {
+        Ok(self.parse::<i64>(reply)? == 1)
+    }
+
+    pub(crate) fn force_release(
+        &self,
+        name: &LockName,
+        reply: redis::Value,
+    ) -> Result<bool, BackendError> {
+        match self.parse::<i64>(reply)? {
+            -1 => Err(self.unexpected_key(name, "is not a string")),
+            n => Ok(n == 1),
+        }
+    }
+
+    pub(crate) fn inspect(
+        &self,
+        name: &LockName,
+        reply: redis::Value,
+    ) -> Result<Option<Duration>, BackendError> {
+        match self.parse::<i64>(reply)? {
+            -3 => Ok(None),
+            -1 => Err(self.unexpected_key(name, "is not a string")),
+            -2 => Err(self.unexpected_key(name, "has no expiry")),
+            ms => Ok(Some(Duration::from_millis(ms.max(0) as u64))),
+        }
+    }
+}

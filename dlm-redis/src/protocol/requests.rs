@@ -1,0 +1,144 @@
+//! The lock requests, encoded from a lock's keys: the plain `SET NX`, and the scripts of
+//! `src/protocol/lua/` (run with EVALSHA, loaded again on NOSCRIPT).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use dlm_core::backend::{LockName, OwnerToken};
+use redis::Script;
+
+use super::call::{Call, Shape, evalsha};
+use super::fencing::{Fencing, id_of_token};
+use super::keys::{CHANNEL, Keys, LOCK, millis};
+use crate::transport::Resp;
+
+struct Scripts {
+    acquire: Script,
+    extend: Script,
+    release: Script,
+    force_release: Script,
+    inspect: Script,
+    commit: Script,
+}
+
+/// Loaded once per process; each `Script` knows its SHA1 (EVALSHA, reloaded on NOSCRIPT).
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: Script::new(include_str!("lua/acquire.lua")),
+    extend: Script::new(include_str!("lua/extend.lua")),
+    release: Script::new(include_str!("lua/release.lua")),
+    force_release: Script::new(include_str!("lua/force_release.lua")),
+    inspect: Script::new(include_str!("lua/inspect.lua")),
+    commit: Script::new(include_str!("lua/commit.lua")),
+});
+
+impl Keys {
+    /// `SET key token NX PX ms GET`: takes a free lock without running a script (Redis 7.0
+    /// or later).
+    pub(crate) fn set_call(&self, name: &LockName, owner: &OwnerToken, ttl: Duration) -> Call {
+        let mut r = Resp::new();
+        r.command(7).arg(b"SET");
+        self.arg(&mut r, name, LOCK);
+        r.arg(owner.encoded().as_bytes())
+            .arg(b"NX")
+            .arg(b"PX")
+            .arg_u64(millis(ttl))
+            .arg(b"GET");
+        Call::new(r, Shape::SetGet)
+    }
+
+    /// The acquire script: takes the lock if free, refreshes it if already ours, reports
+    /// the holder's remaining lease otherwise (`src/protocol/lua/acquire.lua`).
+    pub(crate) fn acquire_script_call(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fencing: Fencing,
+    ) -> Call {
+        let script = &SCRIPTS.acquire;
+        let mut r = evalsha(script, 2, 4);
+        self.arg(&mut r, name, LOCK);
+        self.fence_arg(&mut r, name);
+        r.arg(owner.encoded().as_bytes())
+            .arg_u64(millis(ttl))
+            .arg(fencing.mode())
+            .arg_u64(self.fence_ttl_ms);
+        Call::new(r, Shape::Script(script))
+    }
+
+    /// A script call over the lock key (and `second` key, if any) with `args`.
+    fn script_call(
+        &self,
+        script: &'static Script,
+        name: &LockName,
+        channel: bool,
+        args: &[&[u8]],
+    ) -> Call {
+        let mut r = evalsha(script, 1, args.len() + usize::from(channel));
+        self.arg(&mut r, name, LOCK);
+        if channel {
+            self.arg(&mut r, name, CHANNEL);
+        }
+        for a in args {
+            r.arg(a);
+        }
+        Call::new(r, Shape::Script(script))
+    }
+
+    /// Compare-and-PEXPIRE; the reply parses with [`parse_flag`](Self::parse_flag).
+    pub(crate) fn extend_call(&self, name: &LockName, owner: &OwnerToken, ttl: Duration) -> Call {
+        let mut ms = itoa::Buffer::new();
+        self.script_call(
+            &SCRIPTS.extend,
+            name,
+            false,
+            &[
+                owner.encoded().as_bytes(),
+                ms.format(millis(ttl)).as_bytes(),
+            ],
+        )
+    }
+
+    /// Redlock fencing round 2: raises the slot's fencing stream to the ID of `token` if
+    /// the lock is still ours.
+    pub(crate) fn commit_call(&self, name: &LockName, owner: &OwnerToken, token: u64) -> Call {
+        let script = &SCRIPTS.commit;
+        let mut r = evalsha(script, 2, 3);
+        self.arg(&mut r, name, LOCK);
+        self.fence_arg(&mut r, name);
+        r.arg(owner.encoded().as_bytes())
+            .arg(id_of_token(token).as_bytes())
+            .arg_u64(self.fence_ttl_ms);
+        Call::new(r, Shape::Script(script))
+    }
+
+    /// Releases if ours, publishing `release_id` on the lock's channel.
+    pub(crate) fn release_call(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        release_id: u64,
+    ) -> Call {
+        let mut id = itoa::Buffer::new();
+        self.script_call(
+            &SCRIPTS.release,
+            name,
+            true,
+            &[owner.encoded().as_bytes(), id.format(release_id).as_bytes()],
+        )
+    }
+
+    pub(crate) fn force_release_call(&self, name: &LockName, release_id: u64) -> Call {
+        let mut id = itoa::Buffer::new();
+        self.script_call(
+            &SCRIPTS.force_release,
+            name,
+            true,
+            &[id.format(release_id).as_bytes()],
+        )
+    }
+
+    pub(crate) fn inspect_call(&self, name: &LockName) -> Call {
+        self.script_call(&SCRIPTS.inspect, name, false, &[])
+    }
+}
