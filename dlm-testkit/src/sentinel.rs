@@ -579,6 +579,19 @@ impl SentinelTopology {
         let replicas: Vec<usize> = (0..self.data.len())
             .filter(|&i| i != m && live(&self.data[i]))
             .collect();
+        // A write (a PUBLISH is replicated, and touches no key) and `WAIT` for it: WAIT asks
+        // the replicas for their offsets at once (they would otherwise say it once a
+        // second), so this returns as soon as every replica acknowledges.
+        let waited: redis::RedisResult<i64> = connect(&self.data[m].url()).and_then(|mut con| {
+            redis::cmd("PUBLISH")
+                .arg("__testkit__:ready")
+                .arg(1)
+                .query::<i64>(&mut con)?;
+            redis::cmd("WAIT").arg(replicas.len()).arg(500).query(&mut con)
+        });
+        if waited.as_ref().is_ok_and(|&n| n >= replicas.len() as i64) {
+            return Ok(());
+        }
         let master_offset = info.get("master_repl_offset").cloned().unwrap_or_default();
         for &r in &replicas {
             let rport = announced(&self.data[r]).to_string();

@@ -159,13 +159,22 @@ impl Redlock {
                 let taken = r.replies.iter().filter(|x| acquired(x)).count();
                 // A key that needs the script may be ours (a retry): not lost yet. Once the
                 // nodes that answered could make a quorum with the script's help, the
-                // script round can go ahead.
-                let maybe = r
+                // script round can go ahead. A node that says "held" (the acquire script
+                // answers at once with fencing) is counted with them: it tells a held
+                // lock from failing nodes, so the round waits for the nodes still to
+                // answer while they could make a quorum of such answers, or a held lock
+                // with one node stopped and one slow would read as `NoQuorum`.
+                let answered = r
                     .replies
                     .iter()
-                    .filter(|x| matches!(x, Some(Ok(Step::Script))))
+                    .filter(|x| {
+                        matches!(
+                            x,
+                            Some(Ok(Step::Script | Step::Done(NodeAcquire::Held { .. })))
+                        )
+                    })
                     .count();
-                taken + maybe >= q || taken + maybe + r.pending() < q
+                taken + answered >= q || taken + answered + r.pending() < q
             },
             late.clone(),
         );
