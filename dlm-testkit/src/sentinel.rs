@@ -18,6 +18,13 @@
 //! Sentinel turns a former master that comes back as a master into a replica 4 hello
 //! periods after it sees it, so about 1 s here instead of 8 s or more.
 //!
+//! [`SentinelTopologyBuilder::default_timings`] keeps Sentinel's own timings instead, as
+//! a deployment that did not tune them has: no `SENTINEL DEBUG`, and Redis's defaults for
+//! `down-after-milliseconds` (30 s) and `failover-timeout` (3 min) unless set. A former
+//! master is then demoted only at the first `INFO` (every 10 s) that comes more than
+//! 8 s after it was seen as a master: writes reach it for about 10 s after a failover.
+//! Such a topology's waits are [`SLOW_TIMINGS_FACTOR`] times longer.
+//!
 //! Every wait polls its condition until a bound, then panics with what it was waiting
 //! for, the last state seen and the tail of each sentinel's log.
 //!
@@ -45,13 +52,20 @@ use std::time::{Duration, Instant};
 
 use crate::redis_server::{RedisServer, RedisServerBuilder};
 
-/// How long [`SentinelTopologyBuilder::spawn`] waits for the topology to be ready.
+/// How long [`SentinelTopologyBuilder::spawn`] waits for the topology to be ready (each
+/// limit here is [`SLOW_TIMINGS_FACTOR`] times longer for a topology with
+/// [default timings](SentinelTopologyBuilder::default_timings)).
 pub const READY_LIMIT: Duration = Duration::from_secs(20);
 /// How long [`SentinelTopology::master_index`] waits for the sentinels to agree.
 pub const AGREE_LIMIT: Duration = Duration::from_secs(10);
 /// How long [`SentinelTopology::failover`] waits, in all: for a stable topology, for a
 /// sentinel to accept `SENTINEL FAILOVER`, and for the new master to settle.
 pub const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
+
+/// How many times longer every wait of a topology with
+/// [default timings](SentinelTopologyBuilder::default_timings) is (its sentinels refresh
+/// what they know of each node every 10 s instead of every 250 ms).
+pub const SLOW_TIMINGS_FACTOR: u32 = 4;
 
 /// Poll interval of the waits.
 const POLL: Duration = Duration::from_millis(25);
@@ -75,8 +89,12 @@ pub struct SentinelTopologyBuilder {
     quorum: Option<usize>,
     password: Option<String>,
     sentinel_password: Option<String>,
-    down_after: Duration,
-    failover_timeout: Duration,
+    down_after: Option<Duration>,
+    failover_timeout: Option<Duration>,
+    /// Whether the sentinels get the short `SENTINEL DEBUG` timings.
+    short_periods: bool,
+    /// Extra `--name value` arguments of every data node.
+    data_config: Vec<(String, String)>,
     tls: bool,
 }
 
@@ -89,8 +107,10 @@ impl Default for SentinelTopologyBuilder {
             quorum: None,
             password: None,
             sentinel_password: None,
-            down_after: Duration::from_millis(1000),
-            failover_timeout: Duration::from_millis(5000),
+            down_after: Some(Duration::from_millis(1000)),
+            failover_timeout: Some(Duration::from_millis(5000)),
+            short_periods: true,
+            data_config: Vec::new(),
             tls: false,
         }
     }
@@ -147,17 +167,42 @@ impl SentinelTopologyBuilder {
         self
     }
 
-    /// `sentinel down-after-milliseconds` (default 1 s): how long a node may fail to
+    /// `sentinel down-after-milliseconds` (default 1 s; Redis's own default, 30 s,
+    /// after [`default_timings`](Self::default_timings)): how long a node may fail to
     /// answer before a sentinel considers it down.
     pub fn down_after(mut self, d: Duration) -> Self {
-        self.down_after = d;
+        self.down_after = Some(d);
         self
     }
 
-    /// `sentinel failover-timeout` (default 5 s). A sentinel that failed to get a
+    /// `sentinel failover-timeout` (default 5 s; Redis's own default, 3 min, after
+    /// [`default_timings`](Self::default_timings)). A sentinel that failed to get a
     /// failover done waits twice this long before it tries again.
     pub fn failover_timeout(mut self, d: Duration) -> Self {
-        self.failover_timeout = d;
+        self.failover_timeout = Some(d);
+        self
+    }
+
+    /// Sentinel's own timings, as a deployment that did not tune them has: no `SENTINEL
+    /// DEBUG` (INFO to each node every 10 s, hello messages every 2 s, down-state
+    /// questions every 1 s), and no `down-after-milliseconds` nor `failover-timeout` in
+    /// the config, so Redis's defaults apply (30 s and 3 min), unless
+    /// [`down_after`](Self::down_after) or [`failover_timeout`](Self::failover_timeout)
+    /// are called after this. A former master is then demoted about 10 s after a
+    /// failover (see the [module docs](self)), and the topology's waits are
+    /// [`SLOW_TIMINGS_FACTOR`] times longer.
+    pub fn default_timings(mut self) -> Self {
+        self.short_periods = false;
+        self.down_after = None;
+        self.failover_timeout = None;
+        self
+    }
+
+    /// A configuration directive for every data node, given on its command line as
+    /// `--name value` (e.g. `.data_node_config("min-replicas-to-write", "1")`). A
+    /// restarted data node keeps it.
+    pub fn data_node_config(mut self, name: &str, value: &str) -> Self {
+        self.data_config.push((name.to_owned(), value.to_owned()));
         self
     }
 
@@ -195,6 +240,9 @@ impl SentinelTopologyBuilder {
             if let Some(pw) = &self.password {
                 b = b.password(pw).arg("--masterauth").arg(pw);
             }
+            for (name, value) in &self.data_config {
+                b = b.arg(&format!("--{name}")).arg(value);
+            }
             if let Some(port) = master_port {
                 b = b.arg("--replicaof").arg("127.0.0.1").arg(&port.to_string());
             }
@@ -221,12 +269,14 @@ impl SentinelTopologyBuilder {
             data,
             sentinels,
             pki,
+            short_periods: self.short_periods,
         };
         for i in 0..topology.sentinels.len() {
             topology.tune(i);
         }
-        let m = topology.settle(None, READY_LIMIT, "the topology to be ready");
-        topology.poll(READY_LIMIT, "every replica's first acknowledgement", || {
+        let ready = topology.scaled(READY_LIMIT);
+        let m = topology.settle(None, ready, "the topology to be ready");
+        topology.poll(ready, "every replica's first acknowledgement", || {
             topology.acknowledged(m)
         });
         log::debug!(
@@ -241,16 +291,16 @@ impl SentinelTopologyBuilder {
     fn sentinel_config(&self, master_port: u16, quorum: usize) -> String {
         let name = quote(&self.master_name);
         let mut conf = format!("sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n");
-        let _ = writeln!(
-            conf,
-            "sentinel down-after-milliseconds {name} {}",
-            self.down_after.as_millis()
-        );
-        let _ = writeln!(
-            conf,
-            "sentinel failover-timeout {name} {}",
-            self.failover_timeout.as_millis()
-        );
+        if let Some(d) = self.down_after {
+            let _ = writeln!(
+                conf,
+                "sentinel down-after-milliseconds {name} {}",
+                d.as_millis()
+            );
+        }
+        if let Some(d) = self.failover_timeout {
+            let _ = writeln!(conf, "sentinel failover-timeout {name} {}", d.as_millis());
+        }
         let _ = writeln!(conf, "sentinel parallel-syncs {name} 1");
         if let Some(pw) = &self.password {
             let _ = writeln!(conf, "sentinel auth-pass {name} {}", quote(pw));
@@ -274,6 +324,8 @@ pub struct SentinelTopology {
     sentinels: Vec<RedisServer>,
     /// The test CA of a TLS topology (kept for restarts, which read the files again).
     pki: Option<crate::tls::TestPki>,
+    /// Whether the sentinels get the short `SENTINEL DEBUG` timings (also on restart).
+    short_periods: bool,
 }
 
 /// The port a node is known by in the topology: its TLS port when it has one.
@@ -358,7 +410,8 @@ impl SentinelTopology {
     }
 
     /// Restarts sentinel `i` on the same port from its own (rewritten) config file, and
-    /// sets its short timings again; returns once it answers (not once it has found the
+    /// sets its short timings again (unless the topology keeps
+    /// [default timings](SentinelTopologyBuilder::default_timings)); returns once it answers (not once it has found the
     /// other nodes again). Panics if out of range or if it cannot be started.
     pub fn restart_sentinel(&mut self, i: usize) {
         self.sentinels[i].restart();
@@ -388,9 +441,11 @@ impl SentinelTopology {
     /// # Panics
     /// When they do not agree in time, or name an address that is no data node.
     pub fn master_index(&self) -> usize {
-        self.poll(AGREE_LIMIT, "the sentinels to agree on a master", || {
-            self.agreed_master()
-        })
+        self.poll(
+            self.scaled(AGREE_LIMIT),
+            "the sentinels to agree on a master",
+            || self.agreed_master(),
+        )
     }
 
     /// The data node that the sentinels name as the master ([`master_index`](Self::master_index)).
@@ -415,9 +470,28 @@ impl SentinelTopology {
     /// # Panics
     /// When there is no replica, or the failover does not happen or settle in time.
     pub fn failover(&self) -> usize {
+        let deadline = Instant::now() + self.scaled(FAILOVER_LIMIT);
+        let old = self.start_failover_by(deadline);
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.settle(Some(old), left, "the failover to settle")
+    }
+
+    /// The first half of [`failover`](Self::failover): waits until the topology is
+    /// settled and a sentinel accepts `SENTINEL FAILOVER <name>`, and returns the index
+    /// of the master being failed over at once, without waiting for the promotion (to
+    /// watch the failover as it happens; [`role`](Self::role) tells when each node
+    /// changed). Bounded by [`FAILOVER_LIMIT`].
+    ///
+    /// # Panics
+    /// When there is no replica, or no sentinel accepts the command in time.
+    pub fn start_failover(&self) -> usize {
+        self.start_failover_by(Instant::now() + self.scaled(FAILOVER_LIMIT))
+    }
+
+    fn start_failover_by(&self, deadline: Instant) -> usize {
         assert!(self.data.len() > 1, "a failover needs a replica");
-        let deadline = Instant::now() + FAILOVER_LIMIT;
-        let old = self.settle(None, FAILOVER_LIMIT, "a settled topology before a failover");
+        let left = deadline.saturating_duration_since(Instant::now());
+        let old = self.settle(None, left, "a settled topology before a failover");
         self.poll_until(deadline, "a sentinel to accept SENTINEL FAILOVER", || {
             let mut last = String::new();
             for i in self.live_sentinels() {
@@ -441,8 +515,24 @@ impl SentinelTopology {
                 last
             })
         });
-        let left = deadline.saturating_duration_since(Instant::now());
-        self.settle(Some(old), left, "the failover to settle")
+        old
+    }
+
+    /// What data node `i` says it is (the first word of `ROLE`: `"master"` or
+    /// `"slave"`), asked on a fresh connection with a 1 s timeout.
+    ///
+    /// # Errors
+    /// When the node does not answer.
+    pub fn role(&self, i: usize) -> redis::RedisResult<String> {
+        let reply: Vec<redis::Value> =
+            redis::cmd("ROLE").query(&mut connect(&self.data[i].url())?)?;
+        match reply.first() {
+            Some(redis::Value::BulkString(role)) => Ok(String::from_utf8_lossy(role).into_owned()),
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "a ROLE reply without a role",
+            ))),
+        }
     }
 
     /// Waits for a failover that something else caused (e.g. a test killed or paused
@@ -476,9 +566,23 @@ impl SentinelTopology {
         self.settle(None, limit, "a settled topology")
     }
 
+    /// A wait's bound for this topology: `limit`, times [`SLOW_TIMINGS_FACTOR`] with
+    /// default timings.
+    fn scaled(&self, limit: Duration) -> Duration {
+        if self.short_periods {
+            limit
+        } else {
+            limit * SLOW_TIMINGS_FACTOR
+        }
+    }
+
     /// Sets the short `SENTINEL DEBUG` timings on sentinel `i` (best effort: a server
-    /// without `SENTINEL DEBUG` keeps its defaults).
+    /// without `SENTINEL DEBUG` keeps its defaults), unless the topology keeps
+    /// [default timings](SentinelTopologyBuilder::default_timings).
     fn tune(&self, i: usize) {
+        if !self.short_periods {
+            return;
+        }
         let mut cmd = redis::cmd("SENTINEL");
         cmd.arg("DEBUG");
         for (param, ms) in DEBUG_TIMINGS {
@@ -806,5 +910,22 @@ mod tests {
              sentinel parallel-syncs \"m 1\" 1\n\
              sentinel auth-pass \"m 1\" \"p\\\"w\"\n"
         );
+    }
+    #[test]
+    fn default_timings_leave_the_timings_to_redis() {
+        let conf = SentinelTopology::builder()
+            .default_timings()
+            .sentinel_config(6379, 2);
+        assert_eq!(
+            conf,
+            "sentinel monitor \"mymaster\" 127.0.0.1 6379 2\n\
+             sentinel parallel-syncs \"mymaster\" 1\n"
+        );
+        let conf = SentinelTopology::builder()
+            .default_timings()
+            .down_after(Duration::from_secs(5))
+            .sentinel_config(6379, 2);
+        assert!(conf.contains("down-after-milliseconds \"mymaster\" 5000\n"));
+        assert!(!conf.contains("failover-timeout"));
     }
 }

@@ -288,3 +288,74 @@ fn passwords_protect_sentinels_and_data_nodes() {
     assert_replicates(&topology, "dlm:k", "v2");
     assert_eq!(get(topology.data_node(0), "dlm:k").as_deref(), Some("v2"));
 }
+
+/// `SENTINEL DEBUG` (no arguments) as field (lower case) → value.
+fn sentinel_debug(
+    topology: &SentinelTopology,
+    i: usize,
+) -> std::collections::HashMap<String, String> {
+    let flat: Vec<String> = run(
+        &mut topology.sentinel(i).connection(),
+        &["SENTINEL", "DEBUG"],
+    )
+    .unwrap();
+    flat.chunks_exact(2)
+        .map(|kv| (kv[0].to_lowercase(), kv[1].clone()))
+        .collect()
+}
+
+/// One field of `SENTINEL MASTER <name>` on sentinel `i`.
+fn master_field(topology: &SentinelTopology, i: usize, field: &str) -> String {
+    let flat: Vec<String> = run(
+        &mut topology.sentinel(i).connection(),
+        &["SENTINEL", "MASTER", topology.master_name()],
+    )
+    .unwrap();
+    flat.chunks_exact(2)
+        .find(|kv| kv[0] == field)
+        .unwrap_or_else(|| panic!("no {field} in {flat:?}"))[1]
+        .clone()
+}
+
+/// The short timings by default; `default_timings()` keeps Sentinel's own (INFO every
+/// 10 s, hello every 2 s, down-after 30 s, failover timeout 3 min), and its data nodes
+/// take the extra configuration given; each data node's ROLE is readable through the
+/// topology.
+#[test]
+fn default_timings_keep_sentinels_own_periods_and_data_node_config_is_applied() {
+    require_redis_server();
+    let short = SentinelTopology::builder().replicas(1).sentinels(1).spawn();
+    let debug = sentinel_debug(&short, 0);
+    assert_eq!(
+        debug.get("info-period").map(String::as_str),
+        Some("250"),
+        "{debug:?}"
+    );
+    assert_eq!(master_field(&short, 0, "down-after-milliseconds"), "1000");
+
+    let slow = SentinelTopology::builder()
+        .default_timings()
+        .data_node_config("min-replicas-to-write", "1")
+        .spawn();
+    for i in 0..slow.sentinel_count() {
+        let debug = sentinel_debug(&slow, i);
+        assert_eq!(debug["info-period"], "10000", "{debug:?}");
+        assert_eq!(debug["publish-period"], "2000", "{debug:?}");
+        assert_eq!(debug["ask-period"], "1000", "{debug:?}");
+        assert_eq!(master_field(&slow, i, "down-after-milliseconds"), "30000");
+        assert_eq!(master_field(&slow, i, "failover-timeout"), "180000");
+    }
+    for node in slow.data_nodes() {
+        let config: Vec<String> = run(
+            &mut node.connection(),
+            &["CONFIG", "GET", "min-replicas-to-write"],
+        )
+        .unwrap();
+        assert_eq!(config[1], "1");
+    }
+    let master = slow.master_index();
+    assert_eq!(slow.role(master).unwrap(), "master");
+    for r in slow.replica_indexes() {
+        assert_eq!(slow.role(r).unwrap(), "slave");
+    }
+}
