@@ -424,8 +424,11 @@ fn at_short_timings_the_old_master_is_demoted_within_seconds() {
 /// at once, the other when the sentinels point it at the new master) and refuses dlm's
 /// writes from then on (`NOREPLICAS`), seconds before Sentinel demotes it. Asserts that
 /// it granted nothing later than 3 s after the promotion while its demotion came more
-/// than 5 s after it, and that the load threads were told `NOREPLICAS`; prints the
-/// figures and the error kinds they saw.
+/// than 5 s after it, and that the load threads did not wait for the demotion: a
+/// `NOREPLICAS` refusal is transient and makes dlm ask the sentinels again, so the
+/// threads lock on the new master within seconds (before, `NOREPLICAS` was a `Protocol`
+/// error, not retried: the longest time without a hold was 10.1 s, until the demotion).
+/// Prints the figures and the errors they saw.
 #[test]
 fn min_replicas_to_write_stops_the_old_master_granting_long_before_its_demotion() {
     common::require();
@@ -453,8 +456,9 @@ fn min_replicas_to_write_stops_the_old_master_granting_long_before_its_demotion(
         "the old master refused nothing: {f:?}"
     );
     assert!(
-        f.errors.keys().any(|e| e.contains("NOREPLICAS")),
-        "no thread was told NOREPLICAS: {f:?}"
+        f.longest_gap < Duration::from_secs(4),
+        "a thread went {:?} without a hold: {f:?}",
+        f.longest_gap
     );
 }
 

@@ -691,7 +691,10 @@ impl SentinelTopology {
                 .arg("__testkit__:ready")
                 .arg(1)
                 .query::<i64>(&mut con)?;
-            redis::cmd("WAIT").arg(replicas.len()).arg(500).query(&mut con)
+            redis::cmd("WAIT")
+                .arg(replicas.len())
+                .arg(500)
+                .query(&mut con)
         });
         if waited.as_ref().is_ok_and(|&n| n >= replicas.len() as i64) {
             return Ok(());

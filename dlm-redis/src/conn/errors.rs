@@ -39,6 +39,10 @@ fn classify_code(code: &str, detail: &str) -> BackendErrorKind {
         "NOAUTH" | "WRONGPASS" => BackendErrorKind::Auth,
         "NOPERM" => BackendErrorKind::Permission,
         "OOM" => BackendErrorKind::OutOfMemory,
+        // `min-replicas-to-write`: the master has too few replicas keeping up (a failover
+        // took them, or they are cut off). Transient: retried, and with Sentinel the
+        // master is looked up again, so the request reaches the new master.
+        "NOREPLICAS" => BackendErrorKind::Unavailable,
         "BUSY" | "LOADING" => BackendErrorKind::Busy,
         "READONLY" => BackendErrorKind::ReadOnly,
         "WRONGTYPE" => BackendErrorKind::UnexpectedKey,
