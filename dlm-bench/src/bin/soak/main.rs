@@ -549,7 +549,7 @@ fn soak(mut target: impl Target, run: Duration, mut rng: StdRng) -> Summary {
             Err(panic) => {
                 broke.push(format!(
                     "a fault after {last} failed: {}",
-                    panic_text(&panic)
+                    panic_text(&*panic)
                 ));
                 break;
             }
