@@ -95,6 +95,11 @@ fn a_client_cut_off_from_a_majority_stops_believing_it_holds_the_lock() {
     taken.unlock().unwrap();
 }
 
+/// The minority is cut off before the acquisition, so that the lock lives on exactly the
+/// reachable majority. Cut off after it, the test would depend on where the lock landed:
+/// an acquisition returns once a quorum has it, and a node whose reply comes later has
+/// its key released (seen on a loaded machine: the key on nodes 1 and 2 only, node 2 cut
+/// off, one node left to renew on, the lock rightly lost).
 #[test]
 fn a_client_cut_off_from_a_minority_keeps_its_lock() {
     let _serial = SERIAL.lock();
@@ -105,8 +110,8 @@ fn a_client_cut_off_from_a_minority_keeps_its_lock() {
         .build()
         .unwrap();
     let name = unique_name("cut-minority");
-    let guard = a.get_lock(&name).unwrap().lock().unwrap();
     net.proxies[2].blackhole(Direction::Both);
+    let guard = a.get_lock(&name).unwrap().lock().unwrap();
     let b = LockClient::new(Redlock::new(&net.nodes.nodes.urls()).unwrap());
     let other = b.get_lock(&name).unwrap();
     let start = Instant::now();

