@@ -351,15 +351,15 @@ impl SentinelBuilder {
     /// the sentinels do not know, or sentinels that disagree about the master;
     /// [`dlm_core::Error::Backend`] when no sentinel answers.
     pub fn build(self) -> dlm_core::Result<RedisBackend> {
-        let node = self.master()?;
+        let (node, discovery) = self.master()?;
         Ok(RedisBackend::assemble(
-            Topology::One(Arc::new(node)),
+            Topology::Sentinel(Arc::new(node), discovery),
             self.options,
         ))
     }
 
     /// The node of the deployment's master; asks every sentinel once.
-    fn master(&self) -> dlm_core::Result<Node> {
+    fn master(&self) -> dlm_core::Result<(Node, Arc<Discovery>)> {
         use redis::IntoConnectionInfo;
         let spec = self;
         let bad =
@@ -406,7 +406,7 @@ impl SentinelBuilder {
             tls,
         ));
         discovery.check(self.options.timeouts())?;
-        Ok(Node::new(discovery.endpoint(), &self.options))
+        Ok((Node::new(discovery.endpoint(), &self.options), discovery))
     }
 }
 

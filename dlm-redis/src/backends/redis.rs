@@ -1,5 +1,6 @@
 //! The single-instance backend.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,11 +10,13 @@ use dlm_core::backend::{
     OwnerToken, Renewal, Watch,
 };
 
+use parking_lot::Mutex;
+
 use crate::fanout::{Fanout, Late};
 use crate::hints::Hints;
 use crate::node::Node;
 use crate::protocol::{Call, Fencing, Keys, NodeAcquire, Redirect};
-use crate::topology::Topology;
+use crate::topology::{Topology, Watcher};
 
 use crate::options::Options;
 
@@ -47,6 +50,68 @@ struct Inner {
     hints: Option<Hints>,
     /// Renewals go to every node at once (in a cluster, every master of the holds).
     fanout: Fanout,
+    /// Sentinel: the releases of the last [`JOURNAL_KEEP`], sent again to a new master.
+    journal: Journal,
+    /// Sentinel: asks where the master is, and sends the journal to a new one.
+    watcher: Mutex<Option<Watcher>>,
+}
+
+/// How long a release is kept in the journal: longer than a failover takes to be
+/// noticed (the sentinels name the new master about 1 s after the promotion at their
+/// default timings, and the watcher asks every 0.5 s), bounded so that the journal stays
+/// small whatever the release rate.
+const JOURNAL_KEEP: Duration = Duration::from_secs(10);
+/// The most releases the journal keeps (the oldest go first).
+const JOURNAL_MAX: usize = 100_000;
+
+/// Sentinel: the releases made lately, with the generation of the master's address they
+/// were made in. A failover by `SENTINEL FAILOVER` leaves the old master answering as a
+/// master until Sentinel demotes it; a release that reached it there after the promotion
+/// succeeded, but the promoted replica keeps the copy of the lock it had replicated, with
+/// the holder's token, until its lease ends (the name stays blocked: 18-19 s of a 30 s
+/// lease, measured). Sent again to the new master, such a release deletes that copy: it
+/// is a compare-and-delete of the holder's own token, unique to its acquisition, so it
+/// can touch nothing else (a later holder's key has another token).
+#[derive(Default)]
+struct Journal(Mutex<VecDeque<Released>>);
+
+struct Released {
+    name: LockName,
+    owner: OwnerToken,
+    generation: u64,
+    at: Instant,
+}
+
+impl Journal {
+    fn record(&self, name: &LockName, owner: &OwnerToken, generation: u64) {
+        let mut entries = self.0.lock();
+        let now = Instant::now();
+        while entries
+            .front()
+            .is_some_and(|r| now.duration_since(r.at) > JOURNAL_KEEP)
+            || entries.len() >= JOURNAL_MAX
+        {
+            entries.pop_front();
+        }
+        entries.push_back(Released {
+            name: name.clone(),
+            owner: *owner,
+            generation,
+            at: now,
+        });
+    }
+
+    /// The releases made in generations before `now`, within the last [`JOURNAL_KEEP`];
+    /// taken out.
+    fn take_before(&self, now: u64) -> Vec<Released> {
+        let mut entries = self.0.lock();
+        let (old, kept): (Vec<Released>, Vec<Released>) =
+            entries.drain(..).partition(|r| r.generation < now);
+        entries.extend(kept);
+        old.into_iter()
+            .filter(|r| r.at.elapsed() <= JOURNAL_KEEP)
+            .collect()
+    }
 }
 
 impl Drop for Inner {
@@ -121,14 +186,66 @@ impl RedisBackend {
     /// A backend on `target` with `options` (built and checked by a builder).
     pub(crate) fn assemble(target: Topology, options: Options) -> RedisBackend {
         let hints = Hints::when_enabled(&options, vec![target.listener()]);
-        RedisBackend {
+        let discovery = match &target {
+            Topology::Sentinel(_, discovery) => Some(discovery.clone()),
+            _ => None,
+        };
+        let backend = RedisBackend {
             inner: Arc::new(Inner {
                 target,
                 keys: Keys::new(options.prefix.clone(), options.fence_ttl),
                 options,
                 hints,
                 fanout: Fanout::new(),
+                journal: Journal::default(),
+                watcher: Mutex::new(None),
             }),
+        };
+        if let Some(discovery) = discovery {
+            let weak = Arc::downgrade(&backend.inner);
+            let watcher = Watcher::start(&discovery, backend.inner.options.timeouts(), move |_| {
+                if let Some(inner) = weak.upgrade() {
+                    (RedisBackend { inner }).release_again();
+                }
+            });
+            *backend.inner.watcher.lock() = watcher;
+        }
+        backend
+    }
+
+    /// Sentinel, after a change of master: the releases of the journal made on an earlier
+    /// master are sent again to the new one, in one pipelined write (see [`Journal`]).
+    fn release_again(&self) {
+        let Topology::Sentinel(node, _) = &self.inner.target else {
+            return;
+        };
+        let again = self.inner.journal.take_before(node.endpoint.generation());
+        if again.is_empty() {
+            return;
+        }
+        let id = rand::random();
+        let call = Call::batch(
+            again
+                .iter()
+                .map(|r| node.keys.release_call(&r.name, &r.owner, id)),
+        );
+        let deleted = node.execute(&call).and_then(|reply| {
+            node.reader()
+                .batch(reply, again.len(), |v| node.reader().flag(v))
+        });
+        match deleted {
+            Ok(results) => {
+                let n = results.iter().filter(|r| matches!(r, Ok(true))).count();
+                log::info!(
+                    "{}: sent {} releases made on the former master again: {n} copies of released locks deleted",
+                    node.endpoint,
+                    again.len()
+                );
+            }
+            Err(e) => log::warn!(
+                "{}: sending the former master's releases again failed (their copies end with their leases): {e}",
+                node.endpoint
+            ),
         }
     }
 
@@ -401,7 +518,14 @@ impl LockBackend for RedisBackend {
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         let id = rand::random();
+        let generation = match &self.inner.target {
+            Topology::Sentinel(node, _) => Some(node.endpoint.generation()),
+            _ => None,
+        };
         let released = self.on_node(name, |node| node.release(name, owner, id))?;
+        if let (true, Some(generation)) = (released, generation) {
+            self.inner.journal.record(name, owner, generation);
+        }
         if released {
             self.released_here(name, id);
         }

@@ -11,16 +11,18 @@ use std::time::Instant;
 use dlm_core::backend::BackendError;
 
 pub(crate) use cluster::Cluster;
-pub(crate) use sentinel::Discovery;
+pub(crate) use sentinel::{Discovery, Watcher};
 
 use crate::conn::Timeouts;
 use crate::node::Node;
 
 /// Where a backend's lock keys live.
 pub(crate) enum Topology {
-    /// One server, or the master a Sentinel deployment names (its endpoint finds the
-    /// master on each connect, see [`Discovery`]).
+    /// One server.
     One(Arc<Node>),
+    /// The master a Sentinel deployment names: the node's endpoint finds it on each
+    /// connect (see [`Discovery`]).
+    Sentinel(Arc<Node>, Arc<Discovery>),
     /// The master of the key's slot in a Redis Cluster.
     Cluster(Arc<Cluster>),
 }
@@ -29,7 +31,7 @@ impl Topology {
     /// The node that serves `slot` now (computed only where it matters: in a cluster).
     pub(crate) fn node(&self, slot: impl FnOnce() -> u16) -> Result<Arc<Node>, BackendError> {
         match self {
-            Topology::One(node) => Ok(node.clone()),
+            Topology::One(node) | Topology::Sentinel(node, _) => Ok(node.clone()),
             Topology::Cluster(cluster) => cluster.node(slot()),
         }
     }
@@ -37,7 +39,7 @@ impl Topology {
     /// Every node known now (a cluster's masters).
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
         match self {
-            Topology::One(node) => vec![node.clone()],
+            Topology::One(node) | Topology::Sentinel(node, _) => vec![node.clone()],
             Topology::Cluster(cluster) => cluster.masters(),
         }
     }
@@ -46,7 +48,7 @@ impl Topology {
     /// (classic pub/sub reaches every node).
     pub(crate) fn listener(&self) -> crate::conn::Endpoint {
         match self {
-            Topology::One(node) => node.endpoint.clone(),
+            Topology::One(node) | Topology::Sentinel(node, _) => node.endpoint.clone(),
             Topology::Cluster(cluster) => cluster.any_node(),
         }
     }
@@ -86,8 +88,11 @@ impl Topology {
         t: Timeouts,
     ) -> Option<Arc<Node>> {
         match self {
-            // Sentinel: the same node, at the address of the master named now.
-            Topology::One(one) => one.endpoint.moved_since(generation, t).then(|| one.clone()),
+            Topology::One(_) => None,
+            // The same node, at the address of the master named now.
+            Topology::Sentinel(one, _) => {
+                one.endpoint.moved_since(generation, t).then(|| one.clone())
+            }
             Topology::Cluster(cluster) => {
                 cluster.refresh_since(failed_at);
                 cluster
@@ -102,7 +107,7 @@ impl Topology {
 impl std::fmt::Debug for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Topology::One(node) => write!(f, "{}", node.endpoint),
+            Topology::One(node) | Topology::Sentinel(node, _) => write!(f, "{}", node.endpoint),
             Topology::Cluster(cluster) => write!(f, "{cluster:?}"),
         }
     }
