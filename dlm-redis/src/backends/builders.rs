@@ -56,11 +56,11 @@ macro_rules! option_setters {
         /// larger than every ID the stream gave before, and seeded from the server's clock
         /// when the stream is new, so tokens keep increasing when the stream is lost (a
         /// restart without persistence, an eviction, its expiry) as long as the server's
-        /// clock does not go back. Single instance: the draw is in one `MULTI`/`EXEC`
-        /// transaction with the `SET NX` that takes the lock (tokens increase, skipping the
-        /// IDs of attempts that found the lock taken). Redlock: every node draws with the
-        /// `SET`, and a second round commits `max(draws of the acquired quorum) + 1` to
-        /// those nodes (one more request per node). Defaults to `true`.
+        /// clock does not go back. One server, Sentinel, Cluster: the acquire script takes
+        /// the lock and draws the ID in one step, so tokens follow the order of
+        /// acquisitions. Redlock: every node draws in its acquire script, and a second
+        /// round commits `max(draws of the acquired quorum) + 1` to those nodes (one more
+        /// request per node). Defaults to `true`.
         pub fn fencing(mut self, on: bool) -> Self {
             self.options.fencing = on;
             self
@@ -112,9 +112,8 @@ impl RedisBackend {
     }
 
     /// A backend on a Redis Cluster with the default settings, given one or more of its
-    /// nodes
-    /// (`redis://[user:pass@]host:port`, `rediss://` for TLS; every node is reached with
-    /// the seeds' credentials and TLS settings). Every seed is asked for the cluster's slot
+    /// nodes (`redis://[user:pass@]host:port`, `rediss://` for TLS; every node is reached
+    /// with the seeds' credentials and TLS settings). Every seed is asked for the cluster's slot
     /// map; a server without cluster mode and seeds of two clusters are refused.
     /// [`cluster_builder`](Self::cluster_builder) sets more.
     ///
