@@ -10,6 +10,7 @@ use dlm_testkit::redis_server::{
     RedisNodes, RedisServer, legacy_redis_server_binary, require_redis_server,
 };
 
+pub mod errors;
 pub mod soak;
 
 /// Generous I/O timeouts for tests that are not about timeouts: a loaded 2-core CI
