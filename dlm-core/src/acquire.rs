@@ -60,7 +60,11 @@ impl Acquisition<'_> {
         {
             return Ok(Some(guard));
         }
-        let token = client.token_for_current_thread();
+        // Each attempt has an owner token of its own: a request of a failed attempt that
+        // reaches a server late (a lost reply, or a backend's undo of a partial
+        // acquisition, such as Redlock's, still in flight) can then only ever touch that
+        // attempt's key, never the key of a later attempt that won.
+        let mut token = client.token_for_current_thread();
         let never = crossbeam_channel::never();
         let interrupt_rx: &Receiver<()> = interrupt.map_or(&never, Interrupt::receiver);
         let mut watch: Option<Watch> = None;
@@ -111,18 +115,22 @@ impl Acquisition<'_> {
                 }
                 Ok(Acquire::Held { retry_after }) => {
                     failing_since = None;
+                    token = client.token_for_current_thread();
                     (retry_after, None)
                 }
                 Err(e) => {
+                    // The attempt may have landed: its key, if any, is released (best
+                    // effort; a late release can only touch this attempt's key).
+                    self.abandon(&token);
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if !e.is_transient() || since.elapsed() >= client.retry.error_timeout_value() {
-                        self.abandon(&token);
                         return Err(e.into());
                     }
                     log::debug!(
                         "lock {:?}: transient backend error, retrying: {e}",
                         shared.name
                     );
+                    token = client.token_for_current_thread();
                     (None, Some(e))
                 }
             };
@@ -139,12 +147,10 @@ impl Acquisition<'_> {
                     force = true;
                     continue;
                 }
-                // Out of time: report the last failure if the last attempt failed.
+                // Out of time: report the last failure if the last attempt failed (its
+                // key, if it landed, was released above).
                 return match error {
-                    Some(e) => {
-                        self.abandon(&token);
-                        Err(e.into())
-                    }
+                    Some(e) => Err(e.into()),
                     None => Ok(None),
                 };
             };
