@@ -4,9 +4,10 @@
 //! Each listener holds one dedicated (not pooled) connection with a read timeout and
 //! PSUBSCRIBEs to `prefix:*:released` once, so a waiter registers locally, without a
 //! round trip. A release publishes a random id; the same id arriving from several Redlock
-//! nodes wakes one waiter, not one per node. While no listener is connected, `watch`
-//! returns `None` and waiters poll; when the last listener loses its connection, current
-//! waiters' subscriptions are closed so that they poll too, and the listener reconnects.
+//! nodes wakes one waiter, not one per node, and only once it has been heard from a
+//! quorum of them (see [`ReleaseId`]). While no listener is connected, `watch` returns
+//! `None` and waiters poll; when the last listener loses its connection, current waiters'
+//! subscriptions are closed so that they poll too, and the listener reconnects.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -18,21 +19,32 @@ use dlm_core::backend::{BackendErrorKind, WaitList, Watch};
 use parking_lot::Mutex;
 
 use crate::conn::{Endpoint, Timeouts};
+use crate::protocol::ReleaseId;
 use crate::transport::Resp;
 
 /// How often a listener looks up from its socket to notice a shutdown.
 const TICK: Duration = Duration::from_millis(100);
 /// How many recent release ids are remembered per channel for de-duplication.
-const RECENT: usize = 16;
+const RECENT: usize = 32;
+
+/// A release id heard on a channel: from how many nodes, and whether it woke a waiter.
+struct Heard {
+    id: u64,
+    nodes: usize,
+    woke: bool,
+}
 
 #[derive(Default)]
 struct Channel {
     waiters: WaitList,
-    recent: VecDeque<u64>,
+    recent: VecDeque<Heard>,
 }
 
 struct Shared {
     pattern: String,
+    /// How many nodes must have published a release before it wakes a waiter: the
+    /// quorum on Redlock, 1 elsewhere (see [`ReleaseId`]).
+    quorum: usize,
     channels: Mutex<HashMap<String, Channel>>,
     /// Listeners currently subscribed.
     up: AtomicUsize,
@@ -46,21 +58,44 @@ struct Shared {
 }
 
 impl Shared {
-    /// Wakes one waiter of `channel` for the release `id`, unless that release was routed
-    /// already (heard from another Redlock node, or announced locally by its releaser).
-    fn route(&self, channel: &str, id: Option<u64>) {
+    /// Wakes one waiter of `channel` for the release `id` heard from one more node (or
+    /// made here, `local`), once it counts (see [`ReleaseId`]) and unless it woke one
+    /// already. A message without an id (not dlm's) wakes one waiter.
+    fn route(&self, channel: &str, id: Option<u64>, local: bool) {
+        // While fewer listeners than the quorum are up, as many as are up must do.
+        let up = self.up.load(Ordering::Acquire).max(1);
         let mut channels = self.channels.lock();
         let Some(ch) = channels.get_mut(channel) else {
             return;
         };
         if let Some(id) = id {
-            if ch.recent.contains(&id) {
-                return; // the same release, heard from another node
+            let need = match ReleaseId::of(id) {
+                _ if local => 1,
+                ReleaseId::Release => self.quorum.min(up),
+                ReleaseId::Undo => 1,
+            };
+            let heard = match ch.recent.iter_mut().position(|h| h.id == id) {
+                Some(i) => &mut ch.recent[i],
+                None => {
+                    if ch.recent.len() == RECENT {
+                        ch.recent.pop_front();
+                    }
+                    ch.recent.push_back(Heard {
+                        id,
+                        nodes: 0,
+                        woke: false,
+                    });
+                    ch.recent.back_mut().expect("just pushed")
+                }
+            };
+            if heard.woke {
+                return; // the same release, heard from another node or announced here
             }
-            if ch.recent.len() == RECENT {
-                ch.recent.pop_front();
+            heard.nodes += 1;
+            if heard.nodes < need {
+                return; // not released on a quorum yet
             }
-            ch.recent.push_back(id);
+            heard.woke = true;
         }
         ch.waiters.notify_one();
     }
@@ -70,7 +105,7 @@ impl Shared {
         if self.channels.lock().is_empty() {
             return; // nobody waits here: no key to build
         }
-        self.route(&channel(), Some(id));
+        self.route(&channel(), Some(id), true);
     }
 
     /// See [`Hints::wake_pending`].
@@ -118,21 +153,29 @@ pub(crate) struct Hints {
 
 impl Hints {
     /// The release-hint listeners for `endpoints` (one each, started on the first wait),
-    /// if `options` enable them.
+    /// if `options` enable them. A release wakes a waiter once `quorum` of them heard it
+    /// (see [`ReleaseId`]).
     pub(crate) fn when_enabled(
         options: &crate::options::Options,
         endpoints: Vec<Endpoint>,
+        quorum: usize,
     ) -> Option<Hints> {
         options
             .hints
-            .then(|| Hints::new(&options.prefix, endpoints, options.timeouts()))
+            .then(|| Hints::new(&options.prefix, endpoints, quorum, options.timeouts()))
     }
 
-    pub(crate) fn new(prefix: &str, endpoints: Vec<Endpoint>, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(
+        prefix: &str,
+        endpoints: Vec<Endpoint>,
+        quorum: usize,
+        timeouts: Timeouts,
+    ) -> Self {
         let (ready_tx, ready) = crossbeam_channel::bounded(0);
         Hints {
             shared: Arc::new(Shared {
                 pattern: format!("{prefix}:*:released"),
+                quorum,
                 channels: Mutex::new(HashMap::new()),
                 up: AtomicUsize::new(0),
                 deaf: AtomicBool::new(false),
@@ -300,7 +343,7 @@ fn subscribe_and_route(
         match con.next_message() {
             Ok(Some(message)) => {
                 if let Some((channel, payload)) = pmessage(message) {
-                    shared.route(&channel, payload.parse().ok());
+                    shared.route(&channel, payload.parse().ok(), false);
                 }
             }
             Ok(None) => shared.prune(),
@@ -337,10 +380,16 @@ mod tests {
     use super::*;
 
     fn shared() -> Shared {
+        redlock(1)
+    }
+
+    /// The listeners' shared state of a Redlock over `n` nodes, all listeners up.
+    fn redlock(n: usize) -> Shared {
         Shared {
             pattern: "dlm:*:released".into(),
+            quorum: n / 2 + 1,
             channels: Mutex::new(HashMap::new()),
-            up: AtomicUsize::new(1),
+            up: AtomicUsize::new(n),
             deaf: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             denied: AtomicBool::new(false),
@@ -370,11 +419,11 @@ mod tests {
         );
         // The server's message for the same release, from one node or five.
         for _ in 0..5 {
-            s.route("dlm:{x}:released", Some(7));
+            s.route("dlm:{x}:released", Some(7), false);
         }
         assert!(b.receiver().try_recv().is_err(), "one release, one waiter");
         // Another release (from another process) wakes the next one.
-        s.route("dlm:{x}:released", Some(8));
+        s.route("dlm:{x}:released", Some(8), false);
         assert!(b.receiver().try_recv().is_ok());
     }
 
@@ -404,5 +453,50 @@ mod tests {
         );
         a.trying(false);
         assert!(!s.wake_pending(|| "dlm:{x}:released".into()));
+    }
+
+    #[test]
+    fn a_redlock_release_wakes_one_waiter_once_a_quorum_of_nodes_published_it() {
+        let s = redlock(3);
+        let (a, b) = (
+            subscribe(&s, "dlm:{x}:released"),
+            subscribe(&s, "dlm:{x}:released"),
+        );
+        let id = ReleaseId::Release.random();
+        s.route("dlm:{x}:released", Some(id), false);
+        assert!(
+            a.receiver().try_recv().is_err(),
+            "one node of three: the lock is still held on the others"
+        );
+        s.route("dlm:{x}:released", Some(id), false);
+        assert!(a.receiver().try_recv().is_ok(), "a quorum released it");
+        s.route("dlm:{x}:released", Some(id), false);
+        assert!(
+            b.receiver().try_recv().is_err(),
+            "the third node: no one else"
+        );
+        // Made by this process (after a quorum released it): at once.
+        s.released(|| "dlm:{x}:released".into(), ReleaseId::Release.random());
+        assert!(b.receiver().try_recv().is_ok());
+    }
+
+    #[test]
+    fn the_undo_of_a_failed_redlock_acquisition_wakes_at_the_first_node() {
+        let s = redlock(5);
+        let a = subscribe(&s, "dlm:{x}:released");
+        s.route("dlm:{x}:released", Some(ReleaseId::Undo.random()), false);
+        assert!(a.receiver().try_recv().is_ok());
+    }
+
+    #[test]
+    fn while_fewer_listeners_than_the_quorum_are_up_those_up_must_do() {
+        let s = redlock(5);
+        s.up.store(2, Ordering::Release);
+        let a = subscribe(&s, "dlm:{x}:released");
+        let id = ReleaseId::Release.random();
+        s.route("dlm:{x}:released", Some(id), false);
+        assert!(a.receiver().try_recv().is_err());
+        s.route("dlm:{x}:released", Some(id), false);
+        assert!(a.receiver().try_recv().is_ok());
     }
 }

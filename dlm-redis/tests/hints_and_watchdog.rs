@@ -1,6 +1,6 @@
 //! Release hints and lease renewal against real servers: a killed subscriber connection,
 //! a forged release message, an ACL without channel rights, a paused server under a
-//! watchdog-renewed lock.
+//! watchdog-renewed lock, a Redlock release that has reached one node of three.
 mod common;
 
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
+use dlm_core::backend::{Acquire, LockBackend, LockName, OwnerToken};
 use dlm_core::{DistributedLock, Error, Lock, LockClient, RetryPolicy};
 use dlm_redis::RedisBackend;
 use dlm_testkit::redis_server::RedisServer;
@@ -401,4 +402,113 @@ fn a_lost_release_message_costs_at_most_the_holders_remaining_lease() {
         at - lease_end
     );
     assert!(at - freed < lease + Duration::from_millis(500));
+}
+
+/// A Redlock release reaches the nodes one after another, and each publishes its own
+/// message. Woken by the first node's, a waiter would find the lock still held on the
+/// others and fail, and the undo of its partial acquisition would wake the next waiter,
+/// which failed the same way: under load, up to 447 requests for one hand-over among 16
+/// waiters. The holder's release here is stopped after its first node (by releasing on
+/// that node alone): no waiter may stir until a quorum has released, then exactly one
+/// wins, with one request.
+#[test]
+fn a_redlock_release_heard_from_one_node_of_three_wakes_no_one_until_a_quorum_released() {
+    let _serial = SERIAL.lock();
+    let fixture = common::Cluster::new(3);
+    let name = unique_name("partial-release");
+    let lock_name = LockName::new(&name).unwrap();
+    let holder = fixture.redlock();
+    let owner = OwnerToken::random_for_tests(7);
+    assert!(matches!(
+        holder
+            .try_acquire(&lock_name, &owner, Duration::from_secs(30))
+            .unwrap(),
+        Acquire::Acquired(_)
+    ));
+    let counting = Arc::new(CountingBackend::new(Arc::new(fixture.redlock())));
+    let (won_tx, won_rx) = crossbeam_channel::unbounded();
+    let (go_tx, go_rx) = crossbeam_channel::unbounded::<()>();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = LockClient::builder(counting.clone())
+                .build()
+                .unwrap()
+                .get_lock(&name)
+                .unwrap();
+            let (won_tx, go_rx) = (won_tx.clone(), go_rx.clone());
+            thread::spawn(move || {
+                let g = lock.try_lock_timeout(Duration::from_secs(60)).unwrap();
+                let g = g.expect("waiter gave up");
+                won_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                g.unlock().unwrap();
+            })
+        })
+        .collect();
+    // Two attempts each (before and after subscribing), then they sleep.
+    wait_for("the waiters to settle", || counting.calls() >= 8);
+    assert!(matches!(
+        won_rx.recv_timeout(Duration::from_millis(300)),
+        Err(RecvTimeoutError::Timeout)
+    ));
+    let settled = counting.calls();
+    assert_eq!(settled, 8, "sleeping waiters sent requests");
+    // The holder's release as it reaches its first node: the key deleted and the release
+    // announced (with one id for every node, as the release script does).
+    let keys = holder.keys(&name).unwrap();
+    let release_id = "424242424242"; // even: a holder's release, not an undo
+    let release_on = |i: usize| {
+        let mut con = fixture.nodes.get(i).connection();
+        let deleted: i64 = redis::cmd("DEL").arg(&keys.lock).query(&mut con).unwrap();
+        assert_eq!(deleted, 1);
+        let heard: i64 = redis::cmd("PUBLISH")
+            .arg(&keys.channel)
+            .arg(release_id)
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(heard, 1, "the waiters' listener on node {i}");
+    };
+    release_on(0);
+    assert!(
+        matches!(
+            won_rx.recv_timeout(Duration::from_millis(500)),
+            Err(RecvTimeoutError::Timeout)
+        ),
+        "a waiter got a lock still held on two nodes of three"
+    );
+    assert_eq!(
+        counting.calls(),
+        settled,
+        "waiters woken by one node's release message sent requests"
+    );
+    // The second node: a quorum has released it.
+    release_on(1);
+    won_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("nobody woke after a quorum released");
+    assert!(
+        matches!(
+            won_rx.recv_timeout(Duration::from_millis(300)),
+            Err(RecvTimeoutError::Timeout)
+        ),
+        "two winners"
+    );
+    assert_eq!(
+        counting.calls() - settled,
+        1,
+        "one request for the hand-over"
+    );
+    // The rest of the holder's release, and the others' turns.
+    release_on(2);
+    for _ in 0..4 {
+        go_tx.send(()).unwrap();
+    }
+    for _ in 1..4 {
+        won_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a waiter starved");
+    }
+    for w in waiters {
+        w.join().unwrap();
+    }
 }

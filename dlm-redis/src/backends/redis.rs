@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::fanout::{Fanout, Late};
 use crate::hints::Hints;
 use crate::node::Node;
-use crate::protocol::{Call, Fencing, Keys, NodeAcquire, Redirect};
+use crate::protocol::{Call, Fencing, Keys, NodeAcquire, Redirect, ReleaseId};
 use crate::topology::{Topology, Watcher};
 
 use crate::options::Options;
@@ -185,7 +185,7 @@ impl RedisBackend {
 
     /// A backend on `target` with `options` (built and checked by a builder).
     pub(crate) fn assemble(target: Topology, options: Options) -> RedisBackend {
-        let hints = Hints::when_enabled(&options, vec![target.listener()]);
+        let hints = Hints::when_enabled(&options, vec![target.listener()], 1);
         let discovery = match &target {
             Topology::Sentinel(_, discovery) => Some(discovery.clone()),
             _ => None,
@@ -223,7 +223,7 @@ impl RedisBackend {
         if again.is_empty() {
             return;
         }
-        let id = rand::random();
+        let id = ReleaseId::Release.random();
         let call = Call::batch(
             again
                 .iter()
@@ -366,14 +366,14 @@ impl RedisBackend {
         {
             // Not on enough replicas: a failover could lose it. Undone, as if never
             // granted (if the release fails too, the key ends with its lease).
-            let _ = node.release(name, owner, rand::random());
+            let _ = node.release(name, owner, ReleaseId::Undo.random());
             return Err(node.not_replicated(w, acked, "the grant"));
         }
         match answer {
             NodeAcquire::Acquired { fence } => match self.lease(start, ttl, fence) {
                 Some(lease) => Ok(Acquire::Acquired(lease)),
                 None => {
-                    let _ = node.release(name, owner, rand::random());
+                    let _ = node.release(name, owner, ReleaseId::Undo.random());
                     Err(BackendError::new(
                         BackendErrorKind::Timeout,
                         format!(
@@ -517,7 +517,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        let id = rand::random();
+        let id = ReleaseId::Release.random();
         let generation = match &self.inner.target {
             Topology::Sentinel(node, _) => Some(node.endpoint.generation()),
             _ => None,
@@ -533,7 +533,7 @@ impl LockBackend for RedisBackend {
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
-        let id = rand::random();
+        let id = ReleaseId::Release.random();
         let released = self.on_node(name, |node| node.force_release(name, id))?;
         if released {
             self.released_here(name, id);

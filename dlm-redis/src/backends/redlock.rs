@@ -13,7 +13,7 @@ use crate::fanout::{Fanout, Late, Replies};
 use crate::hints::Hints;
 use crate::node::Node;
 use crate::options::Options;
-use crate::protocol::{Call, Fencing, NodeAcquire, Step};
+use crate::protocol::{Call, Fencing, NodeAcquire, ReleaseId, Step};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
 pub fn quorum(n: usize) -> usize {
@@ -75,8 +75,8 @@ impl Drop for Inner {
 impl Redlock {
     /// A Redlock over `nodes` with `options` (built and checked by its builder).
     pub(crate) fn assemble(nodes: Vec<Node>, options: Options) -> Redlock {
-        let hints =
-            Hints::when_enabled(&options, nodes.iter().map(|n| n.endpoint.clone()).collect());
+        let endpoints = nodes.iter().map(|n| n.endpoint.clone()).collect();
+        let hints = Hints::when_enabled(&options, endpoints, quorum(nodes.len()));
         Redlock {
             inner: Arc::new(Inner {
                 hints,
@@ -250,12 +250,13 @@ impl Redlock {
 
     /// Releases `owner`'s key on every node; returns as soon as a quorum released or
     /// refused (with a short grace for the others), late replies dropped.
-    fn release_all(&self, name: &LockName, owner: &OwnerToken) -> Replies<bool> {
+    /// `kind`: a holder's release, or the undo of a failed acquisition (see [`ReleaseId`]).
+    fn release_all(&self, name: &LockName, owner: &OwnerToken, kind: ReleaseId) -> Replies<bool> {
         let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
         // One release id for all nodes: a listener that hears it from several wakes one
         // waiter.
-        let release_id: u64 = rand::random();
+        let release_id = kind.random();
         let replies = self.inner.fanout.call_all(
             self.nodes_ref(),
             self.deadline(start),
@@ -382,7 +383,7 @@ impl LockBackend for Redlock {
                     Lease::new(valid_until).with_fence(FencingToken::new(token)),
                 ));
             }
-            self.release_all(name, owner);
+            self.release_all(name, owner, ReleaseId::Undo);
             let errors = (0..n)
                 .filter(|&i| taken[i] && !matches!(commits.replies[i], Some(Ok(_))))
                 .count();
@@ -399,7 +400,7 @@ impl LockBackend for Redlock {
         // with the late request, whose reply the drainer answers with a release) or
         // asked here.
         if acquired > 0 || replies.failures() > 0 {
-            self.release_all(name, owner);
+            self.release_all(name, owner, ReleaseId::Undo);
         }
         if acquired >= q {
             return Err(BackendError::new(
@@ -536,7 +537,7 @@ impl LockBackend for Redlock {
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
-        let replies = self.release_all(name, owner);
+        let replies = self.release_all(name, owner, ReleaseId::Release);
         let released = replies.ok().filter(|ok| **ok).count();
         let refused = replies.ok().filter(|ok| !**ok).count();
         if released >= q {
@@ -555,7 +556,7 @@ impl LockBackend for Redlock {
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
         let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         let start = Instant::now();
-        let release_id: u64 = rand::random();
+        let release_id = ReleaseId::Release.random();
         let replies = self.inner.fanout.call_all(
             self.nodes_ref(),
             self.deadline(start),

@@ -13,7 +13,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use crate::conn::Manager;
 use crate::node::{Node, Ticket};
-use crate::protocol::Call;
+use crate::protocol::{Call, ReleaseId};
 
 type Conn = r2d2::PooledConnection<Manager>;
 
@@ -51,7 +51,9 @@ impl Late {
         };
         let released = match conn {
             Some(conn) => {
-                let call = node.keys.release_call(name, owner, rand::random());
+                let call = node
+                    .keys
+                    .release_call(name, owner, ReleaseId::Undo.random());
                 call.execute(&mut conn.con)
                     .map_err(|e| {
                         conn.broken = true;
@@ -59,7 +61,7 @@ impl Late {
                     })
                     .and_then(|reply| node.reader().flag(reply))
             }
-            None => node.release(name, owner, rand::random()),
+            None => node.release(name, owner, ReleaseId::Undo.random()),
         };
         if let Err(e) = released {
             log::debug!(

@@ -6,6 +6,7 @@ mod call;
 mod fencing;
 mod keys;
 mod redirect;
+mod release_id;
 mod replies;
 mod requests;
 
@@ -14,4 +15,5 @@ pub(crate) use fencing::Fencing;
 pub use keys::LockKeys;
 pub(crate) use keys::{Keys, millis};
 pub(crate) use redirect::Redirect;
+pub(crate) use release_id::ReleaseId;
 pub(crate) use replies::{NodeAcquire, Reader, Step};
