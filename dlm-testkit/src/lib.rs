@@ -9,6 +9,8 @@
 //!   sentinels), ready when spawned, with failovers on demand.
 //! - [`cluster`]: a real Redis Cluster of such servers (masters and replicas), with
 //!   stepwise slot migration and failover.
+//! - [`etcd`]: real `etcd` processes: one member, or an `n`-member cluster, with
+//!   controls to pause, kill (`-9`) and restart members; killed and reaped on drop.
 //! - [`history`]: a checker for recorded holds (mutual exclusion, fencing order).
 //! - [`logs`]: captures the process's log records, to check warnings and secrets.
 //! - [`faults`]: a TCP proxy that injects network faults (latency, stalls, loss, resets)
@@ -22,6 +24,7 @@
 pub mod cluster;
 pub mod conformance;
 mod counting;
+pub mod etcd;
 pub mod faults;
 pub mod guide;
 pub mod history;

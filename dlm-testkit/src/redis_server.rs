@@ -41,10 +41,10 @@ const NOT_FOUND: &str =
 /// Pids of the `RedisServer` children alive in this process.
 static LIVE_PIDS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 /// Ports handed out in this process, so that two servers never race for one port.
-static USED_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+pub(crate) static USED_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
 /// Locks a registry, shrugging off poisoning (a panicking test must not break others).
-fn registry<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn registry<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -90,7 +90,7 @@ pub fn legacy_redis_server_binary() -> Option<PathBuf> {
 }
 
 /// A free loopback port that no other server of this process has been given.
-fn pick_port() -> u16 {
+pub(crate) fn pick_port() -> u16 {
     for _ in 0..100 {
         let listener = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
         let port = listener.local_addr().expect("local_addr").port();
@@ -685,7 +685,7 @@ fn connect(url: &str, timeout: Duration) -> redis::RedisResult<redis::Connection
 /// started through it (it `exec`s redis-server, so the pid stays the server's) so that
 /// the kernel kills them when this process dies without running destructors (SIGKILL, a
 /// harness's timeout, a crash). Without it, only `Drop` stops them.
-static SETPRIV: LazyLock<Option<PathBuf>> = LazyLock::new(|| {
+pub(crate) static SETPRIV: LazyLock<Option<PathBuf>> = LazyLock::new(|| {
     let works = Command::new("setpriv")
         .args(["--pdeathsig", "KILL", "--", "true"])
         .stdin(Stdio::null())
@@ -706,7 +706,7 @@ type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
 /// Forks every server from one thread that lives as long as the process: a parent-death
 /// signal fires when the *thread* that forked the child ends, and a server restarted from
 /// a short-lived helper thread must not die with that thread.
-fn spawn_child(cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn_child(cmd: Command) -> std::io::Result<Child> {
     static SPAWNER: LazyLock<Mutex<mpsc::Sender<SpawnRequest>>> = LazyLock::new(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
         thread::Builder::new()
@@ -729,7 +729,7 @@ fn spawn_child(cmd: Command) -> std::io::Result<Child> {
 }
 
 /// Sends `SIG<sig>` to `pid` with the `kill` command (no `unsafe` needed).
-fn send_signal(pid: u32, sig: &str) -> std::io::Result<()> {
+pub(crate) fn send_signal(pid: u32, sig: &str) -> std::io::Result<()> {
     let status = Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
@@ -745,7 +745,7 @@ fn send_signal(pid: u32, sig: &str) -> std::io::Result<()> {
 }
 
 /// The state letter of `/proc/<pid>/stat` (`R`, `S`, `T`, `Z`...), if readable.
-fn proc_state(pid: u32) -> Option<char> {
+pub(crate) fn proc_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces: the state follows the last ')'.
     stat.rsplit_once(')')?.1.trim_start().chars().next()

@@ -1,0 +1,325 @@
+//! A small synchronous client of etcd's v3 HTTP/JSON gateway: POST a JSON request to
+//! `/v3/...` on a member, read the JSON reply; fail over between members.
+//!
+//! The gateway's JSON is protobuf's JSON mapping: keys and values are base64, 64-bit
+//! integers are strings, fields at their default value (false, 0, empty) are left out.
+//! Errors come back as an HTTP error status with `{"error", "message", "code"}`, `code`
+//! being a gRPC status code.
+
+use std::error::Error as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use dlm_core::backend::{BackendError, BackendErrorKind};
+use serde_json::Value;
+
+/// Connect and I/O timeouts of every request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) io: Duration,
+}
+
+/// The members and a pooled HTTP agent.
+#[derive(Debug)]
+pub(crate) struct Gateway {
+    agent: ureq::Agent,
+    members: Vec<String>,
+    /// The member requests go to first; moves on when it cannot be reached.
+    preferred: AtomicUsize,
+    pub(crate) timeouts: Timeouts,
+}
+
+/// What one request to one member came to.
+enum Outcome {
+    Reply(Value),
+    /// Not sent, or refused before it could apply (no connection, no leader): the next
+    /// member may take it.
+    TryNext(BackendError),
+    /// May have been applied, or is a verdict: returned as it is.
+    Fail(BackendError),
+}
+
+impl Gateway {
+    pub(crate) fn new(members: Vec<String>, timeouts: Timeouts, max_idle: usize) -> Self {
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(timeouts.connect)
+            .timeout_read(timeouts.io)
+            .timeout_write(timeouts.io)
+            .max_idle_connections(max_idle * members.len().max(1))
+            .max_idle_connections_per_host(max_idle)
+            .redirects(0)
+            .user_agent(concat!("dlm-etcd/", env!("CARGO_PKG_VERSION")))
+            .build();
+        Gateway {
+            agent,
+            members,
+            preferred: AtomicUsize::new(0),
+            timeouts,
+        }
+    }
+
+    /// The members' base URLs (`http://host:port`), as given.
+    pub(crate) fn members(&self) -> &[String] {
+        &self.members
+    }
+
+    /// The member requests go to first.
+    pub(crate) fn preferred(&self) -> usize {
+        self.preferred.load(Ordering::Relaxed) % self.members.len()
+    }
+
+    /// Moves the preference past `i` (it failed), unless someone already did.
+    pub(crate) fn skip(&self, i: usize) {
+        let next = (i + 1) % self.members.len();
+        let _ = self
+            .preferred
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// POSTs `body` to `path` (`/v3/kv/txn`, ...), on the preferred member, then on the
+    /// others while a member cannot be reached or has no leader. A request that may have
+    /// been applied (the connection broke or timed out after it was sent) is not sent
+    /// again: its error is returned (transient: the front's retry then asks again, and
+    /// every operation here is safe to repeat).
+    pub(crate) fn post(&self, path: &str, body: &Value) -> Result<Value, BackendError> {
+        let text = body.to_string();
+        let first = self.preferred();
+        let mut last = None;
+        for k in 0..self.members.len() {
+            let i = (first + k) % self.members.len();
+            match self.post_to(i, path, &text) {
+                Outcome::Reply(v) => return Ok(v),
+                Outcome::Fail(e) => {
+                    if e.is_transient() {
+                        self.skip(i);
+                    }
+                    return Err(e);
+                }
+                Outcome::TryNext(e) => {
+                    self.skip(i);
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.expect("at least one member"))
+    }
+
+    /// POSTs `text` to member `i` and returns the reply body as it comes (for the
+    /// keep-alive stream's several replies).
+    pub(crate) fn post_raw(&self, path: &str, text: &str) -> Result<String, BackendError> {
+        let first = self.preferred();
+        let mut last = None;
+        for k in 0..self.members.len() {
+            let i = (first + k) % self.members.len();
+            match self.send(i, path, text) {
+                Ok(body) => return Ok(body),
+                Err(Outcome::Fail(e)) => {
+                    if e.is_transient() {
+                        self.skip(i);
+                    }
+                    return Err(e);
+                }
+                Err(Outcome::TryNext(e)) => {
+                    self.skip(i);
+                    last = Some(e);
+                }
+                Err(Outcome::Reply(_)) => unreachable!("send returns no reply as an error"),
+            }
+        }
+        Err(last.expect("at least one member"))
+    }
+
+    fn post_to(&self, i: usize, path: &str, text: &str) -> Outcome {
+        let body = match self.send(i, path, text) {
+            Ok(body) => body,
+            Err(outcome) => return outcome,
+        };
+        match serde_json::from_str::<Value>(&body) {
+            Ok(v) if v.is_object() => Outcome::Reply(v),
+            _ => Outcome::Fail(not_etcd(&self.members[i], path, "its reply is not JSON")),
+        }
+    }
+
+    fn send(&self, i: usize, path: &str, text: &str) -> Result<String, Outcome> {
+        let member = &self.members[i];
+        let url = format!("{member}{path}");
+        let reply = self
+            .agent
+            .post(&url)
+            .set("Content-Type", "application/json")
+            .send_string(text);
+        match reply {
+            Ok(resp) => resp
+                .into_string()
+                .map_err(|e| Outcome::Fail(io_error(member, &e))),
+            Err(ureq::Error::Status(code, resp)) => {
+                let body = resp.into_string().unwrap_or_default();
+                Err(status_error(member, path, code, &body))
+            }
+            Err(ureq::Error::Transport(t)) => Err(transport_error(member, &t)),
+        }
+    }
+}
+
+/// `member` (a URL) does not speak etcd's v3 gateway.
+fn not_etcd(member: &str, path: &str, why: &str) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Protocol,
+        format!("{member} is not an etcd v3 JSON gateway ({path}: {why})"),
+    )
+}
+
+fn io_error(member: &str, e: &std::io::Error) -> BackendError {
+    let kind = match e.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => BackendErrorKind::Timeout,
+        _ => BackendErrorKind::Unavailable,
+    };
+    BackendError::new(kind, format!("{member}: {e}"))
+}
+
+fn transport_error(member: &str, t: &ureq::Transport) -> Outcome {
+    use ureq::ErrorKind as K;
+    let msg = format!("{member}: {t}");
+    match t.kind() {
+        // Nothing was sent: another member may serve it.
+        K::Dns | K::ConnectionFailed => {
+            Outcome::TryNext(BackendError::new(BackendErrorKind::Unavailable, msg))
+        }
+        K::Io => {
+            let timed_out = t
+                .source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .is_some_and(|e| {
+                    matches!(
+                        e.kind(),
+                        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                    )
+                });
+            let kind = if timed_out {
+                BackendErrorKind::Timeout
+            } else {
+                BackendErrorKind::Unavailable
+            };
+            Outcome::Fail(BackendError::new(kind, msg))
+        }
+        K::BadStatus | K::BadHeader | K::TooManyRedirects => Outcome::Fail(BackendError::new(
+            BackendErrorKind::Protocol,
+            format!("{member} does not answer in HTTP as etcd's gateway does ({t})"),
+        )),
+        K::InvalidUrl | K::UnknownScheme => {
+            Outcome::Fail(BackendError::new(BackendErrorKind::Other, msg))
+        }
+        _ => Outcome::Fail(BackendError::new(BackendErrorKind::Other, msg)),
+    }
+}
+
+/// An HTTP error status: etcd's JSON error (a gRPC code), or not etcd at all.
+fn status_error(member: &str, path: &str, http: u16, body: &str) -> Outcome {
+    let Some((code, message)) = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        let code = v.get("code")?.as_i64()?;
+        let message = v
+            .get("message")
+            .or_else(|| v.get("error"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        Some((code, message))
+    }) else {
+        return Outcome::Fail(not_etcd(member, path, &format!("HTTP {http}")));
+    };
+    let msg = format!("{member}: {message}");
+    let kind = match code {
+        // UNAVAILABLE: no leader, not ready, ...; the request was not applied.
+        14 => return Outcome::TryNext(BackendError::new(BackendErrorKind::Unavailable, msg)),
+        // DEADLINE_EXCEEDED: "request timed out" (may still apply).
+        4 => BackendErrorKind::Timeout,
+        // CANCELED
+        1 => BackendErrorKind::Timeout,
+        16 => BackendErrorKind::Auth,
+        7 => BackendErrorKind::Permission,
+        8 => BackendErrorKind::OutOfMemory,
+        3 | 12 => BackendErrorKind::Protocol,
+        _ => BackendErrorKind::Other,
+    };
+    Outcome::Fail(BackendError::new(kind, msg))
+}
+
+/// Base64 of `bytes` (keys and values in the gateway's JSON).
+pub(crate) fn b64(bytes: &[u8]) -> String {
+    STANDARD.encode(bytes)
+}
+
+/// The bytes of a base64 field.
+pub(crate) fn unb64(v: &Value) -> Option<Vec<u8>> {
+    STANDARD.decode(v.as_str()?).ok()
+}
+
+/// A 64-bit integer field (a string in the gateway's JSON; a missing field is 0).
+pub(crate) fn int(v: &Value, field: &str) -> Result<i64, BackendError> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::String(s)) => s.parse().map_err(|_| bad_reply(field)),
+        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| bad_reply(field)),
+        Some(_) => Err(bad_reply(field)),
+    }
+}
+
+/// A reply without the field a request needs.
+pub(crate) fn bad_reply(field: &str) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Protocol,
+        format!("etcd's reply has no valid `{field}`"),
+    )
+}
+
+/// The header's revision of a reply.
+pub(crate) fn revision(reply: &Value) -> Result<i64, BackendError> {
+    int(
+        reply.get("header").ok_or_else(|| bad_reply("header"))?,
+        "revision",
+    )
+}
+
+/// Whether `e` is etcd's "requested lease not found".
+pub(crate) fn is_lease_not_found(e: &BackendError) -> bool {
+    e.message().ends_with("requested lease not found")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn integers_are_read_from_strings_and_missing_ones_are_zero() {
+        let v = json!({"a": "42", "b": 7, "c": "x"});
+        assert_eq!(int(&v, "a").unwrap(), 42);
+        assert_eq!(int(&v, "b").unwrap(), 7);
+        assert_eq!(int(&v, "missing").unwrap(), 0);
+        assert!(int(&v, "c").is_err());
+    }
+
+    #[test]
+    fn etcd_errors_map_to_kinds() {
+        let kind = |code: i64| match status_error(
+            "m",
+            "/p",
+            500,
+            &format!(r#"{{"error":"e","message":"e","code":{code}}}"#),
+        ) {
+            Outcome::Fail(e) | Outcome::TryNext(e) => e.kind(),
+            Outcome::Reply(_) => unreachable!(),
+        };
+        assert_eq!(kind(14), BackendErrorKind::Unavailable);
+        assert_eq!(kind(4), BackendErrorKind::Timeout);
+        assert_eq!(kind(16), BackendErrorKind::Auth);
+        assert_eq!(kind(7), BackendErrorKind::Permission);
+        assert!(matches!(
+            status_error("m", "/v3/kv/txn", 404, "404 page not found"),
+            Outcome::Fail(e) if e.kind() == BackendErrorKind::Protocol
+        ));
+    }
+}

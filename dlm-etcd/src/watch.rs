@@ -1,0 +1,352 @@
+//! Release hints: one streaming `/v3/watch` per backend on every lock key (deletions
+//! only), its events routed to each lock's `WaitList`.
+//!
+//! The stream is read on a thread of its own over a plain socket (the gateway's watch is
+//! one long HTTP/1.1 response of newline-separated JSON messages, chunked), so that the
+//! backend's drop can shut it down at once. It starts at the revision just after the
+//! failed attempt that made the first waiter subscribe (etcd catches up a watcher that
+//! starts in the past only every 100 ms; one that starts at the next revision is in sync
+//! at once), and after a break it starts again just after the last revision it has seen,
+//! so no release is missed across a reconnection. If etcd has compacted those revisions
+//! away, every waiter is woken to look again.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use dlm_core::backend::channel::{self, Receiver, RecvTimeoutError, Sender};
+use dlm_core::backend::{LockName, WaitList, Watch};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::backend::Inner;
+use crate::gateway::{b64, int, unb64};
+
+/// How often the reader looks at its stop channel while the stream is idle.
+const TICK: Duration = Duration::from_millis(200);
+
+type Registry = Arc<Mutex<Lists>>;
+
+#[derive(Default)]
+struct Lists {
+    by_name: HashMap<Vec<u8>, WaitList>,
+    /// Releases made by this backend and already announced to its waiters: the deletion's
+    /// revision, so that its event does not wake a second waiter.
+    announced: HashMap<Vec<u8>, i64>,
+    /// Size after the last sweep of empty lists.
+    swept_at: usize,
+}
+
+/// The watch thread of one backend.
+pub(crate) struct Watcher {
+    lists: Registry,
+    stop: Option<Sender<()>>,
+    socket: Arc<Mutex<Option<TcpStream>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Starts the thread; `start_revision` 0 means "from now".
+    pub(crate) fn start(inner: &Arc<Inner>, start_revision: i64) -> Watcher {
+        let lists = Registry::default();
+        let (stop_tx, stop_rx) = channel::bounded::<()>(0);
+        let socket = Arc::new(Mutex::new(None));
+        let reader = Reader {
+            inner: inner.clone(),
+            lists: lists.clone(),
+            stop: stop_rx,
+            socket: socket.clone(),
+            next_revision: start_revision,
+        };
+        let thread = thread::Builder::new()
+            .name("dlm-etcd-watch".into())
+            .spawn(move || reader.run())
+            .map_err(|e| {
+                log::warn!("dlm-etcd: cannot start the watch thread ({e}); waiters will poll")
+            })
+            .ok();
+        Watcher {
+            lists,
+            stop: Some(stop_tx),
+            socket,
+            thread,
+        }
+    }
+
+    pub(crate) fn subscribe(&self, name: &LockName) -> Option<Watch> {
+        self.thread.as_ref()?;
+        let mut lists = self.lists.lock();
+        if lists.by_name.len() > 64 && lists.by_name.len() >= 2 * lists.swept_at {
+            lists.by_name.retain(|_, l| !l.is_empty());
+            let Lists {
+                by_name, announced, ..
+            } = &mut *lists;
+            announced.retain(|k, _| by_name.contains_key(k));
+            lists.swept_at = lists.by_name.len();
+        }
+        let list = lists
+            .by_name
+            .entry(name.as_str().as_bytes().to_vec())
+            .or_default();
+        Some(list.subscribe())
+    }
+
+    /// This backend released `name` at `revision`: wake one of its waiters now, without
+    /// waiting for the watch event (a thread that releases and asks again at once must
+    /// find the hand-over pending), and let the event wake nobody else.
+    pub(crate) fn announce(&self, name: &LockName, revision: i64) {
+        let mut lists = self.lists.lock();
+        let key = name.as_str().as_bytes();
+        let Some(list) = lists.by_name.get(key) else {
+            return;
+        };
+        if list.is_empty() {
+            return;
+        }
+        list.notify_one();
+        lists.announced.insert(key.to_vec(), revision);
+    }
+
+    pub(crate) fn wake_pending(&self, name: &LockName) -> bool {
+        self.lists
+            .lock()
+            .by_name
+            .get(name.as_str().as_bytes())
+            .is_some_and(WaitList::wake_pending)
+    }
+
+    /// Stops the thread and waits for it; its waiters' channels close (they poll).
+    pub(crate) fn stop(mut self) {
+        drop(self.stop.take());
+        if let Some(s) = self.socket.lock().as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for list in self.lists.lock().by_name.values() {
+            list.close();
+        }
+    }
+}
+
+struct Reader {
+    inner: Arc<Inner>,
+    lists: Registry,
+    stop: Receiver<()>,
+    socket: Arc<Mutex<Option<TcpStream>>>,
+    next_revision: i64,
+}
+
+/// Why a stream ended.
+enum End {
+    Stopped,
+    Broken(String),
+}
+
+impl Reader {
+    fn stopped(&self, wait: Duration) -> bool {
+        !matches!(self.stop.recv_timeout(wait), Err(RecvTimeoutError::Timeout))
+    }
+
+    fn run(mut self) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let member = self.inner.gateway.preferred();
+            match self.stream(member) {
+                End::Stopped => return,
+                End::Broken(why) => {
+                    log::debug!(
+                        "dlm-etcd: watch on {} ended: {why}",
+                        self.inner.gateway.members()[member]
+                    );
+                    self.inner.gateway.skip(member);
+                }
+            }
+            *self.socket.lock() = None;
+            if self.stopped(backoff) {
+                return;
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// One watch stream on member `i`, until it breaks or the backend stops.
+    fn stream(&mut self, i: usize) -> End {
+        let base = &self.inner.gateway.members()[i];
+        let host = base.trim_start_matches("http://");
+        let timeouts = self.inner.gateway.timeouts;
+        let addr = match host.to_socket_addrs().map(|mut a| a.next()) {
+            Ok(Some(a)) => a,
+            Ok(None) => return End::Broken("no address".into()),
+            Err(e) => return End::Broken(e.to_string()),
+        };
+        let mut s = match TcpStream::connect_timeout(&addr, timeouts.connect) {
+            Ok(s) => s,
+            Err(e) => return End::Broken(e.to_string()),
+        };
+        let _ = s.set_nodelay(true);
+        let _ = s.set_write_timeout(Some(timeouts.io));
+        let _ = s.set_read_timeout(Some(TICK));
+        match s.try_clone() {
+            Ok(c) => *self.socket.lock() = Some(c),
+            Err(e) => return End::Broken(e.to_string()),
+        }
+        if self.stop.try_recv() != Err(channel::TryRecvError::Empty) {
+            return End::Stopped;
+        }
+        let prefix = &self.inner.key_prefix;
+        let mut end = prefix.clone();
+        // The range end of a prefix: its last byte plus one (the prefix ends in '/').
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let body = json!({ "create_request": {
+            "key": b64(prefix),
+            "range_end": b64(&end),
+            "start_revision": self.next_revision.to_string(),
+            "filters": ["NOPUT"],
+        }})
+        .to_string();
+        let request = format!(
+            "POST /v3/watch HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if let Err(e) = s.write_all(request.as_bytes()) {
+            return End::Broken(e.to_string());
+        }
+        let mut raw = Vec::new();
+        let mut headers_done = false;
+        let mut payload = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = match s.read(&mut buf) {
+                Ok(0) => return End::Broken("closed".into()),
+                Ok(n) => n,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if self.stop.try_recv() != Err(channel::TryRecvError::Empty) {
+                        return End::Stopped;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    if self.stop.try_recv() != Err(channel::TryRecvError::Empty) {
+                        return End::Stopped;
+                    }
+                    return End::Broken(e.to_string());
+                }
+            };
+            raw.extend_from_slice(&buf[..n]);
+            if !headers_done {
+                let Some(at) = find(&raw, b"\r\n\r\n") else {
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&raw[..at]).to_ascii_lowercase();
+                if !head.starts_with("http/1.1 200") {
+                    return End::Broken(head.lines().next().unwrap_or("").to_owned());
+                }
+                if !head.contains("transfer-encoding: chunked") {
+                    return End::Broken("not a chunked stream".into());
+                }
+                raw.drain(..at + 4);
+                headers_done = true;
+            }
+            // De-chunk what is complete.
+            while let Some(eol) = find(&raw, b"\r\n") {
+                let size_text = String::from_utf8_lossy(&raw[..eol]);
+                let size_text = size_text.split(';').next().unwrap_or("").trim();
+                let Ok(size) = usize::from_str_radix(size_text, 16) else {
+                    return End::Broken("bad chunk".into());
+                };
+                if size == 0 {
+                    return End::Broken("stream ended".into());
+                }
+                if raw.len() < eol + 2 + size + 2 {
+                    break;
+                }
+                payload.extend_from_slice(&raw[eol + 2..eol + 2 + size]);
+                raw.drain(..eol + 2 + size + 2);
+            }
+            // Each message is one JSON object followed by a newline.
+            while let Some(nl) = payload.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = payload.drain(..=nl).collect();
+                if let Some(why) = self.message(&line) {
+                    return End::Broken(why);
+                }
+            }
+        }
+    }
+
+    /// Handles one message of the stream; `Some(why)` when the stream must be restarted.
+    fn message(&mut self, line: &[u8]) -> Option<String> {
+        let v: Value = match serde_json::from_slice(line) {
+            Ok(v) => v,
+            Err(e) => return Some(format!("bad message: {e}")),
+        };
+        if let Some(err) = v.get("error") {
+            return Some(format!("error: {err}"));
+        }
+        let result = v.get("result")?;
+        let header_rev = result
+            .get("header")
+            .and_then(|h| int(h, "revision").ok())
+            .unwrap_or(0);
+        let compacted = int(result, "compact_revision").unwrap_or(0);
+        if compacted > 0 {
+            // The revisions we asked for are gone: wake everyone to look again.
+            for list in self.lists.lock().by_name.values() {
+                list.notify_all();
+            }
+            self.next_revision = compacted;
+            return Some("compacted".into());
+        }
+        if result.get("canceled").and_then(Value::as_bool) == Some(true) {
+            return Some("canceled".into());
+        }
+        let created = result.get("created").and_then(Value::as_bool) == Some(true);
+        let events = result.get("events").and_then(Value::as_array);
+        match events {
+            Some(events) if !events.is_empty() => {
+                let mut lists = self.lists.lock();
+                for e in events {
+                    let Some(kv) = e.get("kv") else { continue };
+                    if let Ok(rev) = int(kv, "mod_revision") {
+                        self.next_revision = self.next_revision.max(rev + 1);
+                    }
+                    // Only deletions are sent (NOPUT); expiry of a lease deletes too.
+                    let Some(key) = kv.get("key").and_then(unb64) else {
+                        continue;
+                    };
+                    let Some(name) = key.strip_prefix(self.inner.key_prefix.as_slice()) else {
+                        continue;
+                    };
+                    let rev = int(kv, "mod_revision").unwrap_or(0);
+                    if lists.announced.get(name) == Some(&rev) {
+                        lists.announced.remove(name);
+                        continue;
+                    }
+                    if let Some(list) = lists.by_name.get(name) {
+                        list.notify_one();
+                    }
+                }
+            }
+            _ if created && self.next_revision == 0 => {
+                // Started "from now": everything after the header's revision will come.
+                self.next_revision = header_rev + 1;
+            }
+            _ if !created && header_rev > 0 => {
+                // A progress notification: nothing up to it is left to send.
+                self.next_revision = self.next_revision.max(header_rev + 1);
+            }
+            _ => {}
+        }
+        None
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}

@@ -1,0 +1,132 @@
+//! EtcdBackend beyond the conformance suite: bad input, a server that is not etcd, the
+//! watch thread's end, the key layout.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dlm_core::backend::{LockBackend, LockName, OwnerToken};
+use dlm_core::{BackendErrorKind, Lock, LockClient};
+use dlm_etcd::EtcdBackend;
+use dlm_testkit::etcd::EtcdServer;
+
+#[test]
+fn bad_urls_are_refused_at_build_in_plain_words() {
+    for (urls, why) in [
+        (vec![], "at least one"),
+        (vec!["127.0.0.1:2379"], "must start with http://"),
+        (
+            vec!["https://127.0.0.1:2379"],
+            "https:// is not supported yet",
+        ),
+        (vec!["http://127.0.0.1"], "has no port"),
+        (
+            vec!["http://127.0.0.1:1", "http://127.0.0.1:1/"],
+            "listed twice",
+        ),
+    ] {
+        let e = EtcdBackend::new(&urls).unwrap_err();
+        assert!(e.reason().contains(why), "{urls:?}: {e}");
+    }
+}
+
+/// Counts this process's threads named `dlm-etcd-watch`.
+fn watch_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim() == "dlm-etcd-watch")
+        .count()
+}
+
+#[test]
+fn the_watch_thread_ends_with_its_backend_and_the_key_is_the_documented_one() {
+    let server = EtcdServer::spawn();
+    let before = watch_threads();
+    let backend = common::backend(&[server.url()]);
+    let name = LockName::new("layout").unwrap();
+    assert_eq!(backend.key(&name), b"dlm/lock/layout");
+    let owner = OwnerToken::random_for_tests(1);
+    assert!(
+        backend
+            .try_acquire(&name, &owner, Duration::from_secs(5))
+            .is_ok()
+    );
+    let (code, body) = server
+        .request("POST", "/v3/kv/range", r#"{"key":"ZGxtL2xvY2svbGF5b3V0"}"#)
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(r#""lease":""#),
+        "the key has no lease: {body}"
+    );
+    let watch = backend.watch(&name).expect("a watch");
+    // The thread names itself once it runs: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while watch_threads() != before + 1 {
+        assert!(Instant::now() < deadline, "no watch thread");
+        thread::sleep(Duration::from_millis(5));
+    }
+    drop(watch);
+    let t = Instant::now();
+    drop(backend);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "drop took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        watch_threads(),
+        before,
+        "the watch thread outlived its backend"
+    );
+}
+
+#[test]
+fn an_http_server_that_is_not_etcd_is_a_protocol_error_at_first_use() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = thread::spawn(move || {
+        for stream in listener.incoming().take(1) {
+            let mut s = stream.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found",
+            );
+        }
+    });
+    let client = LockClient::new(common::backend(&[format!("http://127.0.0.1:{port}")]));
+    let t = Instant::now();
+    let e = client.get_lock("x").unwrap().try_lock().unwrap_err();
+    assert!(t.elapsed() < common::CALM * 2, "took {:?}", t.elapsed());
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Protocol), "{e}");
+    assert!(
+        e.to_string().contains("is not an etcd v3 JSON gateway"),
+        "{e}"
+    );
+    server.join().unwrap();
+}
+
+#[test]
+fn nothing_listening_is_unavailable_within_the_connect_timeout() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let backend = common::backend(&[format!("http://127.0.0.1:{port}")]);
+    let t = Instant::now();
+    let e = backend
+        .try_acquire(
+            &LockName::new("x").unwrap(),
+            &OwnerToken::random_for_tests(1),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+    assert!(t.elapsed() < common::CALM, "took {:?}", t.elapsed());
+    assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+}
