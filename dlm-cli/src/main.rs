@@ -3,6 +3,7 @@
 
 mod backend;
 mod exit;
+mod hold;
 mod logger;
 mod run;
 mod status;
@@ -50,6 +51,29 @@ Environment:
   The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS, and
   not dlm's secrets: DLM_REDIS_PASSWORD, and DLM_REDIS_URL when a URL in it has a password.";
 
+const HOLD_EXAMPLES: &str = "\
+Output: one line, DLM_LOCK_NAME='NAME' DLM_FENCING_TOKEN=N DLM_LEASE_MS=N (the token empty
+without fencing), for eval. Nothing when the lock was not obtained.
+
+Examples:
+  # bash: hold a lock across several commands; closing the pipe releases it
+  coproc HOLD { dlm hold -w 60 deploy; }
+  read -r vars <&\"${HOLD[0]}\" || exit 1    # nothing: not obtained (see the exit status)
+  eval \"$vars\"
+  ./migrate --fencing-token \"$DLM_FENCING_TOKEN\" && ./restart
+  exec {HOLD[1]}>&-; wait $HOLD_PID      # release; 0, or 70 if the lock was lost
+
+  # any reader: the lock is released when fd 3 is closed (or the script exits)
+  exec 3< <(dlm hold -n nightly </dev/null)
+  read -r vars <&3 || exit 1
+  ...
+  exec 3<&-
+
+Ends: standard input at its end (a pipe, a socket, or Ctrl-D on a terminal; a file or
+/dev/null is not watched), standard output's reader gone (a pipe or a socket), or SIGTERM,
+SIGINT, SIGHUP, SIGQUIT (exit 128+N). Exit status as dlm run's: 1 (-E) not obtained,
+69 backend failed, 70 the lock was lost (its lease ran out unrenewed).";
+
 /// Runs a command under a distributed lock on Redis (single instance, Sentinel, Cluster or
 /// Redlock).
 #[derive(Debug, Parser)]
@@ -64,6 +88,10 @@ enum Command {
     /// Acquire NAME, run a command while holding it, release when it exits.
     #[command(after_long_help = EXAMPLES)]
     Run(run::RunArgs),
+    /// Acquire NAME and print it as shell assignments; keep it (renewed) until standard
+    /// input ends, standard output's reader goes, or SIGTERM/SIGINT; then release it.
+    #[command(after_long_help = HOLD_EXAMPLES)]
+    Hold(hold::HoldArgs),
     /// Whether each NAME is held, and the remaining lease.
     Status(status::StatusArgs),
     /// Release NAME whoever holds it (administration).
@@ -71,6 +99,9 @@ enum Command {
     /// Internal: becomes the command (after setting the parent-death signal).
     #[command(name = "__exec", hide = true)]
     Exec(run::ExecArgs),
+    /// Internal: keeps the command's process group (kills it if dlm dies).
+    #[command(name = "__keep", hide = true)]
+    Keep(run::KeepArgs),
 }
 
 /// Where the locks are: shared by every subcommand.
@@ -137,6 +168,12 @@ fn main() -> ExitCode {
                 .and_then(|_| Connection::from_args(&args.backend))
                 .and_then(|c| run::run(&c, &args))
         }
+        Command::Hold(args) => {
+            logger::init(args.backend.verbose, args.backend.quiet);
+            hold::check(&args)
+                .and_then(|_| Connection::from_args(&args.backend))
+                .and_then(|c| hold::hold(&c, &args))
+        }
         Command::Status(args) => {
             logger::init(args.backend.verbose, args.backend.quiet);
             Connection::from_args(&args.backend).and_then(|c| status::status(&c, &args))
@@ -146,6 +183,7 @@ fn main() -> ExitCode {
             Connection::from_args(&args.backend).and_then(|c| status::unlock(&c, &args))
         }
         Command::Exec(args) => run::exec(&args),
+        Command::Keep(args) => run::keep(&args),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -1,7 +1,8 @@
 //! `dlm run`: acquire, run the command as a child, stop it if the lock is lost, release.
 
 use std::io::{IsTerminal, Write};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -48,6 +49,21 @@ pub(crate) struct RunArgs {
         conflicts_with = "command"
     )]
     shell: Option<String>,
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// What to do when the lock is lost while the command runs.
+    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
+    on_lost: OnLost,
+    /// After SIGTERM for a lost lock, SIGKILL the command if it still runs after SECS.
+    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
+    kill_after: Duration,
+    #[command(flatten)]
+    pub(crate) backend: BackendArgs,
+}
+
+/// How to take and keep the lock: shared by `dlm run` and `dlm hold`.
+#[derive(Debug, Args)]
+pub(crate) struct LockArgs {
     /// Fail at once when the lock is held.
     #[arg(short = 'n', long, conflicts_with = "wait")]
     no_wait: bool,
@@ -58,25 +74,18 @@ pub(crate) struct RunArgs {
     /// The exit status when the lock was not obtained.
     #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT)]
     conflict_exit_code: u8,
-    /// A fixed lease of SECS, never renewed: the command is stopped when it runs out.
-    /// Default: a 30 s lease renewed every 10 s while the command runs.
+    /// A fixed lease of SECS, never renewed: when it runs out the lock is lost (run: the
+    /// command is stopped). Default: a 30 s lease renewed every 10 s while the lock is held.
     #[arg(long, value_name = "SECS", value_parser = seconds)]
     lease: Option<Duration>,
-    /// The lease the watchdog keeps renewing (every third of it) while the command runs;
+    /// The lease the watchdog keeps renewing (every third of it) while the lock is held;
     /// if dlm dies, others wait at most this long for the lock. Default: 30.
     #[arg(long, value_name = "SECS", value_parser = seconds, conflicts_with = "lease")]
     watchdog: Option<Duration>,
-    /// Stop renewing after SECS: the lease then runs out and the command is stopped.
+    /// Stop renewing after SECS: the lease then runs out and the lock is lost (run: the
+    /// command is stopped).
     #[arg(long, value_name = "SECS", value_parser = seconds, conflicts_with = "lease")]
     max_hold: Option<Duration>,
-    /// What to do when the lock is lost while the command runs.
-    #[arg(long, value_enum, value_name = "ACTION", default_value_t = OnLost::Term)]
-    on_lost: OnLost,
-    /// After SIGTERM for a lost lock, SIGKILL the command if it still runs after SECS.
-    #[arg(long, value_name = "SECS", value_parser = seconds, default_value = "10")]
-    kill_after: Duration,
-    #[command(flatten)]
-    pub(crate) backend: BackendArgs,
 }
 
 /// What `--on-lost` does.
@@ -90,16 +99,20 @@ enum OnLost {
     Ignore,
 }
 
-/// `dlm __exec PARENT [--keep] -- COMMAND...` (internal).
+/// `dlm __exec PARENT -- COMMAND...` (internal).
 #[derive(Debug, Args)]
 pub(crate) struct ExecArgs {
     /// The pid of the `dlm run` that started this.
     parent: i32,
-    /// Stay as the keeper of the command's process group instead of becoming the command.
-    #[arg(long)]
-    keep: bool,
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+/// `dlm __keep PARENT` (internal).
+#[derive(Debug, Args)]
+pub(crate) struct KeepArgs {
+    /// The pid of the `dlm` that started this.
+    parent: i32,
 }
 
 /// A positive, finite number of seconds.
@@ -144,29 +157,92 @@ struct ChildState {
     child: Option<Child>,
     /// A signal received before the command ran (it ends the wait).
     received: Option<i32>,
+    /// `dlm hold`: where the signals received while no command runs are reported.
+    report: Option<Sender<i32>>,
 }
 
-/// The process `dlm run` started, and how to signal the command through it.
-#[derive(Clone, Copy, Debug)]
+/// The process `dlm run` started, and how to signal the command.
+#[derive(Clone, Debug)]
 enum Child {
-    /// The keeper (`dlm __exec --keep`), leader of the command's own process group: it
-    /// passes on the signals `dlm` sends it to the whole group, and kills the group if
-    /// `dlm` dies. SIGKILL goes to the group directly.
-    Keeper(Pid),
+    /// The command, in the process group of its keeper (`dlm __keep`), which kills the
+    /// group if `dlm` dies: signals go to the whole group, so that they reach what the
+    /// command started too (once the keeper is ready to ignore them).
+    Group { group: Pid, ready: Arc<Ready> },
     /// The command itself, in `dlm`'s process group (the foreground job of a terminal):
     /// the terminal's signals reach it directly; others go to it alone.
     Command(Pid),
 }
 
 impl Child {
-    /// Sends `sig` to the command and, with a keeper, to everything it started.
-    fn signal(self, sig: Signal) {
+    /// Sends `sig` to the command and, in a group of its own, to everything it started.
+    fn signal(&self, sig: Signal) {
         let _ = match self {
-            Child::Keeper(pid) if sig == Signal::KILL => {
-                rustix::process::kill_process_group(pid, sig)
+            Child::Group { group, ready } => {
+                if sig != Signal::KILL {
+                    ready.wait();
+                }
+                rustix::process::kill_process_group(*group, sig)
             }
-            Child::Keeper(pid) | Child::Command(pid) => rustix::process::kill_process(pid, sig),
+            Child::Command(pid) => rustix::process::kill_process(*pid, sig),
         };
+    }
+}
+
+/// Whether the keeper has installed its signal handlers: until then a signal sent to the
+/// group would end it, and with it the guarantee that the group dies with `dlm`. It writes
+/// one byte on its standard output once they are in place (or exits: end of file).
+#[derive(Debug)]
+struct Ready(Mutex<Option<std::process::ChildStdout>>);
+
+impl Ready {
+    /// Waits until the keeper is ready or gone (at most its start-up, once).
+    fn wait(&self) {
+        use std::io::Read;
+        if let Some(mut out) = self.0.lock().take() {
+            let _ = out.read(&mut [0u8; 1]);
+        }
+    }
+}
+
+/// The keeper of the command's process group: `dlm __keep PID` (see [`keep`]), started
+/// as the leader of a new group that the command then joins. Its standard input is a pipe
+/// from `dlm`: when `dlm` dies, the kernel closes it, and the keeper SIGKILLs the group.
+/// At the end of a run, `dlm` SIGKILLs the keeper and reaps it before it exits.
+struct Keeper {
+    process: std::process::Child,
+}
+
+impl Keeper {
+    /// Starts the keeper; `Err` when it cannot be started.
+    fn start(me: &Path) -> std::io::Result<(Keeper, Arc<Ready>)> {
+        use std::os::unix::process::CommandExt;
+        let mut process = Command::new(me)
+            .arg("__keep")
+            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let ready = Arc::new(Ready(Mutex::new(process.stdout.take())));
+        Ok((Keeper { process }, ready))
+    }
+
+    /// The process group the command joins (the keeper leads it).
+    fn group(&self) -> Pid {
+        Pid::from_child(&self.process)
+    }
+
+    /// Ends the keeper (the group it leads lives on with what the command left running):
+    /// SIGKILL, which it cannot outlive to read the end of its input when `dlm` exits.
+    /// Returns the process, to reap.
+    fn kill(mut self) -> std::process::Child {
+        let _ = self.process.kill();
+        self.process
+    }
+
+    /// Ends the keeper and reaps it.
+    fn end(self) {
+        let _ = self.kill().wait();
     }
 }
 
@@ -179,6 +255,31 @@ pub(crate) fn check(args: &RunArgs) -> Result<(LockName, Vec<String>), Failure> 
 
 pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
     let (name, command) = check(args)?;
+    let (lock, lease) = lock_for(conn, &name, &args.lock)?;
+    // Signals: they end a wait for the lock, and are forwarded to the command later.
+    let signals = Signals::start(None)?;
+    let result = acquire(
+        conn,
+        &args.name,
+        &args.lock,
+        args.backend.quiet,
+        &lock,
+        &signals,
+    )
+    .and_then(|got| match got {
+        Ok(guard) => run_child(args, guard, &signals.state, &command, lease),
+        Err(code) => Ok(code),
+    });
+    signals.stop();
+    result
+}
+
+/// The lock `name` on a client with `args`' lease settings, and the lease in force.
+pub(crate) fn lock_for(
+    conn: &Connection,
+    name: &LockName,
+    args: &LockArgs,
+) -> Result<(DistributedLock, Duration), Failure> {
     let mut builder = conn.client();
     let lease = args
         .lease
@@ -205,80 +306,103 @@ pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
     let lock = client
         .get_lock(name.as_str())
         .map_err(|e| Failure::from_lock_error("bad lock name", &e))?;
-
-    // Signals: they end a wait for the lock, and are forwarded to the command later.
-    let state = Arc::new(Mutex::new(ChildState::default()));
-    let (interrupter, interrupt) = interrupt_pair();
-    let signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
-        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot handle signals: {e}")))?;
-    let signals_handle = signals.handle();
-    let signal_thread = {
-        let state = state.clone();
-        thread::Builder::new()
-            .name("dlm-signals".into())
-            .spawn(move || forward_signals(signals, &state, &interrupter))
-            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}")))?
-    };
-    let result = acquire_and_run(conn, args, &lock, &interrupt, &state, &command, lease);
-    signals_handle.close();
-    let _ = signal_thread.join();
-    result
+    Ok((lock, lease))
 }
 
-fn acquire_and_run(
-    conn: &Connection,
-    args: &RunArgs,
-    lock: &DistributedLock,
-    interrupt: &dlm_core::Interrupt,
-    state: &Arc<Mutex<ChildState>>,
-    command: &[String],
-    lease: Duration,
-) -> Result<u8, Failure> {
-    let conflict = || {
-        log::info!("{:?} is held by another owner", args.name);
-        Ok(args.conflict_exit_code)
-    };
-    let interrupted = || {
-        let signal = state.lock().received.unwrap_or(SIGTERM);
+/// The thread that handles the signals `dlm` gets: before the lock is held they end the
+/// wait; then `dlm run` forwards them to the command, and `dlm hold` gets them on `report`.
+pub(crate) struct Signals {
+    state: Arc<Mutex<ChildState>>,
+    interrupt: dlm_core::Interrupt,
+    handle: signal_hook::iterator::Handle,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Signals {
+    pub(crate) fn start(report: Option<Sender<i32>>) -> Result<Signals, Failure> {
+        let state = Arc::new(Mutex::new(ChildState {
+            report,
+            ..ChildState::default()
+        }));
+        let (interrupter, interrupt) = interrupt_pair();
+        let signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
+            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot handle signals: {e}")))?;
+        let handle = signals.handle();
+        let thread = {
+            let state = state.clone();
+            thread::Builder::new()
+                .name("dlm-signals".into())
+                .spawn(move || forward_signals(signals, &state, &interrupter))
+                .map_err(|e| {
+                    Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}"))
+                })?
+        };
+        Ok(Signals {
+            state,
+            interrupt,
+            handle,
+            thread,
+        })
+    }
+
+    pub(crate) fn stop(self) {
+        self.handle.close();
+        let _ = self.thread.join();
+    }
+
+    /// The status for a wait ended by a signal: 128 + its number.
+    fn interrupted(&self, name: &str) -> Failure {
+        let signal = self.state.lock().received.unwrap_or(SIGTERM);
         Failure::new(
             u8::try_from(128 + signal).unwrap_or(u8::MAX),
-            format!("interrupted while waiting for {:?}", args.name),
+            format!("interrupted while waiting for {name:?}"),
         )
-    };
+    }
+}
+
+/// Takes `lock` as `args` say (`-n`, `-w`, or waiting for it); a signal ends the wait.
+/// `Ok(Err(status))` when it was not obtained (held by another owner).
+pub(crate) fn acquire(
+    conn: &Connection,
+    name: &str,
+    args: &LockArgs,
+    quiet: bool,
+    lock: &DistributedLock,
+    signals: &Signals,
+) -> Result<Result<LockGuard, u8>, Failure> {
     let acquire_error = |e: Error| match e {
-        Error::Interrupted => interrupted(),
-        e => Failure::from_lock_error(
-            &format!("cannot acquire {:?} ({})", args.name, conn.describe),
-            &e,
-        ),
+        Error::Interrupted => signals.interrupted(name),
+        e => Failure::from_lock_error(&format!("cannot acquire {name:?} ({})", conn.describe), &e),
     };
     // -n: one attempt. Otherwise the library's waiting calls, which retry transient
     // errors within the wait (a server that comes up late is waited for).
     let got = if args.no_wait {
         lock.try_lock()
     } else {
-        let status = StatusLine::start(args, lock);
+        let status = StatusLine::start(name, quiet, lock);
         let got = match args.wait {
-            Some(wait) => lock.try_lock_interruptibly(wait, interrupt),
-            None => lock.lock_interruptibly(interrupt).map(Some),
+            Some(wait) => lock.try_lock_interruptibly(wait, &signals.interrupt),
+            None => lock.lock_interruptibly(&signals.interrupt).map(Some),
         };
         drop(status);
         got
     };
     let Some(guard) = got.map_err(acquire_error)? else {
-        return conflict();
+        log::info!("{name:?} is held by another owner");
+        return Ok(Err(args.conflict_exit_code));
     };
-    if state.lock().received.is_some() {
-        // A signal came just as the lock was taken: do not start the command.
+    if signals.state.lock().received.is_some() {
+        // A signal came just as the lock was taken: do not go on.
         drop(guard.unlock());
-        return Err(interrupted());
+        return Err(signals.interrupted(name));
     }
-    log::info!(
-        "acquired {:?} (fencing token {:?}, lease {lease:?})",
-        args.name,
-        guard.fencing_token().map(|t| t.get())
-    );
-    run_child(args, guard, state, command, lease)
+    log::info!("acquired {name:?} (fencing token {:?})", token(&guard));
+    Ok(Ok(guard))
+}
+
+/// The hold's fencing token, if fencing is on (the one place that reads it).
+pub(crate) fn token(guard: &LockGuard) -> Option<u64> {
+    guard.fencing_token().map(|t| t.get())
 }
 
 /// Runs the command while `guard` holds the lock; stops it if the lock is lost.
@@ -289,7 +413,7 @@ fn run_child(
     command: &[String],
     lease: Duration,
 ) -> Result<u8, Failure> {
-    let (mut cmd, own_group) = child_command(command, !in_the_terminals_foreground());
+    let (mut cmd, keeper) = child_command(command, !in_the_terminals_foreground())?;
     // dlm's secrets are not the command's: with the lock server's password it could
     // release anyone's lock.
     for var in crate::backend::secret_vars() {
@@ -297,34 +421,41 @@ fn run_child(
     }
     cmd.env("DLM_LOCK_NAME", &args.name)
         .env("DLM_LEASE_MS", lease.as_millis().to_string());
-    match guard.fencing_token() {
-        Some(token) => cmd.env("DLM_FENCING_TOKEN", token.get().to_string()),
+    match token(&guard) {
+        Some(token) => cmd.env("DLM_FENCING_TOKEN", token.to_string()),
         None => cmd.env_remove("DLM_FENCING_TOKEN"),
     };
-    let mut child = {
+    let spawned = {
         // Under the state lock: a signal arriving now is forwarded once the pid is known.
         let mut s = state.lock();
-        let child = cmd.spawn().map_err(|e| {
-            Failure::new(
-                exit::CANNOT_EXECUTE,
-                format!("cannot start {:?}: {e}", command[0]),
-            )
-        })?;
-        let pid = Pid::from_child(&child);
-        s.child = Some(if own_group {
-            Child::Keeper(pid)
-        } else {
-            Child::Command(pid)
-        });
-        log::debug!(
-            "started the command (pid {pid:?}, {})",
-            if own_group {
-                "in its own process group"
-            } else {
-                "in dlm's process group: the terminal's foreground job"
+        cmd.spawn().inspect(|child| {
+            let pid = Pid::from_child(child);
+            s.child = Some(match &keeper {
+                Some((keeper, ready)) => Child::Group {
+                    group: keeper.group(),
+                    ready: ready.clone(),
+                },
+                None => Child::Command(pid),
+            });
+            log::debug!(
+                "started the command (pid {pid:?}, {})",
+                if keeper.is_some() {
+                    "in a process group of its own"
+                } else {
+                    "in dlm's process group: the terminal's foreground job"
+                }
+            );
+        })
+    };
+    let keeper = keeper.map(|(keeper, _)| keeper);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            if let Some(keeper) = keeper {
+                keeper.end();
             }
-        );
-        child
+            return Err(cannot_run(&command[0], &e));
+        }
     };
     let pid = Pid::from_child(&child);
 
@@ -355,11 +486,16 @@ fn run_child(
             format!("cannot wait for the command: {e}"),
         )
     })?;
+    // The keeper goes (its exit is reaped after the release, which it does not delay).
+    let keeper = keeper.map(Keeper::kill);
     let code = exit::of_status(status);
     log::info!("the command exited: {status}");
     // The watcher stops watching, and the release ends its wait.
     let _ = done_tx.send(());
     let released = guard.unlock();
+    if let Some(mut keeper) = keeper {
+        let _ = keeper.wait();
+    }
     let _ = watcher.join();
     let was_lost = lost.load(std::sync::atomic::Ordering::SeqCst);
     match released {
@@ -402,45 +538,59 @@ fn in_the_terminals_foreground() -> bool {
         && rustix::termios::tcgetpgrp(&stdin).is_ok_and(|g| g == rustix::process::getpgrp())
 }
 
-/// The command, started through `dlm __exec` (this binary again) so that it dies with
-/// `dlm`, without unsafe code between fork and exec.
+/// A started keeper, and whether it is ready for group signals.
+type KeeperAndReady = (Keeper, Arc<Ready>);
+
+/// How the command is started, so that it dies with `dlm` without unsafe code between
+/// fork and exec.
 ///
-/// With `own_group`, the `__exec` process leads a new process group and stays as the
-/// command's keeper: a signal for the command reaches everything the command started,
-/// and the whole group is killed if `dlm` dies. Without, it sets the parent-death signal
-/// and becomes the command. Also returns whether the command got its own group (under a
-/// keeper).
-fn child_command(command: &[String], own_group: bool) -> (Command, bool) {
+/// With `own_group`: the command itself, in the process group of a keeper started first
+/// (`dlm __keep`, this binary again): a signal for the command reaches everything the
+/// command started, and the keeper kills the whole group if `dlm` dies. The command does
+/// not wait for the keeper's start-up (it joins the group as soon as the keeper's process
+/// exists). Without (the terminal's foreground job): `dlm __exec`, which sets the
+/// parent-death signal and becomes the command. Also returns the keeper, if any.
+fn child_command(
+    command: &[String],
+    own_group: bool,
+) -> Result<(Command, Option<KeeperAndReady>), Failure> {
     use std::os::unix::process::CommandExt;
-    let mut cmd = match std::env::current_exe() {
-        Ok(me) => Command::new(me),
+    let me = match std::env::current_exe() {
+        Ok(me) => me,
         Err(e) => {
             log::warn!(
                 "cannot find dlm's own executable ({e}): the command would not die with dlm; running it directly"
             );
             let mut cmd = Command::new(&command[0]);
             cmd.args(&command[1..]);
-            return (cmd, false);
+            return Ok((cmd, None));
         }
     };
-    cmd.arg("__exec")
-        .arg(rustix::process::getpid().as_raw_nonzero().to_string());
     if own_group {
-        // Set between fork and exec by the standard library: a group signal can never
-        // miss the keeper.
-        cmd.arg("--keep").process_group(0);
+        let (keeper, ready) = Keeper::start(&me).map_err(|e| {
+            Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!("cannot start dlm's keeper process: {e}"),
+            )
+        })?;
+        let mut cmd = Command::new(&command[0]);
+        // Joined between fork and exec by the standard library: a group signal can never
+        // miss the command.
+        cmd.args(&command[1..])
+            .process_group(keeper.group().as_raw_nonzero().get());
+        return Ok((cmd, Some((keeper, ready))));
     }
-    cmd.arg("--").args(command);
-    (cmd, own_group)
+    let mut cmd = Command::new(me);
+    cmd.arg("__exec")
+        .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+        .arg("--")
+        .args(command);
+    Ok((cmd, None))
 }
 
-/// `dlm __exec PARENT [--keep] -- COMMAND...`: dies with the parent, then becomes the
-/// command or (with `--keep`) starts it and keeps its process group.
+/// `dlm __exec PARENT -- COMMAND...`: dies with the parent, then becomes the command.
 pub(crate) fn exec(args: &ExecArgs) -> Result<u8, Failure> {
     use std::os::unix::process::CommandExt;
-    if args.keep {
-        return keep(args);
-    }
     #[cfg(target_os = "linux")]
     {
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(|e| {
@@ -480,98 +630,49 @@ fn cannot_run(program: &str, e: &std::io::Error) -> Failure {
     Failure::new(code, format!("cannot run {program:?}: {e}"))
 }
 
-/// What the keeper's signal thread needs to know of the command.
-#[derive(Default)]
-struct KeeperState {
-    /// The command runs: signals from dlm are passed on to the group.
-    started: bool,
-    /// A signal from dlm before the command started: it is not started.
-    early_signal: Option<i32>,
-}
-
-/// The parent-death signal of the keeper (Linux); not one that is forwarded.
-const PARENT_DIED: i32 = signal_hook::consts::SIGUSR1;
-
-/// The keeper: leader of the command's process group (set by `dlm run` at spawn). It
-/// starts the command, passes the signals `dlm run` sends it on to the whole group, and
-/// SIGKILLs the group when `dlm run` dies (Linux: a parent-death signal; elsewhere it
-/// checks its parent every 250 ms). It exits with the command's status (128+N for
-/// signal N).
-fn keep(args: &ExecArgs) -> Result<u8, Failure> {
+/// `dlm __keep PARENT` (internal): the keeper of a command's process group, which it
+/// leads (set by `dlm` at spawn; the command joins it). Its standard input is a pipe from
+/// `dlm`, which writes nothing: end of file means `dlm` is gone (it exited or was killed;
+/// the kernel closes its end), and the keeper then SIGKILLs the group, itself included.
+/// No parent-death signal and no polling: the pipe says it, on every Unix. The signals
+/// `dlm` forwards to the group reach the keeper too: it ignores them, and says so with one
+/// byte on its standard output, before which `dlm` sends the group none. At the end of a
+/// normal run, `dlm` SIGKILLs it (the group then lives on with what the command left).
+pub(crate) fn keep(args: &KeepArgs) -> Result<u8, Failure> {
+    use std::io::{Read, Write};
     let failed = |what: &str, e: std::io::Error| {
         Failure::new(exit::CANNOT_EXECUTE, format!("cannot {what}: {e}"))
     };
-    // Handlers first: from here on, no signal ends the keeper (but SIGKILL).
-    let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED.iter().chain(&[PARENT_DIED]))
-        .map_err(|e| failed("handle signals", e))?;
-    #[cfg(target_os = "linux")]
-    rustix::process::set_parent_process_death_signal(Signal::from_named_raw(PARENT_DIED))
-        .map_err(|e| failed("set the parent-death signal", e.into()))?;
-    let parent = args.parent;
-    if orphaned(parent) {
-        return Err(Failure::new(
-            exit::LOST,
-            "dlm exited before the command started",
-        ));
+    // A handler (that does nothing but set a flag nobody reads) instead of the default
+    // action, which would end the keeper.
+    let ignored = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in FORWARDED {
+        signal_hook::flag::register(sig, ignored.clone())
+            .map_err(|e| failed("handle signals", e))?;
     }
     let group = rustix::process::getpgrp();
-    let kill_group = move || {
+    let kill_group = || {
         let _ = rustix::process::kill_process_group(group, Signal::KILL);
     };
-    let started: Arc<Mutex<KeeperState>> = Arc::default();
-    {
-        let started = started.clone();
-        thread::Builder::new()
-            .name("dlm-keeper".into())
-            .spawn(move || {
-                #[cfg(not(target_os = "linux"))]
-                thread::spawn(move || {
-                    while !orphaned(parent) {
-                        thread::sleep(Duration::from_millis(250));
-                    }
-                    kill_group();
-                });
-                for origin in signals.forever() {
-                    if orphaned(parent) {
-                        kill_group(); // this process included
-                    }
-                    // Only what dlm sends is passed on: the group's own signals (ours
-                    // passed on, or anyone's `kill -- -PGID`) reached the command already.
-                    let from_dlm = origin.process.is_some_and(|p| p.pid == parent);
-                    if origin.signal == PARENT_DIED || !from_dlm {
-                        continue;
-                    }
-                    let mut s = started.lock();
-                    if s.started {
-                        if let Some(sig) = Signal::from_named_raw(origin.signal) {
-                            let _ = rustix::process::kill_process_group(group, sig);
-                        }
-                    } else {
-                        s.early_signal.get_or_insert(origin.signal);
-                    }
-                }
-            })
-            .map_err(|e| failed("start a thread", e))?;
+    if orphaned(args.parent) {
+        kill_group();
     }
-    let mut child = {
-        let mut s = started.lock();
-        if let Some(signal) = s.early_signal {
-            // Stopped before it started: report it as the command's death by `signal`.
-            return Ok(u8::try_from(128 + signal).unwrap_or(u8::MAX));
+    // Ready: a write to a pipe whose reader is gone fails, which changes nothing.
+    let _ = std::io::stdout().write_all(b"r");
+    let _ = std::io::stdout().flush();
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = [0u8; 64];
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
         }
-        // Spawn returns once the command has been executed: a signal passed on after
-        // this meets the command, not the fork in between.
-        let child = Command::new(&args.command[0])
-            .args(&args.command[1..])
-            .spawn()
-            .map_err(|e| cannot_run(&args.command[0], &e))?;
-        s.started = true;
-        child
-    };
-    let status = child
-        .wait()
-        .map_err(|e| failed("wait for the command", e))?;
-    Ok(exit::of_status(status))
+    }
+    // `dlm` is gone without ending the keeper: the lock is no longer looked after.
+    kill_group();
+    Ok(exit::LOST)
 }
 
 /// Forwards the signals `dlm` gets to the command; before it runs, they end the wait.
@@ -582,7 +683,7 @@ fn forward_signals(
 ) {
     for origin in signals.forever() {
         let mut s = state.lock();
-        match s.child {
+        match &s.child {
             Some(child) => {
                 // A signal from the terminal (Ctrl-C, Ctrl-\) reached a command in our
                 // process group too. Any other is passed on.
@@ -597,6 +698,9 @@ fn forward_signals(
             None => {
                 s.received.get_or_insert(origin.signal);
                 interrupter.interrupt();
+                if let Some(report) = &s.report {
+                    let _ = report.send(origin.signal);
+                }
             }
         }
     }
@@ -618,7 +722,7 @@ fn watch_lost(
     }
     lost.store(true, std::sync::atomic::Ordering::SeqCst);
     let send = |sig: Signal| {
-        if let Some(child) = state.lock().child {
+        if let Some(child) = &state.lock().child {
             child.signal(sig);
         }
     };
@@ -653,17 +757,17 @@ struct StatusLine {
 }
 
 impl StatusLine {
-    fn start(args: &RunArgs, lock: &DistributedLock) -> StatusLine {
+    fn start(name: &str, quiet: bool, lock: &DistributedLock) -> StatusLine {
         let none = StatusLine {
             stop: None,
             thread: None,
         };
-        if args.backend.quiet || !std::io::stderr().is_terminal() {
+        if quiet || !std::io::stderr().is_terminal() {
             return none;
         }
         let (stop, stopped) = crossbeam_channel::bounded::<()>(1);
         let lock = lock.clone();
-        let name = args.name.clone();
+        let name = name.to_owned();
         let thread = thread::Builder::new()
             .name("dlm-status".into())
             .spawn(move || {

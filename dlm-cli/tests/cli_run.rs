@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::{
     Clock, LIMIT, Proc, SECOND, SERIAL, alive, dlm, held, q, read, run, secs, server, wait_until,
 };
+use dlm_redis::redis;
 use dlm_testkit::history::{History, Hold};
 use dlm_testkit::redis_server::{RedisNodes, require_redis_server};
 
@@ -314,4 +315,41 @@ fn the_commands_status_arguments_and_environment_pass_through() {
     assert_eq!(env.stdout, "2000\n");
     let both = in_lock(&["--watchdog", "2", "--lease", "2", "--", "true"]);
     both.expect(2);
+}
+
+// --- The server-settings check -------------------------------------------------------
+
+/// How many times the server ran `CONFIG GET` (its command statistics).
+fn config_gets(server: &dlm_testkit::redis_server::RedisServer) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_config|get:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// The settings warnings (a server without AOF) are shown with `-v` only, so a run without
+/// it does not ask for the settings at all (two `CONFIG GET`s that were a round trip each
+/// of every run); with `-v` they are asked and the warning is shown.
+#[test]
+fn the_server_settings_are_read_only_when_their_warning_shows() {
+    let _serial = SERIAL.lock();
+    let server = server();
+    let url = server.url();
+    let before = config_gets(&server);
+    let done = run(dlm().args(["run", "-n", "--redis", &url, "settings", "--", "true"]));
+    done.expect(0);
+    assert!(!done.stderr.contains("appendonly"), "{}", done.stderr);
+    assert_eq!(config_gets(&server), before, "CONFIG GET without -v");
+    let done = run(dlm().args(["run", "-v", "-n", "--redis", &url, "settings", "--", "true"]));
+    done.expect(0);
+    assert!(
+        done.stderr.contains("appendonly no"),
+        "no settings warning with -v: {}",
+        done.stderr
+    );
+    assert!(config_gets(&server) > before, "no CONFIG GET with -v");
 }

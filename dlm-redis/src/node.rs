@@ -19,7 +19,8 @@ use crate::transport::Wire;
 
 /// The `log` target of the warnings about a server's settings (no `appendonly yes` +
 /// `appendfsync always`, an eviction policy that can evict lock keys), logged once per server and process: a short-lived program (a CLI run by cron)
-/// can route or lower them without hiding other warnings.
+/// can route or lower them without hiding other warnings. The settings are read (two
+/// `CONFIG GET`) only while warnings of this target are enabled in the `log` facade.
 pub const SETTINGS_LOG_TARGET: &str = "dlm_redis::settings";
 
 /// What one try of a request on one node came to, for a [`Router`].
@@ -239,7 +240,8 @@ impl Node {
     }
 
     /// A pooled connection, connecting if none is idle (within the connect timeout); the
-    /// first one checks the server's settings.
+    /// first one made while the settings warnings are enabled checks the server's
+    /// settings.
     pub(crate) fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, BackendError> {
         if let Some(e) = self.pool.down() {
             return Err(e);
@@ -256,7 +258,11 @@ impl Node {
             conn.broken = true;
             stale += 1;
         };
-        if !self.server_checked.swap(true, Ordering::Relaxed) {
+        // Only when the warnings would be seen: a program whose logger drops them (a
+        // `dlm run` without -v, a program with no logger) pays no round trips for them.
+        if log::log_enabled!(target: SETTINGS_LOG_TARGET, log::Level::Warn)
+            && !self.server_checked.swap(true, Ordering::Relaxed)
+        {
             self.check_server(&mut conn.con);
         }
         Ok(conn)
@@ -294,7 +300,8 @@ impl Node {
         }
     }
 
-    /// Warns once per server about settings that can lose locks: a restart without
+    /// Warns once per server about settings that can lose locks (asked on the first
+    /// connection made while these warnings are enabled in the `log` facade): a restart without
     /// `appendonly yes` + `appendfsync always` loses the locks held there, and an eviction
     /// policy other than `noeviction` (with a `maxmemory`) can evict a lock key (every dlm
     /// key has an expiry, so even the `volatile-*` policies may pick it). Fencing tokens

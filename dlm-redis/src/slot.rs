@@ -2,8 +2,6 @@
 //! that a lock's fencing stream (one per slot, see `node.rs`) always shares the slot of the
 //! lock key that uses it.
 
-use std::sync::LazyLock;
-
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;
 
@@ -56,42 +54,54 @@ pub(crate) fn key_slot_of_tag(hashed: &[u8]) -> u16 {
 }
 
 /// A short string (base 36, at most 4 characters) whose hash slot is `slot`: `{tag}` in a
-/// key puts the key in that slot. The table of all 16,384 is made on first use, in one
-/// pass over the base-36 numbers (about 170,000 checksums, a few milliseconds).
+/// key puts the key in that slot. Each slot's tag is the first base-36 number (0, 1, ...,
+/// z, 10, ...) that hashes to it. The table of all 16,384 is made at compile time (one
+/// pass over about 170,000 numbers): made on first use, it cost every short-lived program
+/// (a `dlm run`) about 2 ms of CPU before its first lock.
 pub(crate) fn tag(slot: u16) -> &'static str {
-    static TAGS: LazyLock<Vec<Box<str>>> = LazyLock::new(|| {
-        let mut tags: Vec<Option<Box<str>>> = vec![None; SLOTS];
-        let mut missing = SLOTS;
-        for n in 0u64.. {
-            let t = base36(n);
-            let slot = &mut tags[usize::from(crc16(t.as_bytes())) % SLOTS];
-            if slot.is_none() {
-                *slot = Some(t.into_boxed_str());
-                missing -= 1;
-                if missing == 0 {
-                    break;
-                }
-            }
-        }
-        tags.into_iter()
-            .map(|t| t.expect("every slot has a tag"))
-            .collect()
-    });
-    &TAGS[usize::from(slot) % SLOTS]
+    let (bytes, len) = &TAGS[usize::from(slot) % SLOTS];
+    std::str::from_utf8(&bytes[..usize::from(*len)]).expect("base-36 digits are ASCII")
 }
 
-fn base36(mut n: u64) -> String {
+/// The tag of each slot (see [`tag`]): its base-36 digits and their number.
+static TAGS: [([u8; 4], u8); SLOTS] = tags();
+
+const fn tags() -> [([u8; 4], u8); SLOTS] {
     const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut out = Vec::new();
-    loop {
-        out.push(DIGITS[(n % 36) as usize]);
-        n /= 36;
-        if n == 0 {
-            break;
+    let mut tags = [([0u8; 4], 0u8); SLOTS];
+    let mut missing = SLOTS;
+    let mut n: u32 = 0;
+    while missing > 0 {
+        // n in base 36, most significant digit first (at most 4 digits: 36^4 > the
+        // numbers needed, which the assertion below keeps true).
+        let mut digits = [0u8; 4];
+        let mut len = 0;
+        let mut rest = n;
+        loop {
+            assert!(len < 4, "every slot has a tag of at most 4 characters");
+            digits[len] = DIGITS[(rest % 36) as usize];
+            len += 1;
+            rest /= 36;
+            if rest == 0 {
+                break;
+            }
         }
+        let mut bytes = [0u8; 4];
+        let mut crc: u16 = 0;
+        let mut i = 0;
+        while i < len {
+            bytes[i] = digits[len - 1 - i];
+            crc = (crc << 8) ^ CRC16_TABLE[((crc >> 8) as u8 ^ bytes[i]) as usize];
+            i += 1;
+        }
+        let slot = crc as usize % SLOTS;
+        if tags[slot].1 == 0 {
+            tags[slot] = (bytes, len as u8);
+            missing -= 1;
+        }
+        n += 1;
     }
-    out.reverse();
-    String::from_utf8(out).expect("ASCII digits")
+    tags
 }
 
 #[cfg(test)]
@@ -114,6 +124,45 @@ mod tests {
         );
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
         assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
+    }
+
+    /// The tags are the ones the table made on first use gave (streams already on
+    /// servers keep their keys): for each slot, the first base-36 number that hashes to it.
+    #[test]
+    fn the_tags_are_the_first_base36_numbers_of_each_slot() {
+        fn base36(mut n: u64) -> String {
+            const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+            let mut out = Vec::new();
+            loop {
+                out.push(DIGITS[(n % 36) as usize]);
+                n /= 36;
+                if n == 0 {
+                    break;
+                }
+            }
+            out.reverse();
+            String::from_utf8(out).expect("ASCII digits")
+        }
+        let mut expected: Vec<Option<String>> = vec![None; SLOTS];
+        let mut missing = SLOTS;
+        for n in 0u64.. {
+            let t = base36(n);
+            let slot = &mut expected[usize::from(crc16(t.as_bytes())) % SLOTS];
+            if slot.is_none() {
+                *slot = Some(t);
+                missing -= 1;
+                if missing == 0 {
+                    break;
+                }
+            }
+        }
+        for (slot, t) in expected.iter().enumerate() {
+            assert_eq!(
+                tag(slot as u16),
+                t.as_deref().expect("every slot"),
+                "slot {slot}"
+            );
+        }
     }
 
     #[test]
