@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use dlm_core::{
-    DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, HoldState, Interrupter, Lock, LockGuard,
-    LockName, RetryPolicy, interrupt_pair,
+    BackendErrorKind, DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, FencingToken, HoldState,
+    Interrupter, Lock, LockGuard, LockName, RetryPolicy, interrupt_pair,
 };
 use parking_lot::Mutex;
 use rustix::process::{Pid, Signal};
@@ -268,6 +268,27 @@ fn acquire_and_run(
     let Some(guard) = got.map_err(acquire_error)? else {
         return conflict();
     };
+    // The token is drawn now (tokens are drawn when read), for DLM_FENCING_TOKEN.
+    let token = match guard.fencing_token() {
+        Ok(token) => Some(token),
+        Err(e) if e.backend_kind() == Some(BackendErrorKind::Unsupported) => None,
+        Err(Error::LockLost) => {
+            return Err(Failure::new(
+                exit::LOST,
+                format!("{:?} was lost before the command started", args.name),
+            ));
+        }
+        Err(e) => {
+            drop(guard.unlock());
+            return Err(Failure::from_lock_error(
+                &format!(
+                    "cannot draw the fencing token of {:?} ({})",
+                    args.name, conn.describe
+                ),
+                &e,
+            ));
+        }
+    };
     if state.lock().received.is_some() {
         // A signal came just as the lock was taken: do not start the command.
         drop(guard.unlock());
@@ -276,15 +297,16 @@ fn acquire_and_run(
     log::info!(
         "acquired {:?} (fencing token {:?}, lease {lease:?})",
         args.name,
-        guard.fencing_token().map(|t| t.get())
+        token.map(|t| t.get())
     );
-    run_child(args, guard, state, command, lease)
+    run_child(args, guard, token, state, command, lease)
 }
 
 /// Runs the command while `guard` holds the lock; stops it if the lock is lost.
 fn run_child(
     args: &RunArgs,
     guard: LockGuard,
+    token: Option<FencingToken>,
     state: &Arc<Mutex<ChildState>>,
     command: &[String],
     lease: Duration,
@@ -297,7 +319,7 @@ fn run_child(
     }
     cmd.env("DLM_LOCK_NAME", &args.name)
         .env("DLM_LEASE_MS", lease.as_millis().to_string());
-    match guard.fencing_token() {
+    match token {
         Some(token) => cmd.env("DLM_FENCING_TOKEN", token.get().to_string()),
         None => cmd.env_remove("DLM_FENCING_TOKEN"),
     };
