@@ -300,7 +300,7 @@ fn measure(
 
 /// Uncontended: every thread locks and unlocks fresh keys; each lock must succeed first
 /// try. With `fenced`, each thread locks one key of its own instead (its resource's), and
-/// uses the token under the lock ([`LockHandle::use_token`]).
+/// uses the token under the lock (`LockHandle::use_token`).
 fn uncontended(
     system: &dyn LockSystem,
     threads: usize,
