@@ -95,7 +95,7 @@ impl Opts {
                 "--bench" => {} // passed by `cargo bench`
                 other => {
                     eprintln!(
-                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff|paused-minority] [--nodes 1|5] [--rounds N]"
+                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff|paused-minority|fenced-use] [--nodes 1|5] [--rounds N]"
                     );
                     std::process::exit(2);
                 }
@@ -194,6 +194,11 @@ enum Scenario {
     },
     /// Uncontended, one thread, with one of five Redlock nodes stopped (SIGSTOP).
     PausedMinority,
+    /// Uncontended, each thread on one name of its own: lock, read the fencing token and
+    /// write with it to a `FencedResource`, unlock (the minimal client: lock, unlock).
+    FencedUse {
+        threads: usize,
+    },
 }
 
 impl Scenario {
@@ -203,6 +208,7 @@ impl Scenario {
             Scenario::Contended { pause: None } => "contended",
             Scenario::Contended { pause: Some(_) } => "handoff",
             Scenario::PausedMinority => "paused-minority",
+            Scenario::FencedUse { .. } => "fenced-use",
         }
     }
 
@@ -211,14 +217,18 @@ impl Scenario {
             Scenario::Uncontended { threads } => threads,
             Scenario::Contended { .. } => CONTENDERS,
             Scenario::PausedMinority => 1,
+            Scenario::FencedUse { threads } => threads,
         }
     }
 
     fn run(self, system: &dyn LockSystem, run_for: Duration, tally: &mut Tally) {
         let (cycles, elapsed) = (tally.cycles, tally.elapsed);
         match self {
-            Scenario::Uncontended { threads } => uncontended(system, threads, run_for, tally),
-            Scenario::PausedMinority => uncontended(system, 1, run_for, tally),
+            Scenario::Uncontended { threads } => {
+                uncontended(system, threads, false, run_for, tally)
+            }
+            Scenario::PausedMinority => uncontended(system, 1, false, run_for, tally),
+            Scenario::FencedUse { threads } => uncontended(system, threads, true, run_for, tally),
             Scenario::Contended { pause } => contended(system, pause, run_for, tally),
         }
         let secs = (tally.elapsed - elapsed).as_secs_f64();
@@ -243,7 +253,10 @@ impl Scenario {
             round_rates: std::mem::take(&mut t.round_rates),
             ..Row::default()
         };
-        if let Scenario::Uncontended { .. } | Scenario::PausedMinority = self {
+        if let Scenario::Uncontended { .. }
+        | Scenario::PausedMinority
+        | Scenario::FencedUse { .. } = self
+        {
             if t.failures > 0 {
                 eprintln!(
                     "{}: {} uncontended attempts failed",
@@ -285,8 +298,16 @@ fn measure(
         .collect()
 }
 
-/// Uncontended: every thread locks and unlocks fresh keys; each lock must succeed first try.
-fn uncontended(system: &dyn LockSystem, threads: usize, run_for: Duration, tally: &mut Tally) {
+/// Uncontended: every thread locks and unlocks fresh keys; each lock must succeed first
+/// try. With `fenced`, each thread locks one key of its own instead (its resource's), and
+/// uses the token under the lock (`LockHandle::use_token`).
+fn uncontended(
+    system: &dyn LockSystem,
+    threads: usize,
+    fenced: bool,
+    run_for: Duration,
+    tally: &mut Tally,
+) {
     let start = Arc::new(Barrier::new(threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
     let warm = Arc::new(AtomicBool::new(true));
@@ -299,13 +320,21 @@ fn uncontended(system: &dyn LockSystem, threads: usize, run_for: Duration, tally
                 let mut failures = 0u64;
                 start.wait();
                 let mut i = 0u64;
+                let own = format!("f{t}-{:x}", rand::random::<u32>());
                 while !stop.load(Ordering::Relaxed) {
-                    let key = format!("u{t}-{i}-{:x}", rand::random::<u32>());
+                    let key = if fenced {
+                        own.clone()
+                    } else {
+                        format!("u{t}-{i}-{:x}", rand::random::<u32>())
+                    };
                     i += 1;
                     let t0 = Instant::now();
                     if !h.try_lock(&key) {
                         failures += 1;
                         continue;
+                    }
+                    if fenced && !h.use_token() {
+                        failures += 1;
                     }
                     h.unlock();
                     if !warm.load(Ordering::Relaxed) {
@@ -607,6 +636,23 @@ fn main() {
                     row.commands_per_cycle = Some(cmds);
                     row.new_connections_per_cycle = Some(conns);
                 }
+                push(row, nodes);
+            }
+        }
+        // Fencing that is used: dlm (fenced) beside the minimal client, which does not
+        // fence (the bar: what a lock costs).
+        for threads in [1, 8] {
+            let scenario = Scenario::FencedUse { threads };
+            let chosen: Vec<&dyn LockSystem> = timed
+                .iter()
+                .map(|s| s.as_ref())
+                .filter(|s| matches!(s.name().as_str(), "dlm" | "minimal"))
+                .filter(|s| opts.wants(&s.name(), scenario.name()))
+                .collect();
+            if chosen.len() < 2 {
+                continue;
+            }
+            for row in measure(&chosen, scenario, rounds, run_for) {
                 push(row, nodes);
             }
         }

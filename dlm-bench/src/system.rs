@@ -19,4 +19,10 @@ pub trait LockHandle: Send {
     fn lock(&mut self, key: &str, max_wait_ms: u64) -> bool;
     /// Release the lock this handle holds (the last one acquired).
     fn unlock(&mut self);
+    /// The `fenced-use` scenario's work under the lock: read the hold's fencing token and
+    /// write with it to a fenced resource. `false` if that failed. A system without
+    /// fencing tokens does nothing (the minimal client: the bar).
+    fn use_token(&mut self) -> bool {
+        true
+    }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlm_core::backend::LockBackend;
-use dlm_core::{Lock, LockClient, LockGuard};
+use dlm_core::{FencedResource, Lock, LockClient, LockGuard};
 
 use crate::system::{LockHandle, LockSystem};
 
@@ -38,6 +38,7 @@ impl LockSystem for Dlm {
                 .build()
                 .unwrap(),
             guard: None,
+            resource: FencedResource::new(0),
         })
     }
 }
@@ -45,6 +46,8 @@ impl LockSystem for Dlm {
 struct DlmHandle {
     client: LockClient,
     guard: Option<LockGuard>,
+    /// What `fenced-use` writes to (one per handle: its thread locks one name).
+    resource: FencedResource<u64>,
 }
 
 impl LockHandle for DlmHandle {
@@ -66,6 +69,13 @@ impl LockHandle for DlmHandle {
         if let Some(g) = self.guard.take() {
             let _ = g.unlock();
         }
+    }
+
+    fn use_token(&mut self) -> bool {
+        let Some(token) = self.guard.as_ref().and_then(|g| g.fencing_token().ok()) else {
+            return false;
+        };
+        self.resource.write(token, |n| *n += 1).is_ok()
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use dlm_core::{
-    DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, HoldState, Interrupter, Lock, LockGuard,
-    LockName, RetryPolicy, interrupt_pair,
+    BackendErrorKind, DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, HoldState, Interrupter,
+    Lock, LockGuard, LockName, RetryPolicy, interrupt_pair,
 };
 use parking_lot::Mutex;
 use rustix::process::{Pid, Signal};
@@ -396,13 +396,36 @@ pub(crate) fn acquire(
         drop(guard.unlock());
         return Err(signals.interrupted(name));
     }
+    // The token is drawn now (tokens are drawn when read), for DLM_FENCING_TOKEN; later
+    // reads (`token`) are local.
+    match guard.fencing_token() {
+        Ok(_) => {}
+        Err(e) if e.backend_kind() == Some(BackendErrorKind::Unsupported) => {}
+        Err(Error::LockLost) => {
+            return Err(Failure::new(
+                exit::LOST,
+                format!("{name:?} was lost before the command started"),
+            ));
+        }
+        Err(e) => {
+            drop(guard.unlock());
+            return Err(Failure::from_lock_error(
+                &format!(
+                    "cannot draw the fencing token of {name:?} ({})",
+                    conn.describe
+                ),
+                &e,
+            ));
+        }
+    }
     log::info!("acquired {name:?} (fencing token {:?})", token(&guard));
     Ok(Ok(guard))
 }
 
-/// The hold's fencing token, if fencing is on (the one place that reads it).
+/// The hold's fencing token, if fencing is on (the one place that reads it; drawn by
+/// [`acquire`], so this read is local).
 pub(crate) fn token(guard: &LockGuard) -> Option<u64> {
-    guard.fencing_token().map(|t| t.get())
+    guard.known_fencing_token().map(|t| t.get())
 }
 
 /// Runs the command while `guard` holds the lock; stops it if the lock is lost.

@@ -259,6 +259,7 @@ impl Acquisition<'_> {
             generation,
             token,
             lease,
+            fence: lease.fence(),
             renewals: 0,
             lost: false,
             _renewal: renewal,

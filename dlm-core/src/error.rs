@@ -182,6 +182,9 @@ pub enum BackendErrorKind {
     /// name, unknown authority, expired), the server refused ours, or one side does not
     /// speak TLS. Never retried: it does not fix itself.
     Tls,
+    /// The backend cannot do what was asked: it issues no fencing tokens (fencing is
+    /// switched off, or the store has none). Never retried.
+    Unsupported,
     /// The write was not acknowledged by enough replicas in time (the Redis backend's
     /// `wait_for_replicas`): an acquisition was undone, a renewal keeps the previous
     /// lease. Transient: the replicas may catch up.
@@ -218,6 +221,7 @@ impl BackendErrorKind {
             BackendErrorKind::Protocol => "protocol error",
             BackendErrorKind::Tls => "TLS failure",
             BackendErrorKind::NotReplicated => "not replicated",
+            BackendErrorKind::Unsupported => "not supported",
             BackendErrorKind::Other => "backend error",
         }
     }

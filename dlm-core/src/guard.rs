@@ -36,7 +36,7 @@ use crate::watchdog::KeepAlive;
 /// #   let _ = step;
 /// }
 /// guard.extend(Duration::from_secs(60))?;    // more time, if still ours
-/// assert!(guard.is_held() && guard.fencing_token().is_some());
+/// assert!(guard.is_held() && guard.fencing_token().is_ok());
 /// match guard.unlock() {                     // the outcome of the release
 ///     Ok(()) => {}
 ///     Err(Error::LockLost) => eprintln!("someone may have run at the same time"),
@@ -174,10 +174,74 @@ impl LockGuard {
         }
     }
 
-    /// The fencing token of this acquisition, if the backend issues them. Re-entrant holds
-    /// share the token of the first hold.
-    pub fn fencing_token(&self) -> Option<FencingToken> {
-        self.lease.fence()
+    /// The fencing token of this hold: hand it to the resource with every write, so that
+    /// the resource can refuse a holder whose lease ran out (see
+    /// [`FencedResource`](crate::FencedResource)).
+    ///
+    /// The token is drawn on the first call of a hold (one request to the backend, which
+    /// checks that the lock is still ours and draws it in one atomic step), unless the
+    /// backend handed it out with the acquisition; later calls, and every re-entrant
+    /// guard of the same hold, get the same token without I/O. An acquisition whose
+    /// token is never read costs what an unfenced one costs. Tokens drawn by successive
+    /// holders of a name increase with their holds; a new acquisition after a release
+    /// gets a new token.
+    ///
+    /// ```
+    /// use dlm_core::{FencedResource, Lock, LockClient};
+    /// use dlm_memory::MemoryBackend;
+    ///
+    /// let lock = LockClient::new(MemoryBackend::new()).get_lock("ledger")?;
+    /// let ledger = FencedResource::new(Vec::new());
+    /// let guard = lock.lock()?;
+    /// let token = guard.fencing_token()?;              // drawn here, if not already
+    /// ledger.write(token, |entries| entries.push("credit 10"))?;
+    /// assert_eq!(lock.lock()?.fencing_token()?, token); // a re-entry shares it
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when this hold is over or known lost (no I/O then), or when the
+    /// backend found the lock no longer ours: a holder that lost its lock never gets a
+    /// token. [`Error::Backend`] when the backend failed (transient kinds may be retried:
+    /// a later call draws again), or with [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
+    /// when the backend issues no tokens (fencing switched off).
+    pub fn fencing_token(&self) -> Result<FencingToken> {
+        let backend = &self.lock.client.backend;
+        let owner = {
+            let state = self.lock.state.lock();
+            let holding = state
+                .holding
+                .as_ref()
+                .filter(|h| h.generation == self.generation)
+                .ok_or(Error::LockLost)?;
+            if !holding.is_valid(backend.now()) {
+                return Err(Error::LockLost);
+            }
+            if let Some(fence) = holding.fence {
+                return Ok(fence);
+            }
+            holding.token
+        };
+        // No state mutex across the request, as for extensions.
+        let drawn = backend.fence(&self.lock.name, &owner);
+        self.lock
+            .with_current(self.generation, |holding| match drawn {
+                // A draw of another thread's guard of this hold that came first wins: one
+                // token per hold.
+                Ok(Some(fence)) => Ok(*holding.fence.get_or_insert(fence)),
+                Ok(None) => {
+                    holding.mark_lost();
+                    Err(Error::LockLost)
+                }
+                Err(e) => Err(e.into()),
+            })
+            .unwrap_or(Err(Error::LockLost))
+    }
+
+    /// The hold's fencing token if it is already known (handed out with the acquisition
+    /// or drawn by an earlier [`fencing_token`](LockGuard::fencing_token)): no I/O.
+    pub fn known_fencing_token(&self) -> Option<FencingToken> {
+        self.with_holding(|h| h.fence).flatten()
     }
 
     /// Resets the lease to `ttl` from now, if the lock is still ours.
@@ -256,7 +320,7 @@ impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("name", &self.lock.name)
-            .field("fencing_token", &self.lease.fence())
+            .field("fencing_token", &self.known_fencing_token())
             .field("held", &self.is_held())
             .finish_non_exhaustive()
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backend::{Lease, LockBackend, LockName, OwnerToken};
+use crate::backend::{FencingToken, Lease, LockBackend, LockName, OwnerToken};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::retry::RetryPolicy;
 use crate::signal::Signal;
@@ -151,6 +151,10 @@ pub(crate) struct Holding {
     pub(crate) generation: u64,
     pub(crate) token: OwnerToken,
     pub(crate) lease: Lease,
+    /// The hold's fencing token: the one its lease carried, or the one the first
+    /// `LockGuard::fencing_token` drew. Every guard of the hold (re-entries too) reads
+    /// this one.
+    pub(crate) fence: Option<FencingToken>,
     /// Renewals (watchdog and extensions) recorded in `lease`.
     pub(crate) renewals: u64,
     /// A renewal or extension found the lock gone.
@@ -191,18 +195,14 @@ impl Holding {
     /// once and reach the backend in either order. If another renewal was recorded since
     /// this one was sent, the two overlapped and the backend keeps whichever arrived last:
     /// the hold then keeps the earlier of the two ends, never a lease longer than the
-    /// backend's. The fencing token stays that of the acquisition.
+    /// backend's. The fencing token stays that of the hold (`fence`).
     pub(crate) fn renewed(&mut self, started: Started, lease: Lease) {
         let until = if started.renewals == self.renewals {
             lease.valid_until()
         } else {
             lease.valid_until().min(self.lease.valid_until())
         };
-        let renewed = Lease::new(until);
-        self.lease = match self.lease.fence().or(lease.fence()) {
-            Some(fence) => renewed.with_fence(fence),
-            None => renewed,
-        };
+        self.lease = Lease::new(until);
         self.renewals += 1;
     }
 }

@@ -259,6 +259,25 @@ impl LockBackend for MemoryBackend {
         })
     }
 
+    /// The token handed out with the acquisition (a token costs nothing here, so every
+    /// lease carries one), if `owner` still holds `name`.
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        if !self.inner.fencing {
+            return Err(BackendError::new(
+                BackendErrorKind::Unsupported,
+                "fencing is switched off (MemoryBackend::builder().fencing(false))",
+            ));
+        }
+        self.with_entry(name, |entry, _, now| match entry.holder(now) {
+            Some(holder) if holder.owner == *owner => holder.fence,
+            _ => None,
+        })
+    }
+
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         self.with_entry(name, |entry, _, now| match entry.holder(now) {
             Some(holder) if holder.owner == *owner => {

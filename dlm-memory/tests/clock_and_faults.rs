@@ -64,8 +64,15 @@ fn fencing_tokens_come_from_one_counter_and_can_be_switched_off() {
     );
     let plain = LockClient::new(MemoryBackend::builder().fencing(false).build());
     assert_eq!(
-        plain.get_lock("a").unwrap().lock().unwrap().fencing_token(),
-        None
+        plain
+            .get_lock("a")
+            .unwrap()
+            .lock()
+            .unwrap()
+            .fencing_token()
+            .unwrap_err()
+            .backend_kind(),
+        Some(dlm_core::BackendErrorKind::Unsupported)
     );
 }
 

@@ -48,10 +48,10 @@
 //! With the default prefix: `+eval +evalsha +script|load +ping +info +get +set +pexpire
 //! +pttl +xadd +append +del +publish +psubscribe ~dlm:* &dlm:*` (the scripts' commands are
 //! checked too). Without `&dlm:*` and `+psubscribe`/`+publish`, locking still works and
-//! waiters poll instead of being woken. Without the script commands a fenced acquisition
-//! is refused (`Permission`); an unfenced one can still take a free lock (it needs no
-//! script), and so can a fenced one without `+get`, but releasing it then fails with a
-//! permission error (it ends with its lease). A waiter
+//! waiters poll instead of being woken. Without the script commands or `+get`, a free
+//! lock can still be taken (the plain `SET NX`, fenced or not), but drawing its fencing
+//! token and releasing it fail with a permission error (it ends with its lease); without
+//! `+xadd` only the token's draw fails. A waiter
 //! marks the key it waits for with `APPEND` (so that the holder's release announces
 //! itself; an uncontended release publishes nothing).
 #![deny(missing_docs)]

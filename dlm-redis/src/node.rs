@@ -13,7 +13,7 @@ use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use crate::conn::{Background, Conn, ConnectWorker, Endpoint, Job, Manager, Pool};
 use crate::options::Options;
 use crate::protocol::{
-    Call, Fencing, Keys, NodeAcquire, Reader, Redirect, ReplicaWait, Shape, Step, millis,
+    Call, Keys, NodeAcquire, NodeFence, Reader, Redirect, ReplicaWait, Shape, Step, millis,
 };
 use crate::transport::Wire;
 
@@ -348,23 +348,13 @@ impl Node {
         }
     }
 
-    /// The first request of an acquisition. Without fencing, the plain
-    /// `SET key token NX PX ms GET`, so that the server runs no script on the uncontended
-    /// path. With fencing, the acquire script, which takes the lock and draws a new ID
-    /// from the slot's fencing stream in one step, and touches the stream only once it
-    /// has seen that it is one: a key of another type there (not written by dlm) is left
-    /// exactly as it was. (A `MULTI` with `SET`, `XADD` and `PEXPIRE` was cheaper on the
-    /// server, but its `PEXPIRE` ran whatever the key was, and set an expiry on a
-    /// foreign key.) Servers older than 7.0 (no `SET ... NX GET`) also get the script.
-    pub(crate) fn acquire_call(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-        fencing: Fencing,
-    ) -> Call {
-        if fencing == Fencing::Draw || self.scripts_only.load(Ordering::Relaxed) {
-            return self.keys.acquire_script_call(name, owner, ttl, fencing);
+    /// The first request of an acquisition: the plain `SET key token NX PX ms GET`, so
+    /// that the server runs no script on the uncontended path (fencing tokens are drawn
+    /// when read, by the fence script). Servers older than 7.0 (no `SET ... NX GET`) get
+    /// the acquire script.
+    pub(crate) fn acquire_call(&self, name: &LockName, owner: &OwnerToken, ttl: Duration) -> Call {
+        if self.scripts_only.load(Ordering::Relaxed) {
+            return self.keys.acquire_script_call(name, owner, ttl);
         }
         self.keys.set_call(name, owner, ttl)
     }
@@ -396,7 +386,7 @@ impl Node {
             None => return Err(read.protocol("a batch", &reply)),
         };
         match set {
-            redis::Value::Nil => Ok(Step::Done(NodeAcquire::Acquired { fence: 0 })),
+            redis::Value::Nil => Ok(Step::Done(NodeAcquire::Acquired)),
             // Someone's token (perhaps ours): the script tells whose and for how long.
             redis::Value::BulkString(_) => Ok(Step::Script),
             redis::Value::ServerError(e) => {
@@ -426,19 +416,30 @@ impl Node {
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-        fencing: Fencing,
         wait: Option<ReplicaWait>,
     ) -> Result<(NodeAcquire, Option<u32>), BackendError> {
-        let call = self.acquire_call(name, owner, ttl, fencing);
+        let call = self.acquire_call(name, owner, ttl);
         let (reply, acked) = self.execute_acked(&call, wait)?;
         match self.parse_acquire(name, &call, reply)? {
             Step::Done(answer) => Ok((answer, acked)),
             Step::Script => {
-                let call = self.keys.acquire_script_call(name, owner, ttl, fencing);
+                let call = self.keys.acquire_script_call(name, owner, ttl);
                 let (reply, acked) = self.execute_acked(&call, wait)?;
                 Ok((self.reader().acquire_script(name, reply)?, acked))
             }
         }
+    }
+
+    /// Draws the fencing token of `owner`'s hold (the fence script, no proposal); with
+    /// `wait`, also how many replicas acknowledged the draw.
+    pub(crate) fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        wait: Option<ReplicaWait>,
+    ) -> Result<(NodeFence, Option<u32>), BackendError> {
+        let (reply, acked) = self.execute_acked(&self.keys.fence_call(name, owner, None), wait)?;
+        Ok((self.reader().fence(name, reply)?, acked))
     }
 
     /// Renews the lock if it is still `owner`'s; with `wait`, also how many replicas

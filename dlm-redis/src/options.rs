@@ -26,7 +26,7 @@ pub(crate) struct Options {
     pub(crate) replica_wait: Option<ReplicaWait>,
 }
 
-/// How long a slot's fencing stream is kept after the last acquisition that used it.
+/// How long a slot's fencing stream is kept after the last draw from it.
 pub(crate) const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 impl Options {

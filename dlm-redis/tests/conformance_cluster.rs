@@ -12,7 +12,9 @@ use dlm_core::backend::LockBackend;
 use dlm_redis::RedisBackend;
 use dlm_testkit::cluster::RedisCluster;
 
-struct Cluster(Arc<RedisCluster>);
+/// The shared cluster, and a key prefix of the case's own (so that it can count its
+/// fencing streams while other cases run).
+struct Cluster(Arc<RedisCluster>, String);
 
 /// The cluster of the cases running now, if any.
 static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
@@ -21,12 +23,13 @@ impl Cluster {
     fn new() -> Self {
         common::require();
         let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        let prefix = format!("dlm-{:08x}", rand::random::<u32>());
         if let Some(cluster) = shared.upgrade() {
-            return Cluster(cluster);
+            return Cluster(cluster, prefix);
         }
         let cluster = Arc::new(RedisCluster::spawn());
         *shared = Arc::downgrade(&cluster);
-        Cluster(cluster)
+        Cluster(cluster, prefix)
     }
 }
 
@@ -34,8 +37,28 @@ impl dlm_testkit::Fixture for Cluster {
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::cluster_builder(&self.0.seed_urls()[..2])
+                .prefix(&self.1)
                 .build()
                 .unwrap(),
+        )
+    }
+
+    /// Counted on every node (a replica holds copies of its master's streams: the count
+    /// only has to stay put, or grow on a read).
+    fn fencing_keys(&self) -> Option<usize> {
+        let pattern = format!("{}:fence:*", self.1);
+        Some(
+            self.0
+                .nodes()
+                .iter()
+                .map(|n| {
+                    let keys: Vec<String> = redis::cmd("KEYS")
+                        .arg(&pattern)
+                        .query(&mut n.connection())
+                        .unwrap();
+                    keys.len()
+                })
+                .sum(),
         )
     }
 }

@@ -19,6 +19,10 @@ impl Sentinel {
 }
 
 impl dlm_testkit::Fixture for Sentinel {
+    fn fencing_keys(&self) -> Option<usize> {
+        Some(common::fence_keys_on(self.0.data_nodes()))
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::sentinel_builder(self.0.master_name(), &self.0.sentinel_urls())

@@ -155,23 +155,65 @@ fn a_redlock_node_that_restarts_empty_does_not_let_tokens_go_back() {
     history.check().assert_clean();
 }
 
-#[test]
-fn redlock_tokens_keep_increasing_when_a_minority_loses_its_counters() {
+/// Rounds of "a new client (another process) takes the lock and reads its token, then
+/// `lose` nodes (in turn) restart without persistence", on three nodes whose streams were
+/// first raised an hour ahead of every clock: a node that lost its stream draws from its
+/// clock, an hour below the tokens, so only the nodes that kept theirs (quorum
+/// intersection) can keep tokens increasing. Returns the tokens.
+fn tokens_while_nodes_lose_their_streams(lose: usize) -> Vec<u64> {
     let _serial = SERIAL.lock();
     let mut cluster = common::Cluster::new(3);
     let urls = cluster.nodes.urls();
     let name = unique_name("minority");
-    let c = redlock(&urls);
-    let mut last = 0;
-    for round in 0..6 {
-        let t = token(&c, &name);
-        assert!(t > last, "round {round}: token {t} after {last}");
-        last = t;
-        // Each round one node (in turn) restarts WITHOUT persistence: its counter is gone.
-        let node = cluster.nodes.get_mut(round % 3);
-        node.kill();
-        node.restart();
+    let stream = Redlock::new(&urls)
+        .unwrap()
+        .keys(&name)
+        .unwrap()
+        .fencing_stream;
+    let first = token(&redlock(&urls), &name);
+    let ahead = format!("{}-0", (first >> 20) + 3_600_000);
+    for i in 0..3 {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("MAXLEN")
+            .arg(0)
+            .arg(&ahead)
+            .arg("f")
+            .arg("1")
+            .query(&mut cluster.nodes.get(i).connection())
+            .unwrap();
     }
+    let mut tokens = vec![token(&redlock(&urls), &name)];
+    for round in 0..6 {
+        for k in 0..lose {
+            let node = cluster.nodes.get_mut((round + k) % 3);
+            node.kill();
+            node.restart();
+        }
+        tokens.push(token(&redlock(&urls), &name));
+    }
+    tokens
+}
+
+#[test]
+fn redlock_tokens_keep_increasing_when_a_minority_loses_its_streams() {
+    let tokens = tokens_while_nodes_lose_their_streams(1);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens went back: {tokens:?}"
+    );
+}
+
+#[test]
+fn negative_control_tokens_go_back_when_a_majority_loses_its_streams() {
+    // The same rounds, with two of three nodes losing their streams: a quorum's streams
+    // restart from the clocks, an hour below, and nothing else keeps the order. That the
+    // assertion above fails here shows it can fail.
+    let tokens = tokens_while_nodes_lose_their_streams(2);
+    assert!(
+        tokens.windows(2).any(|w| w[0] > w[1]),
+        "tokens kept increasing: {tokens:?}"
+    );
 }
 
 #[test]
@@ -236,16 +278,20 @@ fn fencing_can_be_switched_off() {
             .unwrap(),
     );
     let g = c.get_lock("plain").unwrap().lock().unwrap();
-    assert_eq!(g.fencing_token(), None);
+    assert_eq!(
+        g.fencing_token().unwrap_err().backend_kind(),
+        Some(dlm_core::BackendErrorKind::Unsupported)
+    );
     assert_eq!(common::fence_keys(&fixture.server), Vec::<String>::new());
 }
 
 #[test]
-fn a_commit_round_without_a_quorum_releases_everywhere() {
-    // On two of three nodes the user may not load scripts, and only the acquire and
-    // release scripts are preloaded (by the admin): round 1 succeeds everywhere, round 2
-    // (the commit script) fails with NOSCRIPT then NOPERM on those two, so the
-    // acquisition must fail and leave no key behind on any node.
+fn a_commit_round_without_a_quorum_gives_no_token() {
+    // On two of three nodes the user may not load scripts, and only the acquire, fence
+    // and release scripts are preloaded (by the admin): the fence round succeeds
+    // everywhere (a new client has no proposal: every node draws), the commit round
+    // fails with NOSCRIPT then NOPERM on those two, so no token is given; the hold is
+    // untouched, and its release leaves no key behind on any node.
     let _serial = SERIAL.lock();
     common::Single::new();
     let open = RedisServer::spawn();
@@ -257,6 +303,7 @@ fn a_commit_round_without_a_quorum_releases_everywhere() {
                 .spawn();
             for script in [
                 include_str!("../src/protocol/lua/acquire.lua"),
+                include_str!("../src/protocol/lua/fence.lua"),
                 include_str!("../src/protocol/lua/release.lua"),
             ] {
                 let _: String = redis::cmd("SCRIPT")
@@ -278,7 +325,13 @@ fn a_commit_round_without_a_quorum_releases_everywhere() {
             .build()
             .unwrap(),
     );
-    let e = c.get_lock(&name).unwrap().try_lock().unwrap_err();
+    let guard = c
+        .get_lock(&name)
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .expect("free");
+    let e = guard.fencing_token().unwrap_err();
     let kind = e.backend_kind();
     assert!(
         matches!(
@@ -287,6 +340,8 @@ fn a_commit_round_without_a_quorum_releases_everywhere() {
         ),
         "{e}"
     );
+    assert!(guard.is_held(), "a failed draw is not a lost lock");
+    guard.unlock().unwrap();
     for server in [&open, &restricted[0], &restricted[1]] {
         let exists: i64 = redis::cmd("EXISTS")
             .arg(format!("dlm:{{{name}}}"))
@@ -294,9 +349,9 @@ fn a_commit_round_without_a_quorum_releases_everywhere() {
             .unwrap();
         assert_eq!(exists, 0, "a key was left on {}", server.url());
     }
-    // Round 2 did run: it committed on the open node and was refused on the others. The
-    // draws of round 1 (plain XADDs) happened everywhere; only the open node's stream was
-    // raised past them.
+    // The commit round did run: it committed on the open node and was refused on the
+    // others. The draws of the fence round happened everywhere; only the open node's
+    // stream was raised past them.
     let stream = Redlock::new(&urls)
         .unwrap()
         .keys(&name)

@@ -1,6 +1,7 @@
 //! dlm never changes a key it did not write. A key of another type at the name of a
-//! slot's fencing stream (a hash, a string) makes a fenced acquisition fail with
-//! `UnexpectedKey`, and is left exactly as it was: its type, its value and its expiry.
+//! slot's fencing stream (a hash, a string) makes the draw of a fencing token fail with
+//! `UnexpectedKey` (the acquisition itself does not touch the stream), and is left
+//! exactly as it was: its type, its value and its expiry.
 //! An earlier version sent `PEXPIRE` with the `SET NX` and the `XADD` (in a `MULTI` on a
 //! single server, pipelined on Redlock): the acquisition failed as it should, but the
 //! foreign key was left to expire in 24 hours. On every deployment: single, Redlock,
@@ -81,7 +82,7 @@ fn assert_left_as_it_was(con: &mut redis::Connection, key: &str, before: &Snapsh
     }
 }
 
-/// Tries a fenced acquisition of `name` with each kind of foreign key at its fencing
+/// Tries an acquisition of `name` and the draw of its token with each kind of foreign key at its fencing
 /// stream on every server of `servers` (their admin connections), and checks the error
 /// and the keys.
 fn check(
@@ -99,22 +100,27 @@ fn check(
                 snapshot(con, fence)
             })
             .collect();
-        let e = client
+        let guard = client
             .get_lock(name)
             .unwrap()
             .try_lock()
-            .expect_err("a foreign fencing key must fail the acquisition");
+            .unwrap()
+            .expect("a free lock");
+        let e = guard
+            .fencing_token()
+            .expect_err("a foreign fencing key must fail the token's draw");
         assert_eq!(
             e.backend_kind(),
             Some(BackendErrorKind::UnexpectedKey),
             "{kind}: {e}"
         );
         assert!(e.to_string().contains("not written by dlm"), "{kind}: {e}");
+        guard.unlock().unwrap();
         for (i, con) in servers.iter_mut().enumerate() {
             let what = format!("{kind}, server {i}");
             assert_left_as_it_was(con, fence, &before[i], &what);
             let exists: bool = redis::cmd("EXISTS").arg(lock_key).query(con).unwrap();
-            assert!(!exists, "{what}: a lock without a token was kept");
+            assert!(!exists, "{what}: the lock was not released");
         }
     }
 }

@@ -85,11 +85,14 @@ fn odd_names_lock_unlock_and_never_collide() {
         .iter()
         .zip(&clients)
         .map(|(name, c)| {
-            c.get_lock(name)
+            let g = c
+                .get_lock(name)
                 .unwrap()
                 .try_lock()
                 .unwrap_or_else(|e| panic!("{name:?}: {e:?}"))
-                .unwrap_or_else(|| panic!("{name:?} collided with another name"))
+                .unwrap_or_else(|| panic!("{name:?} collided with another name"));
+            g.fencing_token().unwrap(); // drawn: the slot's stream exists
+            g
         })
         .collect();
     for (name, c) in lookalikes.iter().zip(&clients) {
@@ -130,6 +133,11 @@ fn every_key_has_a_ttl_and_tokens_increase() {
     );
 
     let guard = c1.get_lock(&name).unwrap().lock().unwrap();
+    assert!(
+        !exists(&mut admin, &fence),
+        "the stream is written when a token is read, not before"
+    );
+    let first = guard.fencing_token().unwrap().get();
     let kind: String = query(&mut admin, redis::cmd("TYPE").arg(&key));
     assert_eq!(kind, "string");
     let ttl = pttl(&mut admin, &key);
@@ -144,7 +152,6 @@ fn every_key_has_a_ttl_and_tokens_increase() {
         fence_ttl > 23 * 3600 * 1000 && fence_ttl <= 24 * 3600 * 1000,
         "the fencing stream keeps the default fence TTL of 24 h: PTTL {fence_ttl}"
     );
-    let first = guard.fencing_token().unwrap().get();
     guard.unlock().unwrap();
     assert!(
         !exists(&mut admin, &key),
@@ -170,7 +177,7 @@ fn every_key_has_a_ttl_and_tokens_increase() {
     let lock = c1.get_lock(&name).unwrap();
     let g1 = lock.lock().unwrap();
     let g2 = lock.lock().unwrap();
-    assert_eq!(g1.fencing_token(), g2.fencing_token());
+    assert_eq!(g1.fencing_token().ok(), g2.fencing_token().ok());
     assert!(g1.fencing_token().unwrap().get() > tokens[3]);
     drop(g2);
     assert!(exists(&mut admin, &key));
@@ -187,7 +194,10 @@ fn every_key_has_a_ttl_and_tokens_increase() {
             .unwrap(),
     );
     let g = unfenced.get_lock(&name).unwrap().lock().unwrap();
-    assert_eq!(g.fencing_token(), None);
+    assert_eq!(
+        g.fencing_token().unwrap_err().backend_kind(),
+        Some(dlm_core::BackendErrorKind::Unsupported)
+    );
     assert!(pttl(&mut admin, &key) > 0);
     assert!(!exists(&mut admin, &fence));
     g.unlock().unwrap();
@@ -195,7 +205,7 @@ fn every_key_has_a_ttl_and_tokens_increase() {
 }
 
 #[test]
-fn a_fencing_stream_of_another_type_is_reported_and_no_lock_is_kept() {
+fn a_fencing_stream_of_another_type_is_reported_and_left_as_it_was() {
     let server = spawn(RedisServer::builder());
     let mut admin = server.connection();
     let c = client(&server.url());
@@ -208,19 +218,20 @@ fn a_fencing_stream_of_another_type_is_reported_and_no_lock_is_kept() {
         };
         let lock = c.get_lock(&name).unwrap();
         let start = Instant::now();
-        expect_kind(
-            lock.try_lock_timeout(Duration::from_secs(5)),
-            BackendErrorKind::UnexpectedKey,
-            what,
-        );
+        let guard = lock
+            .try_lock_timeout(Duration::from_secs(5))
+            .unwrap()
+            .expect("free");
+        expect_kind(guard.fencing_token(), BackendErrorKind::UnexpectedKey, what);
         assert!(
             start.elapsed() < PROMPT,
             "{what}: took {:?}",
             start.elapsed()
         );
+        guard.unlock().unwrap();
         assert!(
             !exists(&mut admin, &lock_key(&name)),
-            "{what}: a lock without a token was kept"
+            "{what}: the lock was not released"
         );
         let kind: String = query(&mut admin, redis::cmd("TYPE").arg(&fence));
         assert_ne!(kind, "stream", "{what}: the foreign key was replaced");
@@ -268,7 +279,7 @@ fn a_leftover_key_with_a_ttl_only_delays_the_acquisition() {
     assert_ne!(value, "other");
     // The token is the stream's latest ID.
     assert_eq!(
-        guard.fencing_token().map(|t| t.get()),
+        guard.fencing_token().ok().map(|t| t.get()),
         Some(common::last_fence_token(&server, &fence_key(&name)))
     );
     guard.unlock().unwrap();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use dlm_core::backend::{LockName, OwnerToken};
-use dlm_core::{Error, HoldState, Lock, LockClient, RetryPolicy, interrupt_pair};
+use dlm_core::{BackendErrorKind, Error, HoldState, Lock, LockClient, RetryPolicy, interrupt_pair};
 
 use crate::history::History;
 use crate::{CountingBackend, Fixture, unique_name};
@@ -304,7 +304,7 @@ pub fn reentrant_same_thread(f: &dyn Fixture) {
     assert!(t.elapsed() < PROMPT);
     assert_eq!(lock.hold_count(), 3);
     assert!(lock.is_held_by_current_thread());
-    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    assert_eq!(inner.fencing_token().ok(), outer.fencing_token().ok());
     drop(via_other_handle);
     drop(inner);
     outer.unlock().unwrap();
@@ -529,18 +529,27 @@ pub fn introspection(f: &dyn Fixture) {
 }
 
 /// Fencing tokens strictly increase over successive acquisitions, across clients and
-/// threads, and re-entrant holds share theirs.
+/// threads, whether or not the holds in between read theirs, and re-entrant holds share
+/// theirs. A backend without fencing says so with `Unsupported`.
 pub fn fencing_tokens_strictly_increase(f: &dyn Fixture) {
     let name = unique_name("fence");
     if !f.fencing() {
         let g = client(f).get_lock(&name).unwrap().lock().unwrap();
-        assert_eq!(g.fencing_token(), None);
+        let e = g.fencing_token().unwrap_err();
+        assert_eq!(e.backend_kind(), Some(BackendErrorKind::Unsupported), "{e}");
+        assert!(
+            g.is_held(),
+            "asking for a token that does not exist lost nothing"
+        );
         return;
     }
     let clients = [client(f), client(f)];
     let mut last = None;
-    for i in 0..6 {
+    for i in 0..12 {
         let g = clients[i % 2].get_lock(&name).unwrap().lock().unwrap();
+        if i % 3 == 1 {
+            continue; // a hold that never reads its token
+        }
         let token = g.fencing_token().expect("no fencing token");
         assert!(Some(token) > last, "token {token} after {last:?}");
         last = Some(token);
@@ -847,6 +856,13 @@ impl dlm_core::backend::LockBackend for ReleaseAfterFirstHeld {
     ) -> Result<Option<dlm_core::backend::Lease>, dlm_core::BackendError> {
         self.inner.extend(name, owner, ttl)
     }
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<dlm_core::FencingToken>, dlm_core::BackendError> {
+        self.inner.fence(name, owner)
+    }
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, dlm_core::BackendError> {
         self.inner.release(name, owner)
     }
@@ -1022,7 +1038,18 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
         "the lease was not refreshed: {remaining:?} left"
     );
     if f.fencing() {
-        assert!(again.fence() >= first.fence() && again.fence().is_some());
+        let drawn = backend.fence(&name, &owner).unwrap().expect("its own lock");
+        assert!(first.fence().is_none_or(|t| drawn >= t));
+        let again = match backend
+            .try_acquire(&name, &owner, Duration::from_secs(60))
+            .unwrap()
+        {
+            dlm_core::backend::Acquire::Acquired(lease) => lease,
+            other => panic!("its own lock, asked again: {other:?}"),
+        };
+        let after = backend.fence(&name, &owner).unwrap().expect("its own lock");
+        assert!(after >= drawn && again.fence().is_none_or(|t| t >= drawn));
+        assert_eq!(backend.fence(&name, &other).unwrap(), None, "not its lock");
     }
     assert!(matches!(
         backend
@@ -1108,8 +1135,9 @@ pub fn a_paused_holder_is_fenced_off(f: &dyn Fixture) {
     let lease = Duration::from_millis(300);
     let first = client_with_lease(f, lease).get_lock(&name).unwrap();
     let g1 = first.lock().unwrap();
-    let Some(t1) = g1.fencing_token() else {
-        return assert!(!f.fencing(), "no fencing token");
+    let t1 = match g1.fencing_token() {
+        Ok(t1) => t1,
+        Err(e) => return assert!(!f.fencing(), "no fencing token: {e}"),
     };
     let resource = dlm_core::FencedResource::new(Vec::new());
     resource
@@ -1242,6 +1270,13 @@ impl dlm_core::backend::LockBackend for Gate {
     ) -> Result<Option<dlm_core::backend::Lease>, dlm_core::BackendError> {
         self.inner.extend(name, owner, ttl)
     }
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<dlm_core::FencingToken>, dlm_core::BackendError> {
+        self.inner.fence(name, owner)
+    }
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, dlm_core::BackendError> {
         self.inner.release(name, owner)
     }
@@ -1332,4 +1367,108 @@ pub fn try_lock_never_queues(f: &dyn Fixture) {
         matches!(waited, Some(Ok(()))),
         "the waiter did not get the lock after: {waited:?}"
     );
+}
+
+/// A holder that lost its lock never gets a token afterwards: its first read of the token
+/// after its lease ran out (and another holder took the lock) is `LockLost`, never a
+/// token. After a force release under a lease it still believes in, a backend that draws
+/// tokens on demand answers `LockLost` too (and the guard then knows it lost the lock); one
+/// that handed the token out with the acquisition may give that token, which is older than
+/// the next holder's.
+pub fn a_token_read_after_the_lock_was_lost_is_an_error(f: &dyn Fixture) {
+    if !f.fencing() {
+        return;
+    }
+    let name = unique_name("lost-token");
+    let lease = Duration::from_millis(300);
+    let first = client_with_lease(f, lease).get_lock(&name).unwrap();
+    let g1 = first.lock().unwrap();
+    let g2 = client(f)
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("the lease ran out, the lock is free");
+    match g1.fencing_token() {
+        Err(Error::LockLost) => {}
+        other => panic!("a token read after the lease ran out: {other:?}"),
+    }
+    let t2 = g2.fencing_token().unwrap();
+    drop(g2);
+
+    let held = client(f).get_lock(&name).unwrap();
+    let g3 = held.lock().unwrap();
+    assert!(client(f).get_lock(&name).unwrap().force_unlock().unwrap());
+    let g4 = client(f).get_lock(&name).unwrap().lock().unwrap();
+    let t4 = g4.fencing_token().unwrap();
+    assert!(t4 > t2, "token {t4} after {t2}");
+    match g3.fencing_token() {
+        Err(Error::LockLost) => assert!(!g3.is_held(), "the guard learnt nothing"),
+        Ok(t3) => assert!(
+            t3 < t4,
+            "the old holder's token {t3} is not older than {t4}"
+        ),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// One token per hold: read twice, through a re-entrant guard, or from another thread, it
+/// is the same (and the later reads do no I/O); the next acquisition gets a larger one.
+pub fn the_token_is_stable_within_a_hold(f: &dyn Fixture) {
+    if !f.fencing() {
+        return;
+    }
+    let name = unique_name("stable-token");
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let c = LockClient::builder(counting.clone())
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = c.get_lock(&name).unwrap();
+    let outer = lock.lock().unwrap();
+    let inner = lock.lock().unwrap();
+    let t = inner.fencing_token().unwrap();
+    let calls = counting.calls();
+    assert_eq!(outer.fencing_token().unwrap(), t);
+    assert_eq!(inner.fencing_token().unwrap(), t);
+    assert_eq!(lock.lock().unwrap().fencing_token().unwrap(), t);
+    let moved = thread::spawn(move || inner.fencing_token().unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(moved, t);
+    assert_eq!(counting.calls(), calls, "a second read did I/O");
+    outer.unlock().unwrap();
+    let next = lock.lock().unwrap();
+    let t2 = next.fencing_token().unwrap();
+    assert!(t2 > t, "token {t2} after {t}");
+    assert_eq!(next.fencing_token().unwrap(), t2);
+}
+
+/// Fencing costs nothing until it is used: acquisitions (fresh, contended, re-entrant)
+/// whose tokens are never read write no fencing key; the first read writes one.
+pub fn an_unread_token_writes_no_fencing_key(f: &dyn Fixture) {
+    let Some(before) = f.fencing_keys() else {
+        return;
+    };
+    let names: Vec<String> = (0..20).map(|_| unique_name("unread")).collect();
+    let (a, b) = (client(f), client(f));
+    for name in &names {
+        let g = a.get_lock(name).unwrap().lock().unwrap();
+        let again = a.get_lock(name).unwrap().lock().unwrap();
+        assert!(b.get_lock(name).unwrap().try_lock().unwrap().is_none());
+        drop(again);
+        g.unlock().unwrap();
+        let g = b.get_lock(name).unwrap().lock().unwrap();
+        g.unlock().unwrap();
+    }
+    assert_eq!(
+        f.fencing_keys(),
+        Some(before),
+        "acquisitions whose tokens were never read wrote fencing keys"
+    );
+    if f.fencing() {
+        let g = a.get_lock(&names[0]).unwrap().lock().unwrap();
+        g.fencing_token().unwrap();
+        assert!(f.fencing_keys() > Some(before), "the read wrote no key");
+    }
 }

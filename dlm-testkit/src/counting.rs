@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use dlm_core::backend::{
-    Acquire, BackendError, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
+    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
 };
 
 /// Wraps a backend and counts the calls that reach it (`watch` excluded: it is not a
@@ -87,6 +87,15 @@ impl LockBackend for CountingBackend {
             took: start.elapsed(),
         });
         results
+    }
+
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        self.count();
+        self.inner.fence(name, owner)
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {

@@ -52,6 +52,13 @@ pub trait Fixture {
         true
     }
 
+    /// How many fencing keys the store holds now (the Redis fencing streams under the
+    /// backend's prefix), or `None` for a store without such keys, or one the fixture
+    /// cannot count. An acquisition whose token is never read must not write one.
+    fn fencing_keys(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether the backend supports release hints ([`LockBackend::watch`]).
     fn watch(&self) -> bool {
         true
@@ -128,7 +135,10 @@ macro_rules! conformance_tests {
             a_paused_holder_is_fenced_off,
             acquire_is_idempotent_for_its_owner,
             release_gives_back_every_hold,
-            reentry_does_no_io
+            reentry_does_no_io,
+            a_token_read_after_the_lock_was_lost_is_an_error,
+            the_token_is_stable_within_a_hold,
+            an_unread_token_writes_no_fencing_key
         );
         $crate::conformance_tests!(@cases write ($pred, $why) $fixture;
             expiry_frees_the_lock,

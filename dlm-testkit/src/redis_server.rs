@@ -787,6 +787,11 @@ impl RedisNodes {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// Every server, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, RedisServer> {
+        self.nodes.iter()
+    }
+
     /// Server `i`. Panics if out of range.
     pub fn get(&self, i: usize) -> &RedisServer {
         &self.nodes[i]

@@ -47,7 +47,9 @@ impl Lease {
         }
     }
 
-    /// The same lease carrying a fencing token.
+    /// The same lease carrying a fencing token: for a backend whose tokens cost nothing
+    /// to hand out with every acquisition (otherwise the front asks for one with
+    /// [`LockBackend::fence`](crate::backend::LockBackend::fence) when it is read).
     pub fn with_fence(mut self, fence: FencingToken) -> Self {
         self.fence = Some(fence);
         self
@@ -58,7 +60,7 @@ impl Lease {
         self.valid_until
     }
 
-    /// The fencing token of this acquisition, if the backend issues them.
+    /// The fencing token handed out with this acquisition, if the backend does so.
     pub fn fence(&self) -> Option<FencingToken> {
         self.fence
     }

@@ -73,9 +73,10 @@ impl<'a> Renewal<'a> {
 /// plug in a new store:
 ///
 /// 1. Keep per name: the owner token of the holder and its expiry. If you issue fencing
-///    tokens, every acquisition of a name must get a larger token than every earlier
-///    acquisition of it, even after your store loses state (dlm-memory: one counter per
-///    store; dlm-redis: stream IDs, which restart from the server's clock).
+///    tokens (with the lease, or on demand in [`fence`](LockBackend::fence)), every
+///    holder of a name must get a larger token than every earlier holder of it, even
+///    after your store loses state (dlm-memory: one counter per store; dlm-redis: stream
+///    IDs, which restart from the server's clock).
 /// 2. [`try_acquire`](LockBackend::try_acquire) takes the name if it is free (or already
 ///    held by the same token, which refreshes the lease), with an expiry: no acquire path
 ///    may leave a name held without one.
@@ -104,7 +105,9 @@ impl<'a> Renewal<'a> {
 /// let Acquire::Acquired(lease) = backend.try_acquire(&name, &me, ttl)? else {
 ///     panic!("a free lock");
 /// };
-/// assert!(lease.fence().is_some());
+/// assert!(lease.fence().is_some());            // dlm-memory hands tokens out at once
+/// assert_eq!(backend.fence(&name, &me)?, lease.fence());
+/// assert_eq!(backend.fence(&name, &other)?, None); // not its lock: no token
 /// assert!(matches!(
 ///     backend.try_acquire(&name, &other, ttl)?,
 ///     Acquire::Held { retry_after: Some(_) }   // when the holder's lease ends, at most
@@ -150,6 +153,33 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
             .iter()
             .map(|r| self.extend(r.name, r.owner, r.ttl))
             .collect()
+    }
+
+    /// Draws the fencing token of `owner`'s hold of `name`: one bounded, atomic step that
+    /// checks that `owner` still holds `name` and, if so, issues a token larger than every
+    /// token issued for `name` to earlier holders. `Ok(None)`: it is not ours any more (a
+    /// holder that lost its lock never gets a token afterwards).
+    ///
+    /// The front calls it on the first [`LockGuard::fencing_token`](crate::LockGuard::fencing_token)
+    /// of a hold whose [`Lease`] carried no token, and keeps the answer for the rest of
+    /// the hold: a backend for which a token costs nothing may hand it out with every
+    /// acquisition ([`Lease::with_fence`]) instead, and one that must write to draw it
+    /// (dlm-redis) does so only here, so an acquisition whose token is never read costs
+    /// what an unfenced one does. Calling it twice for one hold may give two tokens; both
+    /// are ordered after every earlier holder's.
+    ///
+    /// The default says that this backend issues no tokens
+    /// ([`BackendErrorKind::Unsupported`]).
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        let _ = (name, owner);
+        Err(BackendError::new(
+            BackendErrorKind::Unsupported,
+            "this backend issues no fencing tokens",
+        ))
     }
 
     /// Releases `name` if `owner` holds it. `Ok(false)`: it was not ours (any more).

@@ -56,18 +56,22 @@ macro_rules! option_setters {
         /// larger than every ID the stream gave before, and seeded from the server's clock
         /// when the stream is new, so tokens keep increasing when the stream is lost (a
         /// restart without persistence, an eviction, its expiry) as long as the server's
-        /// clock does not go back. One server, Sentinel, Cluster: the acquire script takes
-        /// the lock and draws the ID in one step, so tokens follow the order of
-        /// acquisitions. Redlock: every node draws in its acquire script, and a second
-        /// round commits `max(draws of the acquired quorum) + 1` to those nodes (one more
-        /// request per node). Defaults to `true`.
+        /// clock does not go back. A token is drawn on the first
+        /// [`fencing_token`](dlm_core::LockGuard::fencing_token) of a hold, by a script that
+        /// checks that the lock is still ours (an acquisition whose token is never read
+        /// costs what an unfenced one does). Redlock: every node takes the client's
+        /// proposal or draws, and when a quorum did not take it, a second round commits one
+        /// above the quorum's streams. Off, `fencing_token()` is
+        /// [`Unsupported`](dlm_core::BackendErrorKind::Unsupported). Defaults to `true`.
         pub fn fencing(mut self, on: bool) -> Self {
             self.options.fencing = on;
             self
         }
 
-        /// How long a fencing stream is kept after the last acquisition that used it
-        /// (each acquisition refreshes it). There is one stream per cluster slot whatever
+        /// How long a fencing stream is kept after the last draw from it (each draw
+        /// refreshes it). Its expiry loses the stream on every Redlock node at once: tokens
+        /// then rest on node clock offsets below `fence_ttl` (the README's "How tokens are
+        /// made"). There is one stream per cluster slot whatever
         /// the number of lock names: at most 16,384 keys of about 400 bytes per prefix.
         /// A stream that expired is seeded again from the server's clock. At least 1 s.
         /// Defaults to 24 h.

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::fanout::{Fanout, Late};
 use crate::hints::Hints;
 use crate::node::Node;
-use crate::protocol::{Call, Fencing, Keys, NodeAcquire, Redirect, ReleaseId};
+use crate::protocol::{Call, Keys, NodeAcquire, Redirect, ReleaseId};
 use crate::topology::{Topology, Watcher};
 
 use crate::options::Options;
@@ -24,9 +24,10 @@ use crate::options::Options;
 ///
 /// Safe while that one server keeps its data: a failover to a replica or a restart without
 /// persistence can lose a lock that is held (see the README's "Semantics and caveats").
-/// Fencing tokens are IDs drawn from the fencing stream of the lock's cluster slot (`XADD`
-/// in one transaction with the `SET NX` that takes it): they increase even after the
-/// server lost its data, as long as its clock has not gone back below them.
+/// Fencing tokens are IDs drawn from the fencing stream of the lock's cluster slot, on
+/// the first [`fencing_token`](dlm_core::LockGuard::fencing_token) of a hold, by a script
+/// that checks that the lock is still ours and draws (`XADD`) in one step: they increase
+/// even after the server lost its data, as long as its clock has not gone back below them.
 ///
 /// ```no_run
 /// use dlm_core::{Lock, LockClient};
@@ -35,7 +36,7 @@ use crate::options::Options;
 /// let backend = RedisBackend::builder("redis://127.0.0.1:6379/").build()?;
 /// let client = LockClient::new(backend);
 /// let guard = client.get_lock("invoice-42")?.lock()?;
-/// println!("fencing token {:?}", guard.fencing_token());
+/// println!("fencing token {}", guard.fencing_token()?);
 /// # Ok::<(), dlm_core::Error>(())
 /// ```
 #[derive(Clone)]
@@ -143,7 +144,7 @@ impl RedisBackend {
     /// let backend = std::sync::Arc::new(RedisBackend::new("redis://127.0.0.1:6379/")?);
     /// let client = LockClient::new(backend.clone());
     /// let guard = client.get_lock("report:42")?.lock()?;
-    /// let token = guard.fencing_token().expect("fencing is on by default");
+    /// let token = guard.fencing_token()?;
     /// match backend.fenced_set("report:42:value", token, b"done") {
     ///     Ok(()) => {}
     ///     Err(FencedWriteError::Stale(e)) => eprintln!("a newer holder wrote first: {e}"),
@@ -294,17 +295,9 @@ impl RedisBackend {
             .on_slot(slot, self.inner.options.timeouts(), f)
     }
 
-    fn lease(&self, start: Instant, ttl: Duration, fence: u64) -> Option<Lease> {
+    fn lease(&self, start: Instant, ttl: Duration) -> Option<Lease> {
         let valid_until = start + ttl.checked_sub(self.inner.options.drift(ttl))?;
-        if valid_until <= Instant::now() {
-            return None;
-        }
-        let lease = Lease::new(valid_until);
-        Some(if self.inner.options.fencing && fence > 0 {
-            lease.with_fence(FencingToken::new(fence))
-        } else {
-            lease
-        })
+        (valid_until > Instant::now()).then(|| Lease::new(valid_until))
     }
 }
 
@@ -341,8 +334,7 @@ impl RedisBackend {
             // lease, which the front keeps until a renewal replicates.
             return Err(node.not_replicated(w, acked, "the renewal"));
         }
-        // The front keeps the acquisition's fencing token.
-        Ok(ok.then(|| self.lease(start, r.ttl, 0)).flatten())
+        Ok(ok.then(|| self.lease(start, r.ttl)).flatten())
     }
 
     /// One acquisition attempt on `node`.
@@ -354,14 +346,9 @@ impl RedisBackend {
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
         let start = Instant::now();
-        let fencing = if self.inner.options.fencing {
-            Fencing::Draw
-        } else {
-            Fencing::Off
-        };
         let wait = self.inner.options.replica_wait;
-        let (answer, acked) = node.acquire(name, owner, ttl, fencing, wait)?;
-        if let (NodeAcquire::Acquired { .. }, Some(w)) = (answer, wait)
+        let (answer, acked) = node.acquire(name, owner, ttl, wait)?;
+        if let (NodeAcquire::Acquired, Some(w)) = (answer, wait)
             && acked.unwrap_or(0) < w.replicas
         {
             // Not on enough replicas: a failover could lose it. Undone, as if never
@@ -370,7 +357,7 @@ impl RedisBackend {
             return Err(node.not_replicated(w, acked, "the grant"));
         }
         match answer {
-            NodeAcquire::Acquired { fence } => match self.lease(start, ttl, fence) {
+            NodeAcquire::Acquired => match self.lease(start, ttl) {
                 Some(lease) => Ok(Acquire::Acquired(lease)),
                 None => {
                     let _ = node.release(name, owner, ReleaseId::Undo.random());
@@ -419,8 +406,32 @@ impl LockBackend for RedisBackend {
             if let Some(w) = wait.filter(|w| acked.unwrap_or(0) < w.replicas) {
                 return Err(node.not_replicated(w, acked, "the renewal"));
             }
-            // The front keeps the acquisition's fencing token.
-            Ok(self.lease(start, ttl, 0))
+            Ok(self.lease(start, ttl))
+        })
+    }
+
+    /// The fence script on the lock's node: if the lock is still `owner`'s, a new ID from
+    /// the slot's stream (drawn after every earlier holder's, since they drew while they
+    /// held the lock). With `wait_for_replicas`, a draw that too few replicas acknowledged
+    /// is `NotReplicated` (a failover could give its ID again); a later call draws anew.
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        if !self.inner.options.fencing {
+            return Err(fencing_off());
+        }
+        self.on_node(name, |node| {
+            let wait = self.inner.options.replica_wait;
+            let (answer, acked) = node.fence(name, owner, wait)?;
+            let Some(token) = answer.stream() else {
+                return Ok(None);
+            };
+            if let Some(w) = wait.filter(|w| acked.unwrap_or(0) < w.replicas) {
+                return Err(node.not_replicated(w, acked, "the fencing token's draw"));
+            }
+            Ok(Some(FencingToken::new(token)))
         })
     }
 
@@ -556,6 +567,14 @@ impl LockBackend for RedisBackend {
             .as_ref()
             .is_some_and(|h| h.wake_pending(|| self.inner.keys.channel(name)))
     }
+}
+
+/// What `fence` says when fencing is switched off.
+pub(crate) fn fencing_off() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Unsupported,
+        "fencing is switched off (fencing(false))",
+    )
 }
 
 impl fmt::Debug for RedisBackend {

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
@@ -13,7 +14,7 @@ use crate::fanout::{Fanout, Late, Replies};
 use crate::hints::Hints;
 use crate::node::Node;
 use crate::options::Options;
-use crate::protocol::{Call, Fencing, NodeAcquire, ReleaseId, Step};
+use crate::protocol::{Call, NodeAcquire, NodeFence, ReleaseId, Step};
 
 /// The quorum of `n` nodes: a strict majority, `n / 2 + 1`.
 pub fn quorum(n: usize) -> usize {
@@ -59,7 +60,16 @@ struct Inner {
     options: Options,
     quorum: usize,
     hints: Option<Hints>,
+    /// The largest fencing token this backend has seen a stream raised to, any slot's (0:
+    /// none yet): the next fence proposes one above it (see [`Redlock::propose`]).
+    proposals: AtomicU64,
+    /// Per node, whether a fencing stream far ahead of the others was already logged.
+    ahead_warned: Box<[AtomicBool]>,
 }
+
+/// How far (1 s, as a token: milliseconds << 20) a node's fencing stream may be ahead of
+/// the quorum's before it is left out of the token and logged (see [`token_of_round`]).
+const AHEAD_BOUND: u64 = 1_000 << 20;
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -81,6 +91,8 @@ impl Redlock {
             inner: Arc::new(Inner {
                 hints,
                 quorum: quorum(nodes.len()),
+                proposals: AtomicU64::new(0),
+                ahead_warned: nodes.iter().map(|_| AtomicBool::new(false)).collect(),
                 nodes: nodes.into_iter().map(Arc::new).collect(),
                 fanout: Fanout::new(),
                 options,
@@ -127,8 +139,7 @@ impl Redlock {
         start + self.inner.options.connect_timeout + self.inner.options.io_timeout
     }
 
-    /// Round 1 of an acquisition: `SET NX` (with a draw from the fencing stream) on every
-    /// node; the nodes whose plain reply needs the acquire script (someone's key is
+    /// An acquisition: `SET NX` on every node; the nodes whose plain reply needs the acquire script (someone's key is
     /// there: whose, for how long?) are asked with it in one more fanned-out round,
     /// unless the free nodes already made a quorum. Returns as soon as the outcome is
     /// decided; a node that answers later is released (`Late::Release`).
@@ -137,7 +148,6 @@ impl Redlock {
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-        mode: Fencing,
         start: Instant,
     ) -> Replies<NodeAcquire> {
         let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
@@ -146,14 +156,14 @@ impl Redlock {
             owner: *owner,
         };
         let acquired = |r: &Option<Result<Step, BackendError>>| {
-            matches!(r, Some(Ok(Step::Done(NodeAcquire::Acquired { .. }))))
+            matches!(r, Some(Ok(Step::Done(NodeAcquire::Acquired))))
         };
         let steps = self.inner.fanout.call_all(
             self.nodes_ref(),
             self.deadline(start),
             None,
             Some((name, owner)),
-            |_, node| node.acquire_call(name, owner, ttl, mode),
+            |_, node| node.acquire_call(name, owner, ttl),
             |node, call, reply| node.parse_acquire(name, call, reply),
             |r: &Replies<Step>| {
                 let taken = r.replies.iter().filter(|x| acquired(x)).count();
@@ -214,7 +224,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&again),
             Some((name, owner)),
-            |_, node| node.keys.acquire_script_call(name, owner, ttl, mode),
+            |_, node| node.keys.acquire_script_call(name, owner, ttl),
             |node, call, reply| match node.parse_acquire(name, call, reply)? {
                 Step::Done(answer) => Ok(answer),
                 Step::Script => Err(BackendError::new(
@@ -230,7 +240,7 @@ impl Redlock {
             |r: &Replies<NodeAcquire>| {
                 let now_taken = r
                     .ok()
-                    .filter(|a| matches!(a, NodeAcquire::Acquired { .. }))
+                    .filter(|a| matches!(a, NodeAcquire::Acquired))
                     .count();
                 let now_held = r
                     .ok()
@@ -292,6 +302,129 @@ impl Redlock {
         Duration::from_nanos(rand::random_range(0..=jitter.as_nanos() as u64))
     }
 
+    /// The next proposal for a fencing stream: one above the largest token this backend
+    /// has seen (unique to the call), or `None` before the first. One counter for every
+    /// slot: a slot's stream is raised only by draws (the nodes' clocks) and by
+    /// proposals, so a stream this process did not touch lately is usually below it;
+    /// one that another process raised since (a draw from the clock, which runs far
+    /// faster than this counter) refuses it, and the commit round that follows brings
+    /// the counter up to that stream.
+    fn propose(&self) -> Option<u64> {
+        self.inner
+            .proposals
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                (t != 0).then(|| t.saturating_add(1))
+            })
+            .ok()
+            .map(|t| t.saturating_add(1))
+    }
+
+    /// Logs, once per node, a fencing stream left out of a token for being far ahead.
+    fn warn_ahead(&self, i: usize, by: u64) {
+        if !self.inner.ahead_warned[i].swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "{}: its fencing stream is {} ms ahead of a quorum's (a clock ahead, or a stream raised by one): left out of fencing tokens while it is more than {} ms ahead; check the node's clock (warned once)",
+                self.inner.nodes[i].endpoint,
+                by >> 20,
+                AHEAD_BOUND >> 20,
+            );
+        }
+    }
+
+    /// The fencing token of `owner`'s hold: see [`LockBackend::fence`] and the README's
+    /// "Fencing". One round (the fence script with a proposal) when a quorum takes the
+    /// proposal; otherwise a commit round too.
+    fn fence_round(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
+        let proposal = self.propose();
+        let replies = self.inner.fanout.call_all(
+            self.nodes_ref(),
+            self.deadline(Instant::now()),
+            None,
+            Some((name, owner)),
+            |_, node| node.keys.fence_call(name, owner, proposal),
+            |node, _, reply| node.reader().fence(name, reply),
+            |r: &Replies<NodeFence>| {
+                let taken = r.ok().filter(|f| matches!(f, NodeFence::Taken(_))).count();
+                let ours = r.ok().filter(|f| f.stream().is_some()).count();
+                let not_ours = r.ok().filter(|f| **f == NodeFence::NotOurs).count();
+                taken >= q
+                    || not_ours > n - q
+                    || ours + r.pending() < q
+                    || (ours >= q && (proposal.is_none() || taken + r.pending() < q))
+            },
+            Late::Drop,
+        );
+        let not_ours = replies.ok().filter(|f| **f == NodeFence::NotOurs).count();
+        if not_ours > n - q {
+            return Ok(None);
+        }
+        let streams: Vec<Option<u64>> = replies
+            .replies
+            .iter()
+            .map(|r| match r {
+                Some(Ok(f)) => f.stream(),
+                _ => None,
+            })
+            .collect();
+        let ours = streams.iter().flatten().count();
+        if ours < q {
+            return Err(replies.error("fence", q));
+        }
+        let (limit, ahead) = quorum_limit(&streams, q);
+        for (i, by) in ahead {
+            self.warn_ahead(i, by);
+        }
+        let taken = replies
+            .ok()
+            .filter(|f| matches!(f, NodeFence::Taken(_)))
+            .count();
+        if let (Some(p), true) = (proposal, taken >= q) {
+            // Above the stream of every node that took it, so above every earlier
+            // holder's token (quorum intersection), and every node that answered has its
+            // stream at or past it: committed.
+            self.inner.proposals.fetch_max(p, Ordering::Relaxed);
+            return Ok(Some(FencingToken::new(p)));
+        }
+        // One above the streams of a quorum (all that answered, but those far ahead of
+        // the quorum's), committed to every node that answered.
+        let token = streams
+            .iter()
+            .flatten()
+            .filter(|t| **t <= limit)
+            .max()
+            .expect("a quorum answered")
+            + 1;
+        let targets: Vec<bool> = streams.iter().map(Option::is_some).collect();
+        let commits = self.inner.fanout.call_all(
+            self.nodes_ref(),
+            self.deadline(Instant::now()),
+            Some(&targets),
+            Some((name, owner)),
+            |_, node| node.keys.commit_call(name, owner, token),
+            |node, _, reply| node.reader().flag(reply),
+            |r: &Replies<bool>| {
+                let committed = r.ok().filter(|c| **c).count();
+                committed >= q || committed + r.pending() < q
+            },
+            Late::Drop,
+        );
+        let committed = commits.ok().filter(|c| **c).count();
+        if committed >= q {
+            self.inner.proposals.fetch_max(token, Ordering::Relaxed);
+            return Ok(Some(FencingToken::new(token)));
+        }
+        let refused = not_ours + commits.ok().filter(|c| !**c).count();
+        if refused > n - q {
+            return Ok(None);
+        }
+        Err(commits.error("fencing commit", q))
+    }
+
     /// The lease of an extension that a quorum confirmed, if its validity is not gone.
     fn extended_lease(&self, start: Instant, ttl: Duration) -> Option<Lease> {
         ttl.checked_sub(self.inner.options.drift(ttl))
@@ -299,6 +432,25 @@ impl Redlock {
             .filter(|v| *v > Instant::now())
             .map(Lease::new)
     }
+}
+
+/// The largest fencing stream that counts toward a token (`streams[i]`: node `i`'s
+/// stream after the fence round, `None` if it did not answer as ours), and the nodes
+/// left out for being more than [`AHEAD_BOUND`] ahead of it, with by how much. The
+/// reference is the `q`-th lowest stream, so the streams that count are always at least
+/// a quorum: a token above them is above every earlier holder's token by quorum
+/// intersection alone, whatever the nodes left out hold.
+fn quorum_limit(streams: &[Option<u64>], q: usize) -> (u64, Vec<(usize, u64)>) {
+    let mut sorted: Vec<u64> = streams.iter().flatten().copied().collect();
+    sorted.sort_unstable();
+    let reference = sorted[q - 1];
+    let limit = reference.saturating_add(AHEAD_BOUND);
+    let ahead = streams
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.filter(|s| *s > limit).map(|s| (i, s - reference)))
+        .collect();
+    (limit, ahead)
 }
 
 /// What one hold's extension came to on the nodes that answered: the lease, "not ours",
@@ -334,67 +486,18 @@ impl LockBackend for Redlock {
         let q = self.inner.quorum;
         let n = self.nodes_ref().len();
         let start = Instant::now();
-        let fencing = self.inner.options.fencing;
-        let mode = if fencing { Fencing::Draw } else { Fencing::Off };
-        let replies = self.acquire_round(name, owner, ttl, mode, start);
-        let taken: Vec<bool> = replies
-            .replies
-            .iter()
-            .map(|r| matches!(r, Some(Ok(NodeAcquire::Acquired { .. }))))
-            .collect();
-        let acquired = taken.iter().filter(|t| **t).count();
+        let replies = self.acquire_round(name, owner, ttl, start);
+        let acquired = replies
+            .ok()
+            .filter(|r| matches!(r, NodeAcquire::Acquired))
+            .count();
         // Validity counts from the start of the round, however early it returned.
         let valid_until = ttl
             .checked_sub(self.inner.options.drift(ttl))
             .map(|v| start + v);
         if acquired >= q && valid_until.is_some_and(|v| v > Instant::now()) {
-            let valid_until = valid_until.expect("checked");
-            if !fencing {
-                return Ok(Acquire::Acquired(Lease::new(valid_until)));
-            }
-            // Round 2: T = max(draws of the nodes we hold) + 1, committed to those nodes
-            // while they still hold our token. Quorum intersection makes T larger than
-            // every earlier committed token (see the README's "Fencing").
-            let token = replies
-                .ok()
-                .filter_map(|r| match r {
-                    NodeAcquire::Acquired { fence } => Some(*fence),
-                    NodeAcquire::Held { .. } => None,
-                })
-                .max()
-                .unwrap_or(0)
-                + 1;
-            let commits = self.inner.fanout.call_all(
-                self.nodes_ref(),
-                self.deadline(Instant::now()),
-                Some(&taken),
-                Some((name, owner)),
-                |_, node| node.keys.commit_call(name, owner, token),
-                |node, _, reply| node.reader().flag(reply),
-                |r: &Replies<bool>| {
-                    let committed = r.ok().filter(|c| **c).count();
-                    committed >= q || committed + r.pending() < q
-                },
-                Late::Drop,
-            );
-            let committed = commits.ok().filter(|c| **c).count();
-            if committed >= q && valid_until > Instant::now() {
-                return Ok(Acquire::Acquired(
-                    Lease::new(valid_until).with_fence(FencingToken::new(token)),
-                ));
-            }
-            self.release_all(name, owner, ReleaseId::Undo);
-            let errors = (0..n)
-                .filter(|&i| taken[i] && !matches!(commits.replies[i], Some(Ok(_))))
-                .count();
-            return if errors > 0 {
-                Err(commits.error("fencing commit", q))
-            } else {
-                // Our keys vanished under us between the rounds: contention.
-                Ok(Acquire::Held {
-                    retry_after: Some(self.split_vote_delay()),
-                })
-            };
+            // The fencing token, if it is read, is drawn then (`fence`).
+            return Ok(Acquire::Acquired(Lease::new(valid_until.expect("checked"))));
         }
         // Failed: undo everywhere. Nodes that did not answer are either skipped now (busy
         // with the late request, whose reply the drainer answers with a release) or
@@ -415,7 +518,7 @@ impl LockBackend for Redlock {
             .ok()
             .filter_map(|r| match r {
                 NodeAcquire::Held { remaining } => Some(*remaining),
-                NodeAcquire::Acquired { .. } => None,
+                NodeAcquire::Acquired => None,
             })
             .collect();
         // Failing nodes are the reason, unless enough nodes are held by others that the
@@ -434,6 +537,22 @@ impl LockBackend for Redlock {
         Ok(Acquire::Held {
             retry_after: Some(retry_after),
         })
+    }
+
+    /// The fence script on every node, with a proposal one above the largest token this
+    /// backend has seen for the lock's slot: when a quorum takes it (their streams were
+    /// below it), it is the token, in one round. Otherwise (another process fenced
+    /// meanwhile, a node lost its stream, the first fence of the slot) the token is one
+    /// above the streams of a quorum, committed in a second round.
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        if !self.inner.options.fencing {
+            return Err(super::redis::fencing_off());
+        }
+        self.fence_round(name, owner)
     }
 
     fn extend(

@@ -261,7 +261,7 @@ impl Call {
                 Shape::Wait => false,
                 Shape::Script(_) => {
                     matches!(v, Int(1))
-                        || matches!(v, Array(r) if matches!(r.first(), Some(Int(1))))
+                        || matches!(v, Array(r) if matches!(r.first(), Some(Int(1 | 2))))
                 }
             }
         }

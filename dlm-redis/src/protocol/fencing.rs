@@ -1,28 +1,9 @@
-//! Fencing tokens as stream IDs, and whether an acquisition draws one.
-
-/// Whether an acquisition draws a fencing token from the stream of the lock's slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fencing {
-    /// No.
-    Off,
-    /// Yes: the acquire script takes the lock and draws a new stream ID in one step (for
-    /// Redlock, that node's draw: round 2 commits the largest draw of the quorum, plus one).
-    Draw,
-}
-
-impl Fencing {
-    /// The acquire script's mode argument.
-    pub(crate) fn mode(self) -> &'static [u8] {
-        match self {
-            Fencing::Off => b"0",
-            Fencing::Draw => b"1",
-        }
-    }
-}
+//! Fencing tokens as stream IDs.
 
 /// How many sequence numbers one millisecond of a stream ID may hold in a token:
-/// `token = ms << SEQ_BITS | seq`. A server makes far fewer than 2^20 IDs per millisecond
-/// (a billion a second); a larger sequence number is refused, never wrapped.
+/// `token = ms << SEQ_BITS | seq`. The fence script never gives a larger sequence number:
+/// a draw that would carries to the next millisecond (`(ms+1)-0`); one read anyway (a
+/// stream raised by something else) is refused, never wrapped.
 const SEQ_BITS: u32 = 20;
 
 const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;

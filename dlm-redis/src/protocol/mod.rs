@@ -11,9 +11,8 @@ mod replies;
 mod requests;
 
 pub(crate) use call::{Call, ReplicaWait, Shape};
-pub(crate) use fencing::Fencing;
 pub use keys::LockKeys;
 pub(crate) use keys::{Keys, millis};
 pub(crate) use redirect::Redirect;
 pub(crate) use release_id::ReleaseId;
-pub(crate) use replies::{NodeAcquire, Reader, Step};
+pub(crate) use replies::{NodeAcquire, NodeFence, Reader, Step};

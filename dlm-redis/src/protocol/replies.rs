@@ -12,10 +12,31 @@ use crate::conn::Endpoint;
 /// What one server answered to an acquisition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum NodeAcquire {
-    /// Ours now; the token drawn from the fencing stream (0 when fencing is off).
-    Acquired { fence: u64 },
+    /// Ours now.
+    Acquired,
     /// Someone else's, for this much longer.
     Held { remaining: Duration },
+}
+
+/// What one server answered to a fence call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeFence {
+    /// The lock is not ours there.
+    NotOurs,
+    /// The proposal was taken: the stream's last ID is now that token.
+    Taken(u64),
+    /// A new ID was drawn: the stream's last ID is now this token.
+    Drawn(u64),
+}
+
+impl NodeFence {
+    /// Where the stream stands after the call (`None` when not ours).
+    pub(crate) fn stream(self) -> Option<u64> {
+        match self {
+            NodeFence::NotOurs => None,
+            NodeFence::Taken(t) | NodeFence::Drawn(t) => Some(t),
+        }
+    }
 }
 
 /// What the reply to an acquire call says.
@@ -53,22 +74,34 @@ impl Reader<'_> {
     ) -> Result<NodeAcquire, BackendError> {
         let (code, value): (i64, redis::Value) = self.parse(reply)?;
         match code {
-            // The new stream ID with fencing, 0 without.
-            1 => match value {
-                redis::Value::Int(_) => Ok(NodeAcquire::Acquired { fence: 0 }),
-                draw => Ok(NodeAcquire::Acquired {
-                    fence: self.draw(name, draw)?,
-                }),
-            },
+            1 => Ok(NodeAcquire::Acquired),
             0 => Ok(NodeAcquire::Held {
                 remaining: Duration::from_millis(self.parse::<i64>(value)?.max(0) as u64),
             }),
             -1 => Err(self.unexpected_key(name, "is not a string")),
             -2 => Err(self.unexpected_key(name, "has no expiry")),
-            -3 => Err(self.foreign_fence(name)),
             other => Err(BackendError::new(
                 BackendErrorKind::Protocol,
                 format!("{}: acquire script returned {other}", self.server),
+            )),
+        }
+    }
+
+    /// The fence script's answer.
+    pub(crate) fn fence(
+        &self,
+        name: &LockName,
+        reply: redis::Value,
+    ) -> Result<NodeFence, BackendError> {
+        let (code, value): (i64, redis::Value) = self.parse(reply)?;
+        match code {
+            0 => Ok(NodeFence::NotOurs),
+            1 => Ok(NodeFence::Taken(self.draw(name, value)?)),
+            2 => Ok(NodeFence::Drawn(self.draw(name, value)?)),
+            -3 => Err(self.foreign_fence(name)),
+            other => Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{}: fence script returned {other}", self.server),
             )),
         }
     }

@@ -8,7 +8,7 @@ use dlm_core::backend::{LockName, OwnerToken};
 use redis::Script;
 
 use super::call::{Call, Shape, evalsha};
-use super::fencing::{Fencing, id_of_token};
+use super::fencing::id_of_token;
 use super::keys::{CHANNEL, Keys, LOCK, millis};
 use crate::transport::Resp;
 
@@ -19,6 +19,7 @@ struct Scripts {
     force_release: Script,
     inspect: Script,
     commit: Script,
+    fence: Script,
 }
 
 /// Loaded once per process; each `Script` knows its SHA1 (EVALSHA, reloaded on NOSCRIPT).
@@ -29,6 +30,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     force_release: Script::new(include_str!("lua/force_release.lua")),
     inspect: Script::new(include_str!("lua/inspect.lua")),
     commit: Script::new(include_str!("lua/commit.lua")),
+    fence: Script::new(include_str!("lua/fence.lua")),
 });
 
 impl Keys {
@@ -53,15 +55,30 @@ impl Keys {
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
-        fencing: Fencing,
     ) -> Call {
         let script = &SCRIPTS.acquire;
-        let mut r = evalsha(script, 2, 4);
+        let mut r = evalsha(script, 1, 2);
+        self.arg(&mut r, name, LOCK);
+        r.arg(owner.encoded().as_bytes()).arg_u64(millis(ttl));
+        Call::new(r, Shape::Script(script))
+    }
+
+    /// The fence script: if the lock is still `owner`'s, takes the `proposal` (a token,
+    /// Redlock) as the stream's new last ID when the stream exists and is below it, or
+    /// draws a new ID (`src/protocol/lua/fence.lua`).
+    pub(crate) fn fence_call(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        proposal: Option<u64>,
+    ) -> Call {
+        let script = &SCRIPTS.fence;
+        let mut r = evalsha(script, 2, 3);
         self.arg(&mut r, name, LOCK);
         self.fence_arg(&mut r, name);
+        let proposal = proposal.map_or_else(|| "0".to_owned(), id_of_token);
         r.arg(owner.encoded().as_bytes())
-            .arg_u64(millis(ttl))
-            .arg(fencing.mode())
+            .arg(proposal.as_bytes())
             .arg_u64(self.fence_ttl_ms);
         Call::new(r, Shape::Script(script))
     }
@@ -99,8 +116,8 @@ impl Keys {
         )
     }
 
-    /// Redlock fencing round 2: raises the slot's fencing stream to the ID of `token` if
-    /// the lock is still ours.
+    /// Redlock's commit round (when no proposal was taken by a quorum): raises the slot's
+    /// fencing stream to the ID of `token` if the lock is still ours.
     pub(crate) fn commit_call(&self, name: &LockName, owner: &OwnerToken, token: u64) -> Call {
         let script = &SCRIPTS.commit;
         let mut r = evalsha(script, 2, 3);

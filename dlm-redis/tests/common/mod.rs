@@ -68,6 +68,10 @@ impl dlm_testkit::Fixture for Single {
         self.fencing
     }
 
+    fn fencing_keys(&self) -> Option<usize> {
+        Some(fence_keys(&self.server).len())
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::builder(&self.server.url())
@@ -115,6 +119,15 @@ impl dlm_testkit::Fixture for Cluster {
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(self.redlock())
     }
+
+    fn fencing_keys(&self) -> Option<usize> {
+        Some(fence_keys_on(self.nodes.iter()))
+    }
+}
+
+/// How many fencing streams (`dlm:fence:*`) `servers` hold together.
+pub fn fence_keys_on<'a>(servers: impl IntoIterator<Item = &'a RedisServer>) -> usize {
+    servers.into_iter().map(|s| fence_keys(s).len()).sum()
 }
 
 /// A field (`calls`, `failed_calls`, `rejected_calls`) of `command`'s line in the server's
@@ -196,6 +209,10 @@ impl TlsSingle {
 }
 
 impl dlm_testkit::Fixture for TlsSingle {
+    fn fencing_keys(&self) -> Option<usize> {
+        Some(fence_keys(&self.server).len())
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::builder(&self.server.tls_url())
@@ -241,6 +258,10 @@ impl MutualTlsCluster {
 }
 
 impl dlm_testkit::Fixture for MutualTlsCluster {
+    fn fencing_keys(&self) -> Option<usize> {
+        Some(fence_keys_on(self.nodes.iter()))
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             Redlock::builder(&self.tls_urls())

@@ -30,7 +30,7 @@ fn main() -> Result<(), dlm_core::Error> {
     println!(
         "acquired {:?}: fencing token {:?}, valid for {:?}",
         guard.name(),
-        guard.fencing_token().map(|t| t.get()),
+        guard.fencing_token().ok().map(|t| t.get()),
         guard
             .valid_until()
             .saturating_duration_since(std::time::Instant::now()),

@@ -355,9 +355,12 @@ fn work(
             }
         };
         let hold = history.begin(owner, &guard);
+        // Read once, at the start of the hold (drawn then: the history read it), and
+        // written with at the end too, without checking that the lock is still held.
+        let token = guard.fencing_token().ok();
         let from = Instant::now();
         let write = |counters: &Counters| {
-            let Some(token) = guard.fencing_token() else {
+            let Some(token) = token else {
                 return;
             };
             counters.writes.fetch_add(1, Ordering::Relaxed);
@@ -380,7 +383,7 @@ fn work(
             // Re-entry: no I/O, so it must succeed (while the lease lasts) with the same
             // token.
             match lock.try_lock() {
-                Ok(Some(again)) if again.fencing_token() == guard.fencing_token() => {}
+                Ok(Some(again)) if again.fencing_token().ok() == token => {}
                 Ok(Some(_)) => counters
                     .fatal
                     .lock()
