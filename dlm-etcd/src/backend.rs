@@ -710,6 +710,22 @@ impl LockBackend for EtcdBackend {
         self.inner.extend_many(renewals)
     }
 
+    /// The token was handed out with the acquisition (the key's `create_revision`); asked
+    /// again, it is read back: `None` once the key is not `owner`'s.
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        let (kv, _) = self.inner.range(&self.inner.key(name))?;
+        match kv {
+            Some(kv) if kv.is_owned_by(name, owner)? => Ok(u64::try_from(kv.create_revision)
+                .ok()
+                .map(FencingToken::new)),
+            _ => Ok(None),
+        }
+    }
+
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         self.inner.release(name, owner)
     }
