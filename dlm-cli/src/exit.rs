@@ -13,6 +13,22 @@ pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as shells).
 pub(crate) const NOT_FOUND: u8 = 127;
 
+/// Ends the process with `outcome`'s status, after printing a failure's message: no
+/// destructor runs, so nothing is torn down or joined (the threads, connections and
+/// signal handlers end with the process; stdout is flushed).
+pub(crate) fn now(outcome: Result<u8, Failure>) -> ! {
+    let code = match outcome {
+        Ok(code) => code,
+        Err(Failure { code, message }) => {
+            if !message.is_empty() {
+                eprintln!("dlm: {message}");
+            }
+            code
+        }
+    };
+    std::process::exit(i32::from(code))
+}
+
 /// Why `dlm` stops short: its exit status and what to print (prefixed with `dlm: `).
 #[derive(Debug)]
 pub(crate) struct Failure {

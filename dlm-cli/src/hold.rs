@@ -46,14 +46,14 @@ pub(crate) fn hold(conn: &Connection, args: &HoldArgs) -> Result<u8, Failure> {
     let name = check(args)?;
     let (lock, lease) = run::lock_for(conn, &name, &args.lock)?;
     let (report, signalled) = crossbeam_channel::unbounded();
-    let signals = Signals::start(Some(report))?;
+    let mut signals = Signals::start(Some(report))?;
     let result = run::acquire(
         conn,
         &args.name,
         &args.lock,
         args.backend.quiet,
         &lock,
-        &signals,
+        &mut signals,
     )
     .and_then(|got| match got {
         Ok(guard) => {

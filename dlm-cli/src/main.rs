@@ -8,12 +8,9 @@ mod logger;
 mod run;
 mod status;
 
-use std::process::ExitCode;
-
 use clap::{Args, Parser, Subcommand};
 
 use crate::backend::Connection;
-use crate::exit::Failure;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -99,9 +96,6 @@ enum Command {
     /// Internal: becomes the command (after setting the parent-death signal).
     #[command(name = "__exec", hide = true)]
     Exec(run::ExecArgs),
-    /// Internal: keeps the command's process group (kills it if dlm dies).
-    #[command(name = "__keep", hide = true)]
-    Keep(run::KeepArgs),
 }
 
 /// Where the locks are: shared by every subcommand.
@@ -159,14 +153,16 @@ struct BackendArgs {
     quiet: bool,
 }
 
-fn main() -> ExitCode {
+fn main() {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Run(args) => {
             logger::init(args.backend.verbose, args.backend.quiet);
-            run::check(&args)
-                .and_then(|_| Connection::from_args(&args.backend))
-                .and_then(|c| run::run(&c, &args))
+            // `run` exits the process itself once the lock is released.
+            match run::check(&args).and_then(|_| Connection::from_args(&args.backend)) {
+                Ok(c) => run::run(&c, &args),
+                Err(e) => Err(e),
+            }
         }
         Command::Hold(args) => {
             logger::init(args.backend.verbose, args.backend.quiet);
@@ -183,17 +179,8 @@ fn main() -> ExitCode {
             Connection::from_args(&args.backend).and_then(|c| status::unlock(&c, &args))
         }
         Command::Exec(args) => run::exec(&args),
-        Command::Keep(args) => run::keep(&args),
     };
-    match outcome {
-        Ok(code) => ExitCode::from(code),
-        Err(Failure { code, message }) => {
-            if !message.is_empty() {
-                eprintln!("dlm: {message}");
-            }
-            ExitCode::from(code)
-        }
-    }
+    exit::now(outcome)
 }
 
 #[cfg(test)]

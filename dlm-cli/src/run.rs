@@ -1,7 +1,6 @@
 //! `dlm run`: acquire, run the command as a child, stop it if the lock is lost, release.
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::thread;
@@ -108,13 +107,6 @@ pub(crate) struct ExecArgs {
     command: Vec<String>,
 }
 
-/// `dlm __keep PARENT` (internal).
-#[derive(Debug, Args)]
-pub(crate) struct KeepArgs {
-    /// The pid of the `dlm` that started this.
-    parent: i32,
-}
-
 /// A positive, finite number of seconds.
 fn seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
@@ -164,7 +156,7 @@ struct ChildState {
 /// The process `dlm run` started, and how to signal the command.
 #[derive(Clone, Debug)]
 enum Child {
-    /// The command, in the process group of its keeper (`dlm __keep`), which kills the
+    /// The command, in the process group of its keeper (a shell, see [`Keeper`]), which kills the
     /// group if `dlm` dies: signals go to the whole group, so that they reach what the
     /// command started too (once the keeper is ready to ignore them).
     Group { group: Pid, ready: Arc<Ready> },
@@ -204,21 +196,41 @@ impl Ready {
     }
 }
 
-/// The keeper of the command's process group: `dlm __keep PID` (see [`keep`]), started
+/// The keeper of the command's process group: a POSIX shell running [`KEEPER`], started
 /// as the leader of a new group that the command then joins. Its standard input is a pipe
-/// from `dlm`: when `dlm` dies, the kernel closes it, and the keeper SIGKILLs the group.
-/// At the end of a run, `dlm` SIGKILLs the keeper and reaps it before it exits.
+/// from `dlm`, which writes nothing: when `dlm` dies, the kernel closes `dlm`'s end (it
+/// is close-on-exec, so the command does not hold it), the keeper reads end of file, and
+/// SIGKILLs the group, itself included. No parent-death signal and no polling: the pipe
+/// says it, on every Unix, and a `dlm` that died before the keeper read is seen all the
+/// same. The signals `dlm` forwards to the group reach the keeper too: it ignores them
+/// (`trap ''`), and says so with one byte on its standard output, before which `dlm` sends
+/// the group none. At the end of a run, `dlm` SIGKILLs it (the group then lives on with
+/// what the command left) and reaps it before it exits.
+///
+/// A shell rather than `dlm` itself: with no `unsafe` code, `dlm` cannot fork without an
+/// exec, and a second start of `dlm` cost about 0.4 ms more CPU than the shell's, on every
+/// run (issue #21).
 struct Keeper {
     process: std::process::Child,
 }
 
+/// The keeper's script (see [`Keeper`]): every word of it is a POSIX shell built-in
+/// (`kill 0` is the shell's own process group).
+const KEEPER: &str =
+    "trap '' INT TERM HUP QUIT; printf r; while read -r _; do :; done; kill -s KILL 0";
+
+/// The shell that runs [`KEEPER`].
+const SHELL: &str = "/bin/sh";
+
 impl Keeper {
     /// Starts the keeper; `Err` when it cannot be started.
-    fn start(me: &Path) -> std::io::Result<(Keeper, Arc<Ready>)> {
+    fn start() -> std::io::Result<(Keeper, Arc<Ready>)> {
         use std::os::unix::process::CommandExt;
-        let mut process = Command::new(me)
-            .arg("__keep")
-            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+        let mut process = Command::new(SHELL)
+            .arg("-c")
+            .arg(KEEPER)
+            // Nothing of dlm's (its secrets), and nothing a shell might read at start.
+            .env_clear()
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -253,25 +265,34 @@ pub(crate) fn check(args: &RunArgs) -> Result<(LockName, Vec<String>), Failure> 
     Ok((name, command_of(args)?))
 }
 
-pub(crate) fn run(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
+/// `dlm run`, to its end: it exits the process (with the command's status, or the
+/// failure's) as soon as the lock is released, without tearing anything down: its
+/// threads, connections and handlers end with the process.
+pub(crate) fn run(conn: &Connection, args: &RunArgs) -> ! {
+    exit::now(run_to_release(conn, args))
+}
+
+fn run_to_release(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
     let (name, command) = check(args)?;
     let (lock, lease) = lock_for(conn, &name, &args.lock)?;
-    // Signals: they end a wait for the lock, and are forwarded to the command later.
-    let signals = Signals::start(None)?;
-    let result = acquire(
+    // Signals: they end a wait for the lock, and are forwarded to the command later. With
+    // -n there is no wait to end: the thread starts once the command runs.
+    let mut signals = Signals::new(None)?;
+    if !args.lock.no_wait {
+        signals.start_thread()?;
+    }
+    let got = acquire(
         conn,
         &args.name,
         &args.lock,
         args.backend.quiet,
         &lock,
-        &signals,
-    )
-    .and_then(|got| match got {
-        Ok(guard) => run_child(args, guard, &signals.state, &command, lease),
+        &mut signals,
+    )?;
+    match got {
+        Ok(guard) => run_child(args, guard, &mut signals, &command, lease),
         Err(code) => Ok(code),
-    });
-    signals.stop();
-    result
+    }
 }
 
 /// The lock `name` on a client with `args`' lease settings, and the lease in force.
@@ -309,17 +330,26 @@ pub(crate) fn lock_for(
     Ok((lock, lease))
 }
 
-/// The thread that handles the signals `dlm` gets: before the lock is held they end the
-/// wait; then `dlm run` forwards them to the command, and `dlm hold` gets them on `report`.
+/// The signals `dlm` gets, and the thread that handles them: before the lock is held they
+/// end the wait; then `dlm run` forwards them to the command, and `dlm hold` gets them on
+/// `report`. The handlers are installed at once ([`Signals::new`]); the thread starts
+/// when something needs it ([`Signals::start_thread`]): before a wait (it interrupts it),
+/// or, for `dlm run -n`, after the command started (a signal that came before is found by
+/// [`Signals::take_pending`], or forwarded once the thread runs), so that the command's
+/// start does not wait for a thread's.
 pub(crate) struct Signals {
     state: Arc<Mutex<ChildState>>,
     interrupt: dlm_core::Interrupt,
+    interrupter: Option<Interrupter>,
+    /// Until the thread takes them.
+    signals: Option<SignalsInfo<WithOrigin>>,
     handle: signal_hook::iterator::Handle,
-    thread: thread::JoinHandle<()>,
+    thread: Option<thread::JoinHandle<()>>,
 }
 
 impl Signals {
-    pub(crate) fn start(report: Option<Sender<i32>>) -> Result<Signals, Failure> {
+    /// Installs the handlers (signals received from now on are kept), without the thread.
+    pub(crate) fn new(report: Option<Sender<i32>>) -> Result<Signals, Failure> {
         let state = Arc::new(Mutex::new(ChildState {
             report,
             ..ChildState::default()
@@ -327,27 +357,55 @@ impl Signals {
         let (interrupter, interrupt) = interrupt_pair();
         let signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
             .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot handle signals: {e}")))?;
-        let handle = signals.handle();
-        let thread = {
-            let state = state.clone();
-            thread::Builder::new()
-                .name("dlm-signals".into())
-                .spawn(move || forward_signals(signals, &state, &interrupter))
-                .map_err(|e| {
-                    Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}"))
-                })?
-        };
         Ok(Signals {
             state,
             interrupt,
-            handle,
-            thread,
+            interrupter: Some(interrupter),
+            handle: signals.handle(),
+            signals: Some(signals),
+            thread: None,
         })
+    }
+
+    /// The handlers and the thread.
+    pub(crate) fn start(report: Option<Sender<i32>>) -> Result<Signals, Failure> {
+        let mut signals = Signals::new(report)?;
+        signals.start_thread()?;
+        Ok(signals)
+    }
+
+    /// Starts the thread (once): it handles the signals received so far, then the next.
+    pub(crate) fn start_thread(&mut self) -> Result<(), Failure> {
+        let (Some(mut signals), Some(interrupter)) = (self.signals.take(), self.interrupter.take())
+        else {
+            return Ok(());
+        };
+        let state = self.state.clone();
+        let thread = thread::Builder::new()
+            .name("dlm-signals".into())
+            .spawn(move || forward_signals(&mut signals, &state, &interrupter))
+            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}")))?;
+        self.thread = Some(thread);
+        Ok(())
+    }
+
+    /// Before the thread runs: notes a signal received so far (it ends the run as one
+    /// that ended a wait does). Whether there was one.
+    fn take_pending(&mut self) -> bool {
+        let Some(signals) = &mut self.signals else {
+            return false;
+        };
+        if let Some(origin) = signals.pending().next() {
+            self.state.lock().received.get_or_insert(origin.signal);
+        }
+        self.state.lock().received.is_some()
     }
 
     pub(crate) fn stop(self) {
         self.handle.close();
-        let _ = self.thread.join();
+        if let Some(thread) = self.thread {
+            let _ = thread.join();
+        }
     }
 
     /// The status for a wait ended by a signal: 128 + its number.
@@ -368,7 +426,7 @@ pub(crate) fn acquire(
     args: &LockArgs,
     quiet: bool,
     lock: &DistributedLock,
-    signals: &Signals,
+    signals: &mut Signals,
 ) -> Result<Result<LockGuard, u8>, Failure> {
     let acquire_error = |e: Error| match e {
         Error::Interrupted => signals.interrupted(name),
@@ -391,8 +449,9 @@ pub(crate) fn acquire(
         log::info!("{name:?} is held by another owner");
         return Ok(Err(args.conflict_exit_code));
     };
-    if signals.state.lock().received.is_some() {
-        // A signal came just as the lock was taken: do not go on.
+    if signals.take_pending() {
+        // A signal came just as the lock was taken (or, with -n, before the thread that
+        // handles signals started): do not go on.
         drop(guard.unlock());
         return Err(signals.interrupted(name));
     }
@@ -432,10 +491,11 @@ pub(crate) fn token(guard: &LockGuard) -> Option<u64> {
 fn run_child(
     args: &RunArgs,
     guard: LockGuard,
-    state: &Arc<Mutex<ChildState>>,
+    signals: &mut Signals,
     command: &[String],
     lease: Duration,
 ) -> Result<u8, Failure> {
+    let state = &signals.state.clone();
     let (mut cmd, keeper) = child_command(command, !in_the_terminals_foreground())?;
     // dlm's secrets are not the command's: with the lock server's password it could
     // release anyone's lock.
@@ -481,6 +541,9 @@ fn run_child(
         }
     };
     let pid = Pid::from_child(&child);
+    // Signals received from now on are forwarded to the command (with -n, the thread
+    // starts here, after the command: it forwards what came meanwhile).
+    signals.start_thread()?;
 
     // The lost-lock watcher: stops the command when the lock is lost while it runs.
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
@@ -513,13 +576,14 @@ fn run_child(
     let keeper = keeper.map(Keeper::kill);
     let code = exit::of_status(status);
     log::info!("the command exited: {status}");
-    // The watcher stops watching, and the release ends its wait.
+    // The watcher stops watching, and the release ends its wait (it is not joined: once
+    // the command's pid is cleared, it changes nothing, and the process exits next).
     let _ = done_tx.send(());
     let released = guard.unlock();
     if let Some(mut keeper) = keeper {
         let _ = keeper.wait();
     }
-    let _ = watcher.join();
+    drop(watcher);
     let was_lost = lost.load(std::sync::atomic::Ordering::SeqCst);
     match released {
         Ok(()) => {}
@@ -567,17 +631,31 @@ type KeeperAndReady = (Keeper, Arc<Ready>);
 /// How the command is started, so that it dies with `dlm` without unsafe code between
 /// fork and exec.
 ///
-/// With `own_group`: the command itself, in the process group of a keeper started first
-/// (`dlm __keep`, this binary again): a signal for the command reaches everything the
-/// command started, and the keeper kills the whole group if `dlm` dies. The command does
-/// not wait for the keeper's start-up (it joins the group as soon as the keeper's process
-/// exists). Without (the terminal's foreground job): `dlm __exec`, which sets the
-/// parent-death signal and becomes the command. Also returns the keeper, if any.
+/// With `own_group`: the command itself, in the process group of a [`Keeper`] started
+/// first: a signal for the command reaches everything the command started, and the
+/// keeper kills the whole group if `dlm` dies. The command does not wait for the
+/// keeper's start-up (it joins the group as soon as the keeper's process exists).
+/// Without (the terminal's foreground job): `dlm __exec`, which sets the parent-death
+/// signal and becomes the command. Also returns the keeper, if any.
 fn child_command(
     command: &[String],
     own_group: bool,
 ) -> Result<(Command, Option<KeeperAndReady>), Failure> {
     use std::os::unix::process::CommandExt;
+    if own_group {
+        let (keeper, ready) = Keeper::start().map_err(|e| {
+            Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!("cannot start dlm's keeper process ({SHELL}): {e}"),
+            )
+        })?;
+        let mut cmd = Command::new(&command[0]);
+        // Joined between fork and exec by the standard library: a group signal can never
+        // miss the command.
+        cmd.args(&command[1..])
+            .process_group(keeper.group().as_raw_nonzero().get());
+        return Ok((cmd, Some((keeper, ready))));
+    }
     let me = match std::env::current_exe() {
         Ok(me) => me,
         Err(e) => {
@@ -589,20 +667,6 @@ fn child_command(
             return Ok((cmd, None));
         }
     };
-    if own_group {
-        let (keeper, ready) = Keeper::start(&me).map_err(|e| {
-            Failure::new(
-                exit::CANNOT_EXECUTE,
-                format!("cannot start dlm's keeper process: {e}"),
-            )
-        })?;
-        let mut cmd = Command::new(&command[0]);
-        // Joined between fork and exec by the standard library: a group signal can never
-        // miss the command.
-        cmd.args(&command[1..])
-            .process_group(keeper.group().as_raw_nonzero().get());
-        return Ok((cmd, Some((keeper, ready))));
-    }
     let mut cmd = Command::new(me);
     cmd.arg("__exec")
         .arg(rustix::process::getpid().as_raw_nonzero().to_string())
@@ -653,54 +717,9 @@ fn cannot_run(program: &str, e: &std::io::Error) -> Failure {
     Failure::new(code, format!("cannot run {program:?}: {e}"))
 }
 
-/// `dlm __keep PARENT` (internal): the keeper of a command's process group, which it
-/// leads (set by `dlm` at spawn; the command joins it). Its standard input is a pipe from
-/// `dlm`, which writes nothing: end of file means `dlm` is gone (it exited or was killed;
-/// the kernel closes its end), and the keeper then SIGKILLs the group, itself included.
-/// No parent-death signal and no polling: the pipe says it, on every Unix. The signals
-/// `dlm` forwards to the group reach the keeper too: it ignores them, and says so with one
-/// byte on its standard output, before which `dlm` sends the group none. At the end of a
-/// normal run, `dlm` SIGKILLs it (the group then lives on with what the command left).
-pub(crate) fn keep(args: &KeepArgs) -> Result<u8, Failure> {
-    use std::io::{Read, Write};
-    let failed = |what: &str, e: std::io::Error| {
-        Failure::new(exit::CANNOT_EXECUTE, format!("cannot {what}: {e}"))
-    };
-    // A handler (that does nothing but set a flag nobody reads) instead of the default
-    // action, which would end the keeper.
-    let ignored = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in FORWARDED {
-        signal_hook::flag::register(sig, ignored.clone())
-            .map_err(|e| failed("handle signals", e))?;
-    }
-    let group = rustix::process::getpgrp();
-    let kill_group = || {
-        let _ = rustix::process::kill_process_group(group, Signal::KILL);
-    };
-    if orphaned(args.parent) {
-        kill_group();
-    }
-    // Ready: a write to a pipe whose reader is gone fails, which changes nothing.
-    let _ = std::io::stdout().write_all(b"r");
-    let _ = std::io::stdout().flush();
-    let mut stdin = std::io::stdin().lock();
-    let mut buf = [0u8; 64];
-    loop {
-        match stdin.read(&mut buf) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    // `dlm` is gone without ending the keeper: the lock is no longer looked after.
-    kill_group();
-    Ok(exit::LOST)
-}
-
 /// Forwards the signals `dlm` gets to the command; before it runs, they end the wait.
 fn forward_signals(
-    mut signals: SignalsInfo<WithOrigin>,
+    signals: &mut SignalsInfo<WithOrigin>,
     state: &Mutex<ChildState>,
     interrupter: &Interrupter,
 ) {
@@ -743,7 +762,16 @@ fn watch_lost(
     if signal.wait() != HoldState::Lost || done.try_recv().is_ok() {
         return;
     }
-    lost.store(true, std::sync::atomic::Ordering::SeqCst);
+    {
+        // Decided under the state lock: once the main thread has cleared the command's
+        // pid (it exited), `lost` no longer changes, and is read without joining this
+        // thread. A loss found after the command's exit is the main thread's to report.
+        let s = state.lock();
+        if s.child.is_none() {
+            return;
+        }
+        lost.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     let send = |sig: Signal| {
         if let Some(child) = &state.lock().child {
             child.signal(sig);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
 
-use crate::conn::{Background, Conn, ConnectWorker, Endpoint, Job, Manager, Pool};
+use crate::conn::{Background, Conn, ConnectWorker, Endpoint, Job, Pool, Pooled};
 use crate::options::Options;
 use crate::protocol::{
     Call, Keys, NodeAcquire, NodeFence, Reader, Redirect, ReplicaWait, Shape, Step, millis,
@@ -89,23 +89,9 @@ impl Node {
     /// connects lazily: a server that is down at start does not fail construction, it
     /// fails the calls that need it.
     pub(crate) fn new(endpoint: Endpoint, options: &Options) -> Node {
-        // One maintenance thread per server: r2d2 opens new connections on it, and a
-        // paused server (handshake done by the kernel, then silence) holds it for a whole
-        // connect timeout, which must not stall the other servers' pools.
-        let threads = Arc::new(
-            scheduled_thread_pool::ScheduledThreadPool::builder()
-                .num_threads(1)
-                .thread_name_pattern("dlm-redis-pool")
-                // The pool's only timed job is the idle-connection reaper: when the pool is
-                // gone, stop at once instead of waiting for its next run.
-                .on_drop_behavior(
-                    scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
-                )
-                .build(),
-        );
         let timeouts = options.timeouts();
         Node {
-            pool: Pool::new(endpoint.clone(), timeouts, options.pool_size, threads),
+            pool: Pool::new(endpoint.clone(), timeouts, options.pool_size),
             endpoint,
             keys: Keys::new(options.prefix.clone(), options.fence_ttl),
             server_checked: AtomicBool::new(false),
@@ -242,7 +228,7 @@ impl Node {
     /// A pooled connection, connecting if none is idle (within the connect timeout); the
     /// first one made while the settings warnings are enabled checks the server's
     /// settings.
-    pub(crate) fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, BackendError> {
+    pub(crate) fn connection(&self) -> Result<Pooled, BackendError> {
         if let Some(e) = self.pool.down() {
             return Err(e);
         }
@@ -360,7 +346,7 @@ impl Node {
     }
 
     /// An idle pooled connection, if one is ready (never connects, never waits).
-    pub(crate) fn idle_connection(&self) -> Option<r2d2::PooledConnection<Manager>> {
+    pub(crate) fn idle_connection(&self) -> Option<Pooled> {
         self.pool.idle()
     }
 
@@ -551,7 +537,7 @@ impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Node")
             .field("server", &self.endpoint)
-            .field("pool", &self.pool.state())
+            .field("pool (connections, idle)", &self.pool.counts())
             .finish()
     }
 }

@@ -11,5 +11,5 @@ mod worker;
 pub(crate) use background::Background;
 pub(crate) use endpoint::{Endpoint, Locate, ParsedUrl, Timeouts};
 pub(crate) use errors::map_error;
-pub(crate) use pool::{Conn, Manager, Pool};
+pub(crate) use pool::{Conn, Pool, Pooled};
 pub(crate) use worker::{ConnectWorker, Job};

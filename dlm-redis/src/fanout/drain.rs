@@ -11,11 +11,11 @@ use dlm_core::backend::{LockName, OwnerToken};
 use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
-use crate::conn::Manager;
+use crate::conn::Pooled;
 use crate::node::{Node, Ticket};
 use crate::protocol::{Call, ReleaseId};
 
-type Conn = r2d2::PooledConnection<Manager>;
+type Conn = Pooled;
 
 /// How often the drainer looks at its channel while it has stragglers.
 const DRAIN_TICK: Duration = Duration::from_millis(20);

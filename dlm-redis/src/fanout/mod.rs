@@ -34,7 +34,7 @@ use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
 use parking_lot::Mutex;
 use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
 
-use crate::conn::Manager;
+use crate::conn::Pooled;
 mod drain;
 
 pub(crate) use drain::Late;
@@ -48,7 +48,7 @@ use crate::protocol::Call;
 /// decided (more when the first reply took longer).
 const GRACE: Duration = Duration::from_millis(5);
 
-type Conn = r2d2::PooledConnection<Manager>;
+type Conn = Pooled;
 
 /// What the nodes answered to one fanned-out request; `None`: no answer in time.
 pub(crate) struct Replies<T> {
