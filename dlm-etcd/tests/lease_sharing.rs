@@ -18,8 +18,10 @@ fn server_keeps(lease: Duration) -> Duration {
         + Duration::from_millis(500)
 }
 
-/// Slack for a loaded 2-core machine (a revocation goes through Raft).
-const SLACK: Duration = Duration::from_millis(1500);
+/// Slack for a loaded 2-core machine (a revocation goes through Raft): alone, the fixed
+/// lease is free after about 4.1 s of its 6 s bound without slack; once, with the machine
+/// busy, after 6.55 s. Before the fix neither lock was ever free while the other was held.
+const SLACK: Duration = Duration::from_secs(3);
 
 /// A fixed-lease lock taken beside a watchdog-renewed lock of the same length class, in
 /// one backend (so on one etcd lease): the fixed one ends by its lease plus the rounding,
@@ -54,6 +56,7 @@ fn a_fixed_lease_ends_beside_a_renewed_lock_of_its_class() {
         .try_lock_timeout(bound + Duration::from_secs(3))
         .unwrap();
     let waited = t0.elapsed();
+    println!("fixed lease {fixed_lease:?}: free after {waited:?} (bound {bound:?})");
     assert!(
         got.is_some(),
         "the fixed lease was kept alive by the renewals of another lock on its etcd lease"
@@ -101,6 +104,7 @@ fn a_leaked_guard_past_max_hold_ends_beside_a_live_one() {
         .try_lock_timeout(bound + Duration::from_secs(3))
         .unwrap();
     let waited = t0.elapsed();
+    println!("leaked guard, max_hold {max_hold:?}: free after {waited:?} (bound {bound:?})");
     assert!(
         got.is_some(),
         "the leaked guard was kept alive by the live lock's renewals"
