@@ -13,6 +13,7 @@
 // A binary: `pub` marks what the modules share, nothing is exported.
 #![allow(unreachable_pub)]
 
+mod etcd;
 mod peers;
 mod proxy;
 mod system;
@@ -569,6 +570,34 @@ fn main() {
         if opts.wants(&memory.name(), scenario.name()) {
             for row in measure(&[&memory], *scenario, rounds, run_for) {
                 push(row, 0);
+            }
+        }
+    }
+
+    // etcd, one member: dlm beside the minimal gateway client and etcd's lock service.
+    if opts.nodes.is_none_or(|n| n == 1) {
+        let member = dlm_testkit::etcd::EtcdServer::spawn();
+        let base = member.url();
+        let dlm_etcd = Dlm::new(
+            "dlm (etcd)",
+            Arc::new(dlm_etcd::EtcdBackend::new(&[base.as_str()]).unwrap()),
+            TTL,
+        );
+        let minimal = etcd::MinimalEtcd { base: base.clone() };
+        let service = etcd::EtcdLockService { base };
+        for scenario in &scenarios {
+            let chosen: Vec<&dyn LockSystem> = [
+                &dlm_etcd as &dyn LockSystem,
+                &minimal as &dyn LockSystem,
+                &service as &dyn LockSystem,
+            ]
+            .into_iter()
+            .filter(|s| opts.wants(&s.name(), scenario.name()))
+            .collect();
+            if !chosen.is_empty() {
+                for row in measure(&chosen, *scenario, rounds, run_for) {
+                    push(row, 1);
+                }
             }
         }
     }

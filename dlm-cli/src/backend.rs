@@ -11,6 +11,8 @@ use crate::exit::Failure;
 
 /// The environment variable read when `--redis` is not given.
 pub(crate) const URL_VAR: &str = "DLM_REDIS_URL";
+/// The environment variable read for etcd when neither `--redis` nor `--etcd` is given.
+pub(crate) const ETCD_VAR: &str = "DLM_ETCD_ENDPOINTS";
 /// The environment variable with the password for URLs that have none.
 pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
 
@@ -42,12 +44,23 @@ pub(crate) struct Connection {
 impl Connection {
     /// Builds the backend the arguments (or the environment) name.
     pub(crate) fn from_args(args: &BackendArgs) -> Result<Connection, Failure> {
+        let env = |var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty());
+        match (&args.etcd, &args.redis, env(URL_VAR), env(ETCD_VAR)) {
+            (Some(urls), _, _, _) => return etcd(args, urls, "--etcd"),
+            (None, None, None, Some(urls)) => return etcd(args, &urls, "$DLM_ETCD_ENDPOINTS"),
+            (None, None, Some(_), Some(_)) => {
+                return Err(Failure::usage(format!(
+                    "both {URL_VAR} and {ETCD_VAR} are set: give --redis or --etcd"
+                )));
+            }
+            _ => {}
+        }
         let (list, source) = match (&args.redis, std::env::var(URL_VAR)) {
             (Some(urls), _) => (urls.clone(), "--redis"),
             (None, Ok(urls)) if !urls.trim().is_empty() => (urls, "$DLM_REDIS_URL"),
             _ => {
                 return Err(Failure::usage(format!(
-                    "no backend: give --redis URL[,URL...] or set {URL_VAR} (see dlm --help)"
+                    "no backend: give --redis URL[,URL...] or --etcd URL[,URL...], or set {URL_VAR} or {ETCD_VAR} (see dlm --help)"
                 )));
             }
         };
@@ -161,6 +174,35 @@ impl Connection {
     pub(crate) fn client(&self) -> LockClientBuilder {
         LockClient::builder(self.backend.clone())
     }
+}
+
+/// An etcd backend on the members `list` (comma-separated client URLs) from `source`.
+/// The Redis-only options were refused by the argument parser.
+fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Failure> {
+    if args.password_file.is_some() {
+        return Err(Failure::usage(
+            "--password-file is not supported with etcd yet (dlm-etcd has no authentication yet)",
+        ));
+    }
+    let urls: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    let mut b = dlm_etcd::EtcdBackend::builder(&urls);
+    if let Some(prefix) = &args.prefix {
+        b = b.prefix(prefix);
+    }
+    let backend = b
+        .build()
+        .map_err(|e| Failure::usage(format!("{source}: {e}")))?;
+    let n = urls.len();
+    let describe = format!("etcd ({n} member{})", if n == 1 { "" } else { "s" });
+    log::info!("backend: {describe}");
+    Ok(Connection {
+        backend: Arc::new(backend),
+        describe,
+    })
 }
 
 /// A plain URL list (not `--cluster`, not `--sentinel`) is one server, or Redlock over 3

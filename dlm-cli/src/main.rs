@@ -30,6 +30,9 @@ Examples:
   dlm run --sentinel mymaster --redis redis://10.0.2.1:26379,redis://10.0.2.2:26379 \\
     --wait-replicas 1 --password-file /etc/dlm/password backup -- ./backup.sh
 
+  # on an etcd cluster
+  dlm run --etcd http://10.0.3.1:2379,http://10.0.3.2:2379,http://10.0.3.3:2379 backup -- ./backup.sh
+
   # is it held, and for how long?
   dlm status nightly-export reindex --json
 
@@ -45,6 +48,7 @@ Exit status:
 Environment:
   DLM_REDIS_URL        the backend when --redis is not given (one URL or several, comma-separated)
   DLM_REDIS_PASSWORD   the password for URLs that have none (never shown anywhere)
+  DLM_ETCD_ENDPOINTS   etcd members when neither --redis nor --etcd nor DLM_REDIS_URL is given
   The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS, and
   not dlm's secrets: DLM_REDIS_PASSWORD, and DLM_REDIS_URL when a URL in it has a password.";
 
@@ -72,7 +76,7 @@ SIGINT, SIGHUP, SIGQUIT (exit 128+N). Exit status as dlm run's: 1 (-E) not obtai
 69 backend failed, 70 the lock was lost (its lease ran out unrenewed).";
 
 /// Runs a command under a distributed lock on Redis (single instance, Sentinel, Cluster or
-/// Redlock).
+/// Redlock) or etcd.
 #[derive(Debug, Parser)]
 #[command(name = "dlm", version, about, after_long_help = EXAMPLES)]
 struct Cli {
@@ -107,6 +111,14 @@ struct BackendArgs {
     /// visible in `ps`: prefer --password-file or $DLM_REDIS_PASSWORD.
     #[arg(long, value_name = "URL[,URL...]")]
     redis: Option<String>,
+    /// etcd member client URL(s), comma-separated (http://host:2379; one is enough,
+    /// more give failover): the locks live in etcd's Raft log. Default, when neither
+    /// --redis nor $DLM_REDIS_URL is given: $DLM_ETCD_ENDPOINTS.
+    #[arg(long, value_name = "URL[,URL...]", conflicts_with_all = [
+        "redis", "cluster", "sentinel", "wait_replicas", "tls_ca_file", "tls_cert",
+        "tls_server_name",
+    ])]
+    etcd: Option<String>,
     /// The URLs are seed nodes of a Redis Cluster (one is enough; more in case one is
     /// down): each lock lives on the master of its hash slot.
     #[arg(long, conflicts_with = "sentinel")]

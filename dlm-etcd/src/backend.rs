@@ -1,7 +1,7 @@
 //! `EtcdBackend`: the lock operations as etcd transactions.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,10 @@ use crate::watch::Watcher;
 /// etcd's default `--max-txn-ops`: a renewal round reads at most this many keys per
 /// transaction.
 const MAX_TXN_OPS: usize = 128;
+
+/// Added to a lease's TTL for the time after which this backend forgets it: etcd's
+/// expiry check (every 0.5 s) and the revocation's trip through Raft.
+const LEASE_END_SLACK: Duration = Duration::from_secs(2);
 
 thread_local! {
     /// The revision of this thread's last attempt that found a lock held: the shared watch,
@@ -41,9 +45,11 @@ thread_local! {
 /// - **Leases.** etcd leases have whole-second TTLs. A lock with a lease of `d` is put on
 ///   an etcd lease of `ceil(d) + 1` seconds that this backend shares among the locks it
 ///   takes with leases of the same whole-second class, reused for as long as it outlives
-///   the new lock's lease, and renewed by the renewals of the locks on it (one keep-alive
-///   per etcd lease per watchdog round). So the server may keep a lock up to about 2 s
-///   longer than asked (the rounding, plus etcd's own expiry check every 0.5 s); the
+///   the new lock's lease. A renewal keeps an etcd lease alive only when every key on
+///   it is renewed in that round (one keep-alive for all such leases); other renewed
+///   keys move to the current lease of their class, so a lock nobody renews (a fixed
+///   lease, a leaked guard past `max_hold`) ends with its own etcd lease whatever the
+///   other locks do. So the server may keep a lock up to about 2 s longer than asked (the rounding, plus etcd's own expiry check every 0.5 s); the
 ///   holder's validity is the lease asked for, never more.
 /// - **Release** deletes the key only if its value is still the owner's (compared in the
 ///   transaction). Waiters are woken by one streaming `/v3/watch` per backend.
@@ -58,8 +64,9 @@ pub(crate) struct Inner {
     /// Key prefix of every lock: `{prefix}lock/`.
     pub(crate) key_prefix: Vec<u8>,
     drift_factor: f64,
-    /// The current etcd lease of each class (its TTL in whole seconds).
-    leases: Mutex<HashMap<i64, Slot>>,
+    /// The etcd leases this backend granted: the current one of each class, and the keys
+    /// each may carry.
+    leases: Mutex<Leases>,
     watcher: Mutex<Option<Watcher>>,
 }
 
@@ -70,6 +77,69 @@ struct Slot {
     /// No earlier than the lease's end on the server (counted from before the grant or
     /// the last keep-alive was sent).
     expires: Instant,
+}
+
+/// The etcd leases of one backend.
+#[derive(Default)]
+struct Leases {
+    /// The current etcd lease of each class (its TTL in whole seconds): new locks go on it.
+    current: HashMap<i64, Slot>,
+    /// The keys each etcd lease may carry: a key is added before the request that puts it
+    /// there is sent, and removed once it is known to be elsewhere or gone, so this is a
+    /// superset. A keep-alive never extends a lease that may carry a key not renewed by
+    /// it; a lease that is not here is never kept alive.
+    carried: HashMap<i64, Carried>,
+}
+
+struct Carried {
+    keys: HashSet<Vec<u8>>,
+    /// After this the lease has ended on the server (granted or last kept alive before
+    /// then, plus its TTL), unless a leader change refreshed it: forgotten then (its keys,
+    /// if any are left, are moved at their next renewal, never kept alive here).
+    ends_by: Instant,
+}
+
+impl Leases {
+    /// Records that `key` may be on lease `id` from now on.
+    fn carry(&mut self, id: i64, key: &[u8]) {
+        if let Some(c) = self.carried.get_mut(&id) {
+            c.keys.insert(key.to_vec());
+        }
+    }
+
+    /// `key` is not on lease `id` (any more).
+    fn drop_key(&mut self, id: i64, key: &[u8]) {
+        if let Some(c) = self.carried.get_mut(&id) {
+            c.keys.remove(key);
+        }
+    }
+
+    /// `key` is on no lease of ours (released, or another owner's).
+    fn drop_key_everywhere(&mut self, key: &[u8]) {
+        for c in self.carried.values_mut() {
+            c.keys.remove(key);
+        }
+    }
+
+    /// Whether keeping lease `id` alive extends only keys in `renewed`.
+    fn only_carries(&self, id: i64, renewed: &dyn Fn(&[u8]) -> bool) -> bool {
+        self.carried
+            .get(&id)
+            .is_some_and(|c| c.keys.iter().all(|k| renewed(k)))
+    }
+
+    /// Forgets lease `id` (found gone).
+    fn forget(&mut self, id: i64) {
+        self.current.retain(|_, s| s.id != id);
+        self.carried.remove(&id);
+    }
+
+    /// Forgets leases that have ended, and those that carry nothing and take no new keys.
+    fn sweep(&mut self, now: Instant) {
+        let current: HashSet<i64> = self.current.values().map(|s| s.id).collect();
+        self.carried
+            .retain(|id, c| c.ends_by > now && (current.contains(id) || !c.keys.is_empty()));
+    }
 }
 
 /// A lock's key as read.
@@ -129,6 +199,26 @@ impl Kv {
 fn class_of(ttl: Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     i64::try_from(secs).unwrap_or(i64::MAX / 2) + 1
+}
+
+/// A key as carried by an etcd lease for one owner: the key, a 0 byte, the owner token
+/// (so that one owner's release never forgets another owner's key).
+fn tag_of(key: &[u8], owner: &OwnerToken) -> Vec<u8> {
+    let mut t = key.to_vec();
+    t.push(0);
+    t.extend_from_slice(owner.encoded().as_bytes());
+    t
+}
+
+/// A renewal's index and its key as read.
+type Found = (usize, Kv);
+
+/// A renewal that moves a key to another etcd lease.
+struct Move<'a> {
+    name: &'a LockName,
+    owner: &'a OwnerToken,
+    ttl: Duration,
+    kv: &'a Kv,
 }
 
 fn value_of(owner: &OwnerToken, ttl: Duration) -> Vec<u8> {
@@ -275,7 +365,7 @@ impl EtcdBackendBuilder {
                 gateway: Gateway::new(members, timeouts, self.pool_size),
                 key_prefix,
                 drift_factor: self.drift_factor,
-                leases: Mutex::new(HashMap::new()),
+                leases: Mutex::new(Leases::default()),
                 watcher: Mutex::new(None),
             }),
         })
@@ -336,14 +426,18 @@ impl Inner {
             })
     }
 
-    /// An etcd lease that lasts at least `ttl` from `now`: the current one of its class,
-    /// or a new one.
-    fn lease_for(&self, ttl: Duration, now: Instant) -> Result<i64, BackendError> {
+    /// An etcd lease that lasts at least `ttl` from `now`, the current one of its class or
+    /// a new one, recorded as (maybe) carrying `key` from now on.
+    fn lease_for(&self, ttl: Duration, now: Instant, key: &[u8]) -> Result<i64, BackendError> {
         let class = class_of(ttl);
-        if let Some(slot) = self.leases.lock().get(&class)
-            && slot.expires >= now + ttl
         {
-            return Ok(slot.id);
+            let mut leases = self.leases.lock();
+            if let Some(slot) = leases.current.get(&class).copied()
+                && slot.expires >= now + ttl
+            {
+                leases.carry(slot.id, key);
+                return Ok(slot.id);
+            }
         }
         let sent = Instant::now();
         let reply = self
@@ -354,18 +448,29 @@ impl Inner {
         if id == 0 || granted < class {
             return Err(bad_reply("TTL"));
         }
-        let expires = sent + Duration::from_secs(granted.unsigned_abs());
-        self.leases.lock().insert(class, Slot { id, expires });
+        let granted = Duration::from_secs(granted.unsigned_abs());
+        let expires = sent + granted;
+        let mut leases = self.leases.lock();
+        leases.sweep(Instant::now());
+        leases.current.insert(class, Slot { id, expires });
+        leases.carried.insert(
+            id,
+            Carried {
+                keys: HashSet::from([key.to_vec()]),
+                ends_by: Instant::now() + granted + LEASE_END_SLACK,
+            },
+        );
         Ok(id)
     }
 
-    /// Forgets `id` as the current lease of its class (it was found gone).
+    /// Forgets `id` (it was found gone).
     fn forget_lease(&self, id: i64) {
-        self.leases.lock().retain(|_, s| s.id != id);
+        self.leases.lock().forget(id);
     }
 
     /// Keeps `ids` alive in one request: for each, the TTL (seconds) it was renewed to, 0
-    /// when it is gone. A slot whose lease was renewed gets the new end.
+    /// when it is gone. A slot whose lease was renewed gets the new end. The caller has
+    /// checked that each lease carries only keys it renews (`Leases::only_carries`).
     fn keep_alive(&self, ids: &[i64], sent: Instant) -> Result<HashMap<i64, i64>, BackendError> {
         let mut body = String::new();
         for id in ids {
@@ -388,8 +493,9 @@ impl Inner {
             let result = line.get("result").ok_or_else(|| bad_reply("result"))?;
             out.insert(int(result, "ID")?, int(result, "TTL")?);
         }
-        let mut slots = self.leases.lock();
-        for slot in slots.values_mut() {
+        let received = Instant::now();
+        let mut leases = self.leases.lock();
+        for slot in leases.current.values_mut() {
             if let Some(&ttl) = out.get(&slot.id)
                 && ttl > 0
             {
@@ -398,7 +504,15 @@ impl Inner {
                     .max(sent + Duration::from_secs(ttl.unsigned_abs()));
             }
         }
-        slots.retain(|_, s| out.get(&s.id).is_none_or(|&ttl| ttl > 0));
+        for (id, &ttl) in &out {
+            if ttl <= 0 {
+                leases.forget(*id);
+            } else if let Some(c) = leases.carried.get_mut(id) {
+                c.ends_by = c
+                    .ends_by
+                    .max(received + Duration::from_secs(ttl.unsigned_abs()) + LEASE_END_SLACK);
+            }
+        }
         Ok(out)
     }
 
@@ -423,12 +537,14 @@ impl Inner {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
-        let key = b64(&self.key(name));
+        let key_bytes = self.key(name);
+        let tag = tag_of(&key_bytes, owner);
+        let key = b64(&key_bytes);
         let value = b64(&value_of(owner, ttl));
         let mut fresh_lease = false;
         loop {
             let start = Instant::now();
-            let lease = self.lease_for(ttl, start)?;
+            let lease = self.lease_for(ttl, start, &tag)?;
             let txn = json!({
                 "compare": [{ "key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
                 "success": [{ "request_put": { "key": key, "value": value, "lease": lease.to_string() } }],
@@ -453,6 +569,9 @@ impl Inner {
                 .pointer("/responses/0/response_range/kvs/0")
                 .ok_or_else(|| bad_reply("responses"))?;
             let kv = Kv::from_json(kv)?;
+            if kv.lease != lease {
+                self.leases.lock().drop_key(lease, &tag);
+            }
             if kv.is_owned_by(name, owner)? {
                 // Ours already (a retry after a lost reply): refresh it.
                 return match self.extend_found(name, owner, ttl, &kv)? {
@@ -469,7 +588,7 @@ impl Inner {
     }
 
     /// Renews `kv` (read just now, ours) for `ttl`: a keep-alive of its etcd lease when
-    /// that lease is of `ttl`'s class, else the key moved to a lease of that class.
+    /// that lease is of `ttl`'s class and carries no other key, else the key is moved.
     fn extend_found(
         &self,
         name: &LockName,
@@ -479,7 +598,12 @@ impl Inner {
     ) -> Result<Option<Lease>, BackendError> {
         let fence = FencingToken::new(kv.create_revision.unsigned_abs());
         let (_, held_for) = kv.holder(name)?;
-        if class_of(held_for) == class_of(ttl) && held_for >= ttl {
+        let tag = tag_of(&self.key(name), owner);
+        let alone = self
+            .leases
+            .lock()
+            .only_carries(kv.lease, &|t: &[u8]| t == tag.as_slice());
+        if alone && class_of(held_for) == class_of(ttl) && held_for >= ttl {
             let sent = Instant::now();
             let renewed = self.keep_alive(&[kv.lease], sent)?;
             let granted = renewed.get(&kv.lease).copied().unwrap_or(0);
@@ -490,32 +614,119 @@ impl Inner {
                 return Ok(Some(self.lease_from(sent, ttl)?.with_fence(fence)));
             }
         }
-        // Move the key (same create_revision, so the same token) to a lease of ttl's class.
-        let key = b64(&self.key(name));
-        let start = Instant::now();
-        let lease = self.lease_for(ttl, start)?;
-        let txn = json!({
-            "compare": [
-                { "key": key, "target": "VALUE", "result": "EQUAL", "value": b64(&kv.value) },
-                { "key": key, "target": "MOD", "result": "EQUAL", "mod_revision": kv.mod_revision.to_string() },
-            ],
-            "success": [{ "request_put": { "key": key, "value": b64(&value_of(owner, ttl)), "lease": lease.to_string() } }],
-        });
-        let reply = match self.gateway.post("/v3/kv/txn", &txn) {
-            Err(e) if is_lease_not_found(&e) => {
-                self.forget_lease(lease);
-                return Err(BackendError::new(
-                    BackendErrorKind::Unavailable,
-                    "the etcd lease ended meanwhile; try again",
-                ));
+        self.move_keys(&[Move {
+            name,
+            owner,
+            ttl,
+            kv,
+        }])
+        .pop()
+        .expect("one result per move")
+    }
+
+    /// Renews each of `moves` (keys read just now, ours) by putting it on the current
+    /// etcd lease of its class (a new one if that would end too soon): the same
+    /// `create_revision`, so the same fencing token. The old lease is not kept alive
+    /// here: it ends when nothing renews it. One transaction per 128 keys (each compared
+    /// on its `mod_revision`), then one per key if some key changed meanwhile.
+    fn move_keys(&self, moves: &[Move<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+        let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
+            moves.iter().map(|_| None).collect();
+        // (index, target lease, start) of the moves that need a put.
+        let mut puts: Vec<(usize, i64, Instant)> = Vec::new();
+        for (i, m) in moves.iter().enumerate() {
+            let tag = tag_of(&self.key(m.name), m.owner);
+            let start = Instant::now();
+            let target = match self.lease_for(m.ttl, start, &tag) {
+                Ok(t) => t,
+                Err(e) => {
+                    out[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            let same_value = m.kv.holder(m.name).is_ok_and(|(_, d)| d == m.ttl);
+            if target == m.kv.lease && same_value {
+                // Already on the current lease of its class, which lasts long enough.
+                let fence = FencingToken::new(m.kv.create_revision.unsigned_abs());
+                out[i] = Some(
+                    self.lease_from(start, m.ttl)
+                        .map(|l| Some(l.with_fence(fence))),
+                );
+            } else {
+                puts.push((i, target, start));
             }
-            r => r?,
-        };
-        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
-            Ok(Some(self.lease_from(start, ttl)?.with_fence(fence)))
-        } else {
-            Ok(None)
         }
+        let put_op = |m: &Move<'_>, target: i64| {
+            json!({ "request_put": {
+                "key": b64(&self.key(m.name)),
+                "value": b64(&value_of(m.owner, m.ttl)),
+                "lease": target.to_string(),
+            }})
+        };
+        let cmp_op = |m: &Move<'_>| {
+            json!({ "key": b64(&self.key(m.name)), "target": "MOD", "result": "EQUAL",
+                    "mod_revision": m.kv.mod_revision.to_string() })
+        };
+        for chunk in puts.chunks(MAX_TXN_OPS) {
+            let txn = |items: &[(usize, i64, Instant)]| {
+                json!({
+                    "compare": items.iter().map(|&(i, _, _)| cmp_op(&moves[i])).collect::<Vec<_>>(),
+                    "success": items.iter().map(|&(i, t, _)| put_op(&moves[i], t)).collect::<Vec<_>>(),
+                })
+            };
+            let done = |out: &mut Vec<Option<Result<Option<Lease>, BackendError>>>,
+                        items: &[(usize, i64, Instant)],
+                        reply: Result<Value, BackendError>| {
+                match reply {
+                    Err(e) => {
+                        if is_lease_not_found(&e) {
+                            for &(_, t, _) in items {
+                                self.forget_lease(t);
+                            }
+                        }
+                        for &(i, _, _) in items {
+                            out[i] = Some(Err(BackendError::new(
+                                BackendErrorKind::Unavailable,
+                                format!("moving the key to a new etcd lease: {}", e.message()),
+                            )));
+                        }
+                        true
+                    }
+                    Ok(reply) if reply.get("succeeded").and_then(Value::as_bool) == Some(true) => {
+                        let mut leases = self.leases.lock();
+                        for &(i, t, start) in items {
+                            let m = &moves[i];
+                            if t != m.kv.lease {
+                                leases.drop_key(m.kv.lease, &tag_of(&self.key(m.name), m.owner));
+                            }
+                            let fence = FencingToken::new(m.kv.create_revision.unsigned_abs());
+                            out[i] = Some(
+                                self.lease_from(start, m.ttl)
+                                    .map(|l| Some(l.with_fence(fence))),
+                            );
+                        }
+                        true
+                    }
+                    // A key changed since it was read.
+                    Ok(_) => false,
+                }
+            };
+            let reply = self.gateway.post("/v3/kv/txn", &txn(chunk));
+            if done(&mut out, chunk, reply) {
+                continue;
+            }
+            for item in chunk {
+                let one = std::slice::from_ref(item);
+                let reply = self.gateway.post("/v3/kv/txn", &txn(one));
+                if !done(&mut out, one, reply) {
+                    // No longer ours as read: lost (or released meanwhile).
+                    out[item.0] = Some(Ok(None));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every move has a result"))
+            .collect()
     }
 
     fn extend(
@@ -531,8 +742,11 @@ impl Inner {
         }
     }
 
-    /// A renewal round: the keys read in one transaction per 128, one keep-alive for all
-    /// the etcd leases they are on; a lock whose lease must change class is renewed alone.
+    /// A renewal round: the keys read in one transaction per 128; one keep-alive for the
+    /// etcd leases that carry only keys renewed in this round (and of the right class);
+    /// the other keys are moved to the current lease of their class, so that a lease
+    /// carrying a key nobody renews any more (a fixed lease, a guard past `max_hold`) is
+    /// not extended and ends.
     fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
         let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
             renewals.iter().map(|_| None).collect();
@@ -580,23 +794,41 @@ impl Inner {
                 }
             }
         }
-        // Keep-alive for every lock already on a lease of its class; the others alone.
-        let mut alive: Vec<i64> = Vec::new();
-        let mut batched = Vec::new();
-        for (i, kv) in found {
+        // A lease is kept alive only if every key it may carry is renewed here, each of
+        // the right class; the keys of any other lease are moved.
+        let renewed: HashSet<Vec<u8>> = found
+            .iter()
+            .map(|(i, _)| tag_of(&self.key(renewals[*i].name), renewals[*i].owner))
+            .collect();
+        let fits = |i: usize, kv: &Kv| {
             let r = &renewals[i];
-            let same = kv.holder(r.name).is_ok_and(|(_, held_for)| {
+            kv.holder(r.name).is_ok_and(|(_, held_for)| {
                 class_of(held_for) == class_of(r.ttl) && held_for >= r.ttl
-            });
-            if same {
-                if !alive.contains(&kv.lease) {
-                    alive.push(kv.lease);
+            })
+        };
+        let mut alive: Vec<i64> = Vec::new();
+        {
+            let leases = self.leases.lock();
+            let mut refused: Vec<i64> = Vec::new();
+            for (_, kv) in &found {
+                if alive.contains(&kv.lease) || refused.contains(&kv.lease) {
+                    continue;
                 }
-                batched.push((i, kv));
-            } else {
-                out[i] = Some(self.extend_found(r.name, r.owner, r.ttl, &kv));
+                let ok = leases.only_carries(kv.lease, &|t: &[u8]| renewed.contains(t))
+                    && found
+                        .iter()
+                        .filter(|(_, k)| k.lease == kv.lease)
+                        .all(|(j, k)| fits(*j, k));
+                if ok {
+                    alive.push(kv.lease);
+                } else {
+                    refused.push(kv.lease);
+                }
             }
         }
+        let (batched, mut to_move): (Vec<Found>, Vec<Found>) = found
+            .into_iter()
+            .partition(|(_, kv)| alive.contains(&kv.lease));
         if !batched.is_empty() {
             let sent = Instant::now();
             match self.keep_alive(&alive, sent) {
@@ -610,16 +842,32 @@ impl Inner {
                         let r = &renewals[i];
                         let granted = renewed.get(&kv.lease).copied().unwrap_or(0);
                         let fence = FencingToken::new(kv.create_revision.unsigned_abs());
-                        out[i] = Some(if granted <= 0 {
-                            Ok(None)
+                        if granted <= 0 {
+                            out[i] = Some(Ok(None));
                         } else if Duration::from_secs(granted.unsigned_abs()) >= r.ttl {
-                            self.lease_from(sent, r.ttl)
-                                .map(|l| Some(l.with_fence(fence)))
+                            out[i] = Some(
+                                self.lease_from(sent, r.ttl)
+                                    .map(|l| Some(l.with_fence(fence))),
+                            );
                         } else {
-                            self.extend_found(r.name, r.owner, r.ttl, &kv)
-                        });
+                            to_move.push((i, kv));
+                        }
                     }
                 }
+            }
+        }
+        if !to_move.is_empty() {
+            let moves: Vec<Move<'_>> = to_move
+                .iter()
+                .map(|(i, kv)| Move {
+                    name: renewals[*i].name,
+                    owner: renewals[*i].owner,
+                    ttl: renewals[*i].ttl,
+                    kv,
+                })
+                .collect();
+            for ((i, _), r) in to_move.iter().zip(self.move_keys(&moves)) {
+                out[*i] = Some(r);
             }
         }
         out.into_iter()
@@ -628,7 +876,8 @@ impl Inner {
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        let key = b64(&self.key(name));
+        let key_bytes = self.key(name);
+        let key = b64(&key_bytes);
         // The value is `token|ms`: ours if it lies strictly between `token|` and `token}`
         // (no token holds `|` or `}`).
         let token = owner.encoded();
@@ -644,6 +893,10 @@ impl Inner {
             "success": [{ "request_delete_range": { "key": key } }],
         });
         let reply = self.gateway.post("/v3/kv/txn", &txn)?;
+        // Either way this owner's key is on no etcd lease any more.
+        self.leases
+            .lock()
+            .drop_key_everywhere(&tag_of(&key_bytes, owner));
         if reply.get("succeeded").and_then(Value::as_bool) != Some(true) {
             return Ok(false);
         }

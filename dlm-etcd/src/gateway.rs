@@ -7,7 +7,8 @@
 //! being a gRPC status code.
 
 use std::error::Error as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -30,6 +31,11 @@ pub(crate) struct Gateway {
     /// The member requests go to first; moves on when it cannot be reached.
     preferred: AtomicUsize,
     pub(crate) timeouts: Timeouts,
+    /// The cluster every member must belong to (`header.cluster_id`; 0: not seen yet).
+    cluster_id: AtomicU64,
+    /// The first-use check that the members answering belong to one cluster: `Some(why)`
+    /// when they do not (then every request fails with it).
+    members_checked: OnceLock<Option<String>>,
 }
 
 /// What one request to one member came to.
@@ -58,6 +64,8 @@ impl Gateway {
             members,
             preferred: AtomicUsize::new(0),
             timeouts,
+            cluster_id: AtomicU64::new(0),
+            members_checked: OnceLock::new(),
         }
     }
 
@@ -85,6 +93,7 @@ impl Gateway {
     /// again: its error is returned (transient: the front's retry then asks again, and
     /// every operation here is safe to repeat).
     pub(crate) fn post(&self, path: &str, body: &Value) -> Result<Value, BackendError> {
+        self.check_members()?;
         let text = body.to_string();
         let first = self.preferred();
         let mut last = None;
@@ -110,6 +119,7 @@ impl Gateway {
     /// POSTs `text` to member `i` and returns the reply body as it comes (for the
     /// keep-alive stream's several replies).
     pub(crate) fn post_raw(&self, path: &str, text: &str) -> Result<String, BackendError> {
+        self.check_members()?;
         let first = self.preferred();
         let mut last = None;
         for k in 0..self.members.len() {
@@ -132,13 +142,77 @@ impl Gateway {
         Err(last.expect("at least one member"))
     }
 
+    /// Once, at first use: asks every member for its status (at once, each within the
+    /// timeouts) and fails if those that answer are not all of one cluster. A member that
+    /// does not answer now is checked by [`same_cluster`](Self::same_cluster) on its
+    /// first reply.
+    fn check_members(&self) -> Result<(), BackendError> {
+        let why = self.members_checked.get_or_init(|| {
+            if self.members.len() < 2 {
+                return None;
+            }
+            let ids: Vec<Option<u64>> = std::thread::scope(|scope| {
+                let asks: Vec<_> = (0..self.members.len())
+                    .map(|i| {
+                        scope.spawn(move || {
+                            let body = self.send(i, "/v3/maintenance/status", "{}").ok()?;
+                            let v: Value = serde_json::from_str(&body).ok()?;
+                            cluster_id(&v)
+                        })
+                    })
+                    .collect();
+                asks.into_iter().map(|a| a.join().ok().flatten()).collect()
+            });
+            let mut first: Option<(usize, u64)> = None;
+            for (i, id) in ids.iter().enumerate() {
+                let Some(id) = *id else { continue };
+                match first {
+                    None => first = Some((i, id)),
+                    Some((j, known)) if known != id => {
+                        return Some(foreign(&self.members[i], id, &self.members[j], known));
+                    }
+                    Some(_) => {}
+                }
+            }
+            if let Some((_, id)) = first {
+                self.cluster_id.store(id, Ordering::Relaxed);
+            }
+            None
+        });
+        match why {
+            None => Ok(()),
+            Some(why) => Err(BackendError::new(BackendErrorKind::Protocol, why.clone())),
+        }
+    }
+
+    /// Fails when member `i`'s reply comes from another cluster than the first reply seen.
+    fn same_cluster(&self, i: usize, reply: &Value) -> Result<(), BackendError> {
+        let Some(id) = cluster_id(reply) else {
+            return Ok(());
+        };
+        match self
+            .cluster_id
+            .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(()),
+            Err(known) if known == id => Ok(()),
+            Err(known) => Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                foreign(&self.members[i], id, "the other members", known),
+            )),
+        }
+    }
+
     fn post_to(&self, i: usize, path: &str, text: &str) -> Outcome {
         let body = match self.send(i, path, text) {
             Ok(body) => body,
             Err(outcome) => return outcome,
         };
         match serde_json::from_str::<Value>(&body) {
-            Ok(v) if v.is_object() => Outcome::Reply(v),
+            Ok(v) if v.is_object() => match self.same_cluster(i, &v) {
+                Ok(()) => Outcome::Reply(v),
+                Err(e) => Outcome::Fail(e),
+            },
             _ => Outcome::Fail(not_etcd(&self.members[i], path, "its reply is not JSON")),
         }
     }
@@ -159,9 +233,69 @@ impl Gateway {
                 let body = resp.into_string().unwrap_or_default();
                 Err(status_error(member, path, code, &body))
             }
-            Err(ureq::Error::Transport(t)) => Err(transport_error(member, &t)),
+            Err(ureq::Error::Transport(t)) => match transport_error(member, &t) {
+                // A connection closed without an HTTP reply: a member that went down,
+                // or a server that is not HTTP at all (a Redis port closes the connection
+                // on a POST). Ask it once in RESP to tell them apart.
+                Outcome::Fail(e) if e.kind() == BackendErrorKind::Unavailable => {
+                    Err(Outcome::Fail(self.not_http(i).unwrap_or(e)))
+                }
+                other => Err(other),
+            },
         }
     }
+
+    /// `Some(Protocol error)` when member `i` answers a RESP `PING` with something that
+    /// is not HTTP (`+PONG`, `-NOAUTH ...`: a Redis server); `None` when it does not
+    /// answer or answers in HTTP, as etcd does (it may just have gone down).
+    fn not_http(&self, i: usize) -> Option<BackendError> {
+        use std::io::{Read, Write};
+        use std::net::{TcpStream, ToSocketAddrs};
+        let member = &self.members[i];
+        let addr = member
+            .trim_start_matches("http://")
+            .to_socket_addrs()
+            .ok()?
+            .next()?;
+        let mut s = TcpStream::connect_timeout(&addr, self.timeouts.connect).ok()?;
+        s.set_read_timeout(Some(self.timeouts.connect)).ok()?;
+        s.set_write_timeout(Some(self.timeouts.connect)).ok()?;
+        s.write_all(b"PING\r\n").ok()?;
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).ok()?;
+        let reply = String::from_utf8_lossy(&buf[..n]);
+        let first = reply.lines().next().unwrap_or("").trim();
+        if n == 0 || first.starts_with("HTTP/") {
+            return None;
+        }
+        let what = if first.starts_with('+') || first.starts_with('-') {
+            "a Redis server (it answers in RESP)"
+        } else {
+            "not an HTTP server"
+        };
+        Some(not_etcd(
+            member,
+            "PING",
+            &format!("{what}: it answered {first:?}"),
+        ))
+    }
+}
+
+/// A reply's `header.cluster_id` (a decimal string in the JSON).
+fn cluster_id(reply: &Value) -> Option<u64> {
+    reply
+        .pointer("/header/cluster_id")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .filter(|&id| id != 0)
+}
+
+/// The message for a member of another cluster.
+fn foreign(member: &str, id: u64, other: &str, known: u64) -> String {
+    format!(
+        "{member} belongs to another etcd cluster (cluster_id {id:x}) than {other} \
+         (cluster_id {known:x}): list the members of one cluster"
+    )
 }
 
 /// `member` (a URL) does not speak etcd's v3 gateway.

@@ -1,5 +1,6 @@
 //! Faults on a real 3-member etcd cluster, with the history checker: the leader killed
-//! under load, and every member killed with -9 and restarted.
+//! under load, every member killed with -9 and restarted, a minority member stopped
+//! (SIGSTOP), and a client cut off from the cluster by the fault proxy.
 
 mod common;
 
@@ -8,8 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dlm_core::{Lock, LockClient};
+use dlm_core::{HoldState, Lock, LockClient};
+use dlm_etcd::EtcdBackend;
 use dlm_testkit::etcd::EtcdCluster;
+use dlm_testkit::faults::{Direction, FaultProxy};
 use dlm_testkit::history::History;
 use dlm_testkit::unique_name;
 use parking_lot::Mutex;
@@ -132,4 +135,157 @@ fn tokens_keep_increasing_and_held_locks_survive_a_restart_of_every_member() {
     assert!(other.is_locked().unwrap());
     held.unlock().unwrap();
     assert!(other.try_lock().unwrap().is_some());
+}
+
+/// A follower stopped with SIGSTOP (a minority: the cluster keeps its quorum): a
+/// watchdog-renewed holder stays held across several of its renewals, and lock/unlock
+/// cycles go on without an error or an overlap; no cycle waits for the stopped member
+/// (none takes the client's I/O timeout). Prints the cycles' p50/p99 before and during.
+#[test]
+fn a_stopped_minority_member_changes_nothing_for_holders() {
+    let cluster = EtcdCluster::spawn(3);
+    let urls = cluster.urls();
+    let leader = cluster.wait_for_leader();
+    // A follower that is not the clients' first member: a client that meets a stopped
+    // member first pays one I/O timeout before moving on (DESIGN §5b), which is not what
+    // this test is about.
+    let paused = (1..3).find(|&i| i != leader).unwrap();
+    let watchdog = Duration::from_secs(2);
+    let holder = LockClient::builder(common::backend(&urls))
+        .watchdog_timeout(watchdog)
+        .build()
+        .unwrap();
+    let held = holder
+        .get_lock(&unique_name("held"))
+        .unwrap()
+        .lock()
+        .unwrap();
+    let history = History::new();
+    let lock = client(&urls).get_lock(&unique_name("cycles")).unwrap();
+    let cycles = |n: usize| -> Vec<Duration> {
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                let guard = lock
+                    .try_lock_timeout(Duration::from_secs(5))
+                    .unwrap()
+                    .expect("a free lock was not granted");
+                let hold = history.begin("cycles", &guard);
+                history.end(hold, &guard);
+                guard.unlock().unwrap();
+                t.elapsed()
+            })
+            .collect()
+    };
+    let before = cycles(200);
+    cluster.get(paused).pause();
+    let paused_at = Instant::now();
+    let mut during = cycles(200);
+    // Stay stopped for at least two of the holder's renewals (every watchdog / 3).
+    while paused_at.elapsed() < watchdog * 2 {
+        during.extend(cycles(10));
+    }
+    held.ensure_held()
+        .expect("the holder lost its lock while a minority was stopped");
+    cluster.get(paused).resume();
+    let pct = |d: &[Duration], p: f64| {
+        let mut d = d.to_vec();
+        d.sort();
+        d[((d.len() - 1) as f64 * p) as usize]
+    };
+    println!(
+        "lock/unlock cycle: before the stop p50 {:?} p99 {:?}; while a follower is stopped p50 {:?} p99 {:?} ({} cycles)",
+        pct(&before, 0.5),
+        pct(&before, 0.99),
+        pct(&during, 0.5),
+        pct(&during, 0.99),
+        during.len()
+    );
+    let slowest = during.iter().max().unwrap();
+    assert!(
+        *slowest < common::CALM,
+        "a cycle took {slowest:?}: it waited for the stopped member"
+    );
+    history.check().assert_clean();
+    held.unlock().unwrap();
+}
+
+/// A client cut off from every member by the fault proxy (every byte dropped, the
+/// connections left open) while it holds a watchdog-renewed lock: it learns it lost the
+/// lock (the lost signal) by the end of its lease, and another client gets the lock only
+/// after that; the history checker sees no overlap and tokens in order.
+#[test]
+fn a_client_cut_off_learns_it_lost_the_lock_before_another_gets_it() {
+    let cluster = EtcdCluster::spawn(3);
+    let proxies: Vec<FaultProxy> = (0..3)
+        .map(|i| FaultProxy::start(cluster.get(i).client_port()))
+        .collect();
+    let via_proxies: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{}", p.port()))
+        .collect();
+    let watchdog = Duration::from_secs(3);
+    let cut_off = LockClient::builder(
+        EtcdBackend::builder(&via_proxies)
+            .io_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    )
+    .watchdog_timeout(watchdog)
+    .build()
+    .unwrap();
+    let name = unique_name("cut-off");
+    let history = History::new();
+    let guard = cut_off.get_lock(&name).unwrap().lock().unwrap();
+    let hold = history.begin("cut off", &guard);
+    let signal = guard.lost_signal();
+    for p in &proxies {
+        p.blackhole(Direction::Both);
+    }
+    let cut_at = Instant::now();
+    // The other client waits meanwhile.
+    let other = client(&cluster.urls()).get_lock(&name).unwrap();
+    let waiter = thread::spawn(move || {
+        let g = other
+            .try_lock_timeout(Duration::from_secs(20))
+            .unwrap()
+            .expect("the other client never got the lock");
+        (Instant::now(), g)
+    });
+    let state = signal.wait_timeout(watchdog * 2);
+    let learned = Instant::now();
+    assert_eq!(state, HoldState::Lost, "the cut-off holder never learned");
+    let valid_until = guard.valid_until();
+    // "By the end of its lease": the watchdog's verdict comes from a renewal that failed
+    // after the lease ran out; one I/O timeout and scheduling on a loaded machine.
+    assert!(
+        learned <= valid_until + Duration::from_millis(300) + Duration::from_millis(700),
+        "learned {:?} after the end of its lease",
+        learned - valid_until
+    );
+    assert!(!guard.is_held());
+    history.end(hold, &guard);
+    let (got_at, g2) = waiter.join().unwrap();
+    assert!(
+        got_at >= valid_until,
+        "the other client got the lock {:?} before the cut-off client's lease ended",
+        valid_until - got_at
+    );
+    let h2 = history.begin("other", &g2);
+    history.end(h2, &g2);
+    println!(
+        "cut off: learned it lost the lock {:?} after the cut ({:?} after its lease ended); the other client got it {:?} after the cut",
+        learned - cut_at,
+        learned.saturating_duration_since(valid_until),
+        got_at - cut_at
+    );
+    let report = history.check();
+    report.assert_clean();
+    assert_eq!(report.holds, 2);
+    g2.unlock().unwrap();
+    for p in &proxies {
+        p.heal();
+    }
+    drop(guard);
 }

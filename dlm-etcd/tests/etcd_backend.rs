@@ -130,3 +130,51 @@ fn nothing_listening_is_unavailable_within_the_connect_timeout() {
     assert!(t.elapsed() < common::CALM, "took {:?}", t.elapsed());
     assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
 }
+
+#[test]
+fn a_redis_port_is_a_protocol_error_naming_the_problem_at_first_use() {
+    let redis = dlm_testkit::redis_server::RedisServer::spawn();
+    let backend = common::backend(&[format!("http://127.0.0.1:{}", redis.port())]);
+    let t = Instant::now();
+    let e = backend
+        .try_acquire(
+            &LockName::new("x").unwrap(),
+            &OwnerToken::random_for_tests(1),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+    assert!(t.elapsed() < common::CALM, "took {:?}", t.elapsed());
+    assert_eq!(e.kind(), BackendErrorKind::Protocol, "{e}");
+    assert!(!e.is_transient());
+    assert!(
+        e.message().contains("is not an etcd v3 JSON gateway"),
+        "{e}"
+    );
+    assert!(e.message().contains("a Redis server"), "{e}");
+}
+
+#[test]
+fn a_member_of_another_cluster_among_the_urls_is_refused_at_first_use() {
+    let (one, other) = (EtcdServer::spawn(), EtcdServer::spawn());
+    let client = LockClient::new(common::backend(&[one.url(), other.url()]));
+    let t = Instant::now();
+    let e = client.get_lock("x").unwrap().try_lock().unwrap_err();
+    assert!(t.elapsed() < common::CALM, "took {:?}", t.elapsed());
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Protocol), "{e}");
+    assert!(!e.is_transient());
+    assert!(
+        e.to_string().contains("belongs to another etcd cluster"),
+        "{e}"
+    );
+    // Nothing was written on either.
+    for server in [&one, &other] {
+        let (_, body) = server
+            .request(
+                "POST",
+                "/v3/kv/range",
+                r#"{"key":"AA==","range_end":"AA=="}"#,
+            )
+            .unwrap();
+        assert!(!body.contains("\"kvs\""), "a key was written: {body}");
+    }
+}

@@ -4,7 +4,10 @@
 //!   twice;
 //! - a `holder` killed with SIGKILL: its lock is free within the watchdog timeout;
 //! - a `holder` stopped with SIGSTOP past its lease: another client takes the lock, and
-//!   the holder, once continued, learns it lost the lock and its late write is refused.
+//!   the holder, once continued, learns it lost the lock and its late write is refused;
+//! - the same on etcd (the negative control of `dlm-etcd`): etcd's consensus does not stop
+//!   a paused holder from writing late, the history checker sees two holders, and fencing
+//!   refuses the late write.
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
@@ -73,8 +76,13 @@ impl Holder {
     /// Starts a holder of `name` with a watchdog timeout of `watchdog` and waits until it
     /// holds the lock; returns it and its fencing token.
     fn start(urls: &[String], name: &str, watchdog: Duration) -> (Holder, u64) {
+        Holder::start_on("--redis", urls, name, watchdog)
+    }
+
+    /// [`Holder::start`] with the backend flag (`--redis` or `--etcd`).
+    fn start_on(flag: &str, urls: &[String], name: &str, watchdog: Duration) -> (Holder, u64) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_holder"))
-            .args(["--redis", &urls.join(","), "--name", name])
+            .args([flag, &urls.join(","), "--name", name])
             .args(["--watchdog", &watchdog.as_secs_f64().to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -237,4 +245,57 @@ fn a_stopped_holder_process_learns_it_lost_the_lock_and_its_late_write_is_refuse
     require_redis_server();
     paused_holder(&RedisNodes::spawn(1).urls());
     paused_holder(&RedisNodes::spawn(3).urls());
+}
+
+/// The negative control on etcd (the Jepsen finding on etcd locks): a holder process
+/// stopped (SIGSTOP) past its lease while another client takes the lock. etcd's
+/// consensus cannot stop the paused holder's late write: the history checker sees two
+/// holders at once, and only fencing (a `FencedResource`) refuses the late write.
+#[test]
+fn a_stopped_etcd_holder_is_a_second_holder_and_only_fencing_refuses_its_late_write() {
+    use dlm_testkit::history::{History, Hold};
+    const WATCHDOG: Duration = Duration::from_secs(1);
+    let server = dlm_testkit::etcd::EtcdServer::spawn();
+    let urls = vec![server.url()];
+    let name = dlm_testkit::unique_name("paused-etcd");
+    let (mut holder, old) = Holder::start_on("--etcd", &urls, &name, WATCHDOG);
+    let held_from = Instant::now();
+    let resource = FencedResource::new(Vec::new());
+    resource
+        .write(FencingToken::new(old), |w| w.push("holder"))
+        .unwrap();
+    holder.signal("STOP");
+    let other = LockClient::new(dlm_etcd::EtcdBackend::new(&urls).unwrap());
+    let guard = other
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(WATCHDOG * 10)
+        .unwrap()
+        .expect("the stopped holder's lock never expired");
+    let history = History::new();
+    let new_hold = history.begin("new holder", &guard);
+    let new = guard.fencing_token().unwrap();
+    assert!(new.get() > old, "token {new} after {old}");
+    resource.write(new, |w| w.push("new holder")).unwrap();
+    holder.signal("CONT");
+    // The paused holder writes as if it still held the lock, without checking.
+    let late = resource.write(FencingToken::new(old), |w| w.push("holder, late"));
+    history.push(Hold::new(
+        name.as_str(),
+        "paused holder",
+        held_from,
+        Instant::now(),
+        Some(old),
+    ));
+    history.end(new_hold, &guard);
+    assert!(late.is_err(), "fencing accepted the late write");
+    let report = history.check();
+    assert!(
+        report.has_overlap(),
+        "the history checker must see the paused holder and the new one at once"
+    );
+    assert_eq!(resource.read(|w| w.clone()), ["holder", "new holder"]);
+    assert_eq!(holder.ask("check"), "lost");
+    assert!(holder.ask("unlock").starts_with("unlock failed"));
+    guard.unlock().unwrap();
 }

@@ -64,6 +64,7 @@ pub(crate) fn dlm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dlm"));
     c.env_remove("DLM_REDIS_URL")
         .env_remove("DLM_REDIS_PASSWORD")
+        .env_remove("DLM_ETCD_ENDPOINTS")
         .stdin(Stdio::null());
     c
 }

@@ -4,12 +4,14 @@
 //!
 //! ```text
 //! holder --redis URL[,URL...] --name NAME [--watchdog SECS (30)] [--key KEY]
+//! holder --etcd URL[,URL...] --name NAME [--watchdog SECS (30)]
 //! ```
 //! Prints `held <token>` once the lock is taken, then answers each line of stdin:
 //! - `check`: `held` or `lost` (`LockGuard::ensure_held`: local knowledge, no I/O);
 //! - `write VALUE`: writes VALUE to the Redis hash KEY through the fencing check
 //!   (`dlm_redis::fenced_set`) with the lock's token, whether or not the lock is still
-//!   held (as a holder that does not check would): `written` or `refused`;
+//!   held (as a holder that does not check would): `written` or `refused` (with
+//!   `--redis` only; with `--etcd` the test writes through its own fencing check);
 //! - `unlock`: releases the lock, prints `unlocked` or `unlock failed: ...`, and exits.
 //!
 //! End of input releases the lock and exits too.
@@ -25,14 +27,14 @@ use dlm_redis::{FencedWriteError, redis};
 fn main() -> ExitCode {
     let mut args = Args::from_env(
         "holder",
-        "--redis URL[,URL...] --name NAME [--watchdog SECS (30)] [--key KEY]",
+        "(--redis URL[,URL...] | --etcd URL[,URL...]) --name NAME [--watchdog SECS (30)] [--key KEY]",
     );
-    let Some(first_url) = args
+    let first_url = args
         .peek("--redis")
-        .and_then(|u| u.split(',').next().map(str::to_owned))
-    else {
-        args.fail("--redis is required");
-    };
+        .and_then(|u| u.split(',').next().map(str::to_owned));
+    if first_url.is_none() && args.peek("--etcd").is_none() {
+        args.fail("--redis or --etcd is required");
+    }
     let backend = args.backend();
     let Some(name) = args.value("--name") else {
         args.fail("--name is required");
@@ -71,6 +73,10 @@ fn main() -> ExitCode {
         match command {
             "check" => println!("{}", if guard.is_held() { "held" } else { "lost" }),
             "write" => {
+                let Some(first_url) = &first_url else {
+                    println!("write failed: needs --redis");
+                    continue;
+                };
                 let written = redis::Client::open(first_url.as_str())
                     .and_then(|c| c.get_connection())
                     .map_err(|e| e.to_string())

@@ -1,0 +1,145 @@
+//! The real `dlm` binary on etcd (`--etcd`, `$DLM_ETCD_ENDPOINTS`): the same flags and the
+//! same behaviour as on Redis, against real etcd members from the testkit.
+//!
+//! Every test takes `SERIAL`, so they run one at a time even without `--test-threads=1`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Json, Proc, SERIAL, dlm, q, read, run, wait_until};
+use dlm_testkit::etcd::EtcdServer;
+
+/// `dlm status` on etcd says whether `name` is held.
+fn is_held(url: &str, name: &str) -> bool {
+    let done = run(dlm().args(["status", "--etcd", url, name, "--json"]));
+    done.expect(0);
+    Json::parse(&done.stdout).array()[0].get("held") == &Json::Bool(true)
+}
+
+#[test]
+fn run_status_and_forced_unlock_on_etcd() {
+    let _serial = SERIAL.lock();
+    let server = EtcdServer::spawn();
+    let url = server.url();
+
+    // The command gets its name and token.
+    let done = run(dlm().args([
+        "run",
+        "--etcd",
+        &url,
+        "job",
+        "--",
+        "sh",
+        "-c",
+        "test \"$DLM_LOCK_NAME\" = job && echo $DLM_FENCING_TOKEN",
+    ]));
+    done.expect(0);
+    assert!(done.stdout.trim().parse::<u64>().is_ok(), "{}", done.stdout);
+
+    // A holder, then a second run refused (-n), with its conflict exit code.
+    let dir = tempfile::tempdir().unwrap();
+    let (go, out) = (dir.path().join("go"), dir.path().join("out"));
+    let mut holder = Proc::spawn(
+        dlm()
+            .args(["run", "--etcd", &url, "admin", "-c"])
+            .arg(format!(
+                "echo started >> {o}; while [ ! -e {g} ]; do sleep 0.05; done; echo finished >> {o}",
+                o = q(&out),
+                g = q(&go)
+            )),
+    );
+    wait_until(Duration::from_secs(10), "the holder started", || {
+        read(&out) == "started\n"
+    });
+    run(dlm().args(["run", "-n", "--etcd", &url, "admin", "--", "true"])).expect(1);
+    run(dlm().args([
+        "run", "-n", "-E", "75", "--etcd", &url, "admin", "--", "true",
+    ]))
+    .expect(75);
+
+    // $DLM_ETCD_ENDPOINTS stands for --etcd.
+    let done = run(dlm()
+        .env("DLM_ETCD_ENDPOINTS", &url)
+        .args(["status", "admin", "other", "--json"]));
+    done.expect(0);
+    let rows = Json::parse(&done.stdout);
+    let rows = rows.array();
+    assert_eq!(rows[0].get("held"), &Json::Bool(true), "{}", done.stdout);
+    let remaining = rows[0].get("remaining_ms").u64();
+    assert!(
+        remaining > 0 && remaining <= 30_000,
+        "remaining_ms {remaining}"
+    );
+    assert_eq!(rows[1].get("held"), &Json::Bool(false));
+
+    // unlock --force: the holder is not told at once; it learns at its next renewal and
+    // its command is stopped (70), as on Redis.
+    let done = run(dlm().args(["unlock", "--force", "--yes", "--etcd", &url, "admin"]));
+    done.expect(0);
+    assert_eq!(done.stdout, "admin\treleased\n");
+    assert!(!is_held(&url, "admin"));
+    std::fs::write(&go, "").unwrap();
+    let done = holder.wait(Duration::from_secs(20));
+    done.expect(70);
+    assert!(done.stderr.contains("lost"), "{}", done.stderr);
+}
+
+#[test]
+fn etcd_usage_errors_and_an_unreachable_member() {
+    let _serial = SERIAL.lock();
+    for (args, why) in [
+        (
+            vec!["--etcd", "https://127.0.0.1:2379"],
+            "https:// is not supported yet",
+        ),
+        (
+            vec!["--etcd", "redis://127.0.0.1:6379"],
+            "must start with http://",
+        ),
+        (
+            vec!["--etcd", "http://127.0.0.1:2379", "--cluster"],
+            "cannot be used with",
+        ),
+        (
+            vec![
+                "--etcd",
+                "http://127.0.0.1:2379",
+                "--redis",
+                "redis://127.0.0.1",
+            ],
+            "cannot be used with",
+        ),
+    ] {
+        let done = run(dlm().arg("run").args(&args).args(["x", "--", "true"]));
+        done.expect(2);
+        assert!(done.stderr.contains(why), "{args:?}: {}", done.stderr);
+    }
+    let done = run(dlm()
+        .env("DLM_ETCD_ENDPOINTS", "http://127.0.0.1:2379")
+        .env("DLM_REDIS_URL", "redis://127.0.0.1:6379")
+        .args(["run", "x", "--", "true"]));
+    done.expect(2);
+    assert!(
+        done.stderr.contains("give --redis or --etcd"),
+        "{}",
+        done.stderr
+    );
+    // Nothing listening: the backend's failure (69), within the wait.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let done = run(dlm().args([
+        "run",
+        "-w",
+        "1",
+        "--etcd",
+        &format!("http://127.0.0.1:{port}"),
+        "x",
+        "--",
+        "true",
+    ]));
+    done.expect(69);
+}
