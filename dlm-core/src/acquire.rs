@@ -11,6 +11,7 @@ use crate::backend::{Acquire, Lease, OwnerToken, Watch};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::guard::LockGuard;
 use crate::interrupt::Interrupt;
+use crate::observe::Outcome;
 use crate::shared::{Holding, LockShared, thread_no};
 use crate::watchdog::{KeepAlive, Registration};
 
@@ -50,16 +51,37 @@ impl Acquisition<'_> {
         wait: Wait,
         interrupt: Option<&Interrupt>,
     ) -> Result<Option<LockGuard>> {
-        let shared = self.shared;
-        let client = &shared.client;
+        let metrics = &self.shared.metrics;
         if interrupt.is_some_and(Interrupt::is_interrupted) {
+            metrics.not_acquired(Outcome::Interrupted);
             return Err(Error::Interrupted);
         }
-        if client.reentrant
+        if self.shared.client.reentrant
             && let Some(guard) = self.reenter()?
         {
             return Ok(Some(guard));
         }
+        let started = metrics.clock();
+        let result = self.wait_loop(wait, interrupt, started);
+        match &result {
+            Ok(Some(_)) => {} // counted by `install`
+            Ok(None) => metrics.not_acquired(Outcome::TimedOut),
+            Err(Error::Interrupted) => metrics.not_acquired(Outcome::Interrupted),
+            Err(_) => metrics.not_acquired(Outcome::Failed),
+        }
+        result
+    }
+
+    /// Attempts until the lock is acquired, the wait is over, an interrupt or an error.
+    fn wait_loop(
+        &self,
+        wait: Wait,
+        interrupt: Option<&Interrupt>,
+        started: Option<Instant>,
+    ) -> Result<Option<LockGuard>> {
+        let shared = self.shared;
+        let client = &shared.client;
+        let metrics = &shared.metrics;
         let token = client.token_for_current_thread();
         let never = crossbeam_channel::never();
         let interrupt_rx: &Receiver<()> = interrupt.map_or(&never, Interrupt::receiver);
@@ -107,13 +129,14 @@ impl Acquisition<'_> {
                         self.abandon(&token);
                         return Err(Error::Interrupted);
                     }
-                    return Ok(Some(self.install(token, lease)));
+                    return Ok(Some(self.install(token, lease, started)));
                 }
                 Ok(Acquire::Held { retry_after }) => {
                     failing_since = None;
                     (retry_after, None)
                 }
                 Err(e) => {
+                    metrics.error(&e);
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if !e.is_transient() || since.elapsed() >= client.retry.error_timeout_value() {
                         self.abandon(&token);
@@ -181,6 +204,7 @@ impl Acquisition<'_> {
                         // Our turn: newcomers of this process hold back until we tried.
                         w.trying(true);
                         woken = true;
+                        metrics.woken();
                     }
                     if hint.is_err() {
                         // The subscription died: poll from now on.
@@ -207,7 +231,12 @@ impl Acquisition<'_> {
                 "lock {:?}: re-acquired by its holding thread after the lease was lost",
                 self.shared.name
             );
+            let counted = h.lost;
             state.holding = None;
+            drop(state);
+            if !counted {
+                self.shared.metrics.lost();
+            }
             return Ok(None);
         }
         h.count = h
@@ -224,11 +253,16 @@ impl Acquisition<'_> {
         )))
     }
 
-    fn install(&self, token: OwnerToken, lease: Lease) -> LockGuard {
+    fn install(&self, token: OwnerToken, lease: Lease, started: Option<Instant>) -> LockGuard {
+        let metrics = &self.shared.metrics;
+        let at = metrics.clock();
         let mut state = self.shared.state.lock();
         state.next_generation += 1;
         let generation = state.next_generation;
-        if state.holding.is_some() {
+        if let Some(earlier) = &state.holding {
+            if !earlier.lost {
+                metrics.lost();
+            }
             // Another of our threads held it, but the backend granted it to us: that hold
             // expired. Its guards will see they are stale.
             log::warn!(
@@ -242,7 +276,7 @@ impl Acquisition<'_> {
             self.shared.client.watchdog.register(Registration {
                 lock,
                 generation,
-                acquired: Instant::now(),
+                acquired: at.unwrap_or_else(Instant::now),
             })
         } else {
             None
@@ -253,12 +287,14 @@ impl Acquisition<'_> {
             generation,
             token,
             lease,
+            since: at,
             renewals: 0,
             lost: false,
             _renewal: renewal,
             signal: None,
         });
         drop(state);
+        metrics.acquired(started, at);
         LockGuard::new(
             self.shared.clone(),
             self.keep_alive.clone(),
@@ -270,7 +306,8 @@ impl Acquisition<'_> {
     /// Best effort: undoes an acquisition that may have landed (an attempt that failed
     /// after the request was sent, or one that won after an interrupt).
     fn abandon(&self, token: &OwnerToken) {
-        if let Err(e) = self.shared.client.backend.release(&self.shared.name, token) {
+        let released = self.shared.client.backend.release(&self.shared.name, token);
+        if let Err(e) = self.shared.metrics.check(released) {
             log::debug!(
                 "lock {:?}: clean-up after a failed acquisition failed: {e}",
                 self.shared.name

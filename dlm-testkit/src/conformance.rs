@@ -856,6 +856,9 @@ impl dlm_core::backend::LockBackend for ReleaseAfterFirstHeld {
     fn now(&self) -> Instant {
         self.inner.now()
     }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
         self.inner.inspect(name)
     }
@@ -1260,6 +1263,9 @@ impl dlm_core::backend::LockBackend for Gate {
 
     fn now(&self) -> Instant {
         self.inner.now()
+    }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
     }
 }
 

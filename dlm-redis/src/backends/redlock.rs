@@ -82,7 +82,7 @@ impl Redlock {
                 hints,
                 quorum: quorum(nodes.len()),
                 nodes: nodes.into_iter().map(Arc::new).collect(),
-                fanout: Fanout::new(),
+                fanout: Fanout::new("redlock"),
                 options,
             }),
         }
@@ -612,6 +612,10 @@ impl LockBackend for Redlock {
             (Some(hints), Some(node)) => hints.wake_pending(|| node.keys.channel(name)),
             _ => false,
         }
+    }
+
+    fn kind(&self) -> &'static str {
+        "redlock"
     }
 }
 
