@@ -2,10 +2,11 @@
 //! against redis-server processes it starts itself.
 //!
 //! ```text
-//! cargo run --release -p dlm-bench -- [--quick | --smoke] [--no-peers] [--json FILE]
+//! cargo run --release -p dlm-bench -- [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE]
 //! ```
 //! Prints a markdown table (each figure also as a ratio to the minimal client of the same
-//! scenario) and optionally writes one JSON object per (system, scenario, nodes, threads).
+//! scenario) and optionally writes one JSON object per (system, scenario, nodes, threads),
+//! and an SVG chart of the ratios to the minimal client with their round-to-round range.
 //! Within a scenario the systems run in interleaved rounds (A B C, B C A, ...), so that
 //! the machine's slow and fast spells fall on all of them alike: the ratios are what this
 //! harness is for.
@@ -13,9 +14,11 @@
 // A binary: `pub` marks what the modules share, nothing is exported.
 #![allow(unreachable_pub)]
 
+mod chart;
 mod etcd;
 mod peers;
 mod proxy;
+mod recorder;
 mod system;
 mod systems;
 
@@ -28,6 +31,7 @@ use std::time::{Duration, Instant};
 use dlm_testkit::redis_server::{RedisNodes, RedisServer};
 
 use crate::proxy::Proxy;
+use crate::recorder::Atomics;
 use crate::system::LockSystem;
 use crate::systems::{Dlm, Minimal};
 
@@ -35,6 +39,13 @@ const TTL: Duration = Duration::from_secs(30);
 const CONTENDERS: usize = 4;
 /// Unmeasured time at the start of each uncontended round (connections, caches).
 const WARM_UP: Duration = Duration::from_millis(200);
+/// The rows with metrics on and a recorder installed (uncontended only), and the row
+/// each is compared with: the same system without a recorder.
+const METERED: [(&str, &str); 3] = [
+    ("dlm (memory, metrics)", "dlm (memory)"),
+    ("dlm (metrics)", "dlm"),
+    ("dlm (no fencing, metrics)", "dlm (no fencing)"),
+];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -47,6 +58,8 @@ struct Opts {
     mode: Mode,
     peers: bool,
     json: Option<String>,
+    /// Where to write the chart.
+    svg: Option<String>,
     /// Only systems whose name contains this.
     only: Option<String>,
     /// Only this scenario.
@@ -63,6 +76,7 @@ impl Opts {
             mode: Mode::Full,
             peers: true,
             json: None,
+            svg: None,
             only: None,
             scenario: None,
             nodes: None,
@@ -75,6 +89,7 @@ impl Opts {
                 "--smoke" => opts.mode = Mode::Smoke,
                 "--no-peers" => opts.peers = false,
                 "--json" => opts.json = Some(args.next().expect("--json needs a file")),
+                "--svg" => opts.svg = Some(args.next().expect("--svg needs a file")),
                 "--only" => opts.only = Some(args.next().expect("--only needs a name")),
                 "--scenario" => {
                     opts.scenario = Some(args.next().expect("--scenario needs a name"));
@@ -96,7 +111,8 @@ impl Opts {
                 "--bench" => {} // passed by `cargo bench`
                 other => {
                     eprintln!(
-                        "unknown argument {other:?}\nusage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff|paused-minority|fenced-use] [--nodes 1|5] [--rounds N]"
+                        "unknown argument {other:?}
+usage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff|paused-minority|fenced-use] [--nodes 1|5] [--rounds N]"
                     );
                     std::process::exit(2);
                 }
@@ -496,7 +512,7 @@ fn ping_rtt(server: &RedisServer) -> f64 {
 }
 
 /// The systems for one set of servers.
-fn systems(urls: &[String], opts: &Opts) -> Vec<Box<dyn LockSystem>> {
+fn systems(urls: &[String], opts: &Opts, recorder: &Arc<Atomics>) -> Vec<Box<dyn LockSystem>> {
     let mut v: Vec<Box<dyn LockSystem>> = Vec::new();
     if urls.len() == 1 {
         let fenced = dlm_redis::RedisBackend::new(&urls[0]).unwrap();
@@ -518,6 +534,28 @@ fn systems(urls: &[String], opts: &Opts) -> Vec<Box<dyn LockSystem>> {
     v.push(Box::new(Minimal::new(urls, TTL)));
     // The transport A/B: the same minimal client over dlm's own connection.
     v.push(Box::new(Minimal::over_dlm_transport(urls, TTL)));
+    // dlm with a recorder installed, beside dlm without: the cost of its metrics.
+    for (name, fencing) in [
+        ("dlm (metrics)", true),
+        ("dlm (no fencing, metrics)", false),
+    ] {
+        if !opts.wants(name, "uncontended") {
+            continue;
+        }
+        let backend = metrics::with_local_recorder(recorder.as_ref(), || {
+            let b: Arc<dyn dlm_core::backend::LockBackend> = if urls.len() == 1 {
+                let b = dlm_redis::RedisBackend::builder(&urls[0]).fencing(fencing);
+                Arc::new(b.build().unwrap())
+            } else {
+                let b = dlm_redis::Redlock::builder(urls).fencing(fencing);
+                Arc::new(b.build().unwrap())
+            };
+            b
+        });
+        v.push(Box::new(
+            Dlm::new(name, backend, TTL).with_metrics(recorder.clone()),
+        ));
+    }
     if opts.peers {
         v.extend(peers::peers(urls, TTL.as_millis() as u64));
     }
@@ -527,6 +565,7 @@ fn systems(urls: &[String], opts: &Opts) -> Vec<Box<dyn LockSystem>> {
 fn main() {
     let opts = Opts::parse();
     let (rounds, run_for) = opts.rounds();
+    let recorder = Arc::new(Atomics::default());
     // The single server has a TLS port too (test CA), for dlm over rediss:// beside plain.
     let pki = dlm_testkit::tls::TestPki::new();
     let single = RedisServer::builder()
@@ -538,6 +577,9 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
     let mut push = |mut row: Row, nodes: usize| {
         row.nodes = nodes;
+        if let Some((_, base)) = METERED.iter().find(|(name, _)| *name == row.system) {
+            row.base = Some(base);
+        }
         row.ping_rtt_us = Some(rtt);
         eprintln!(
             "{:<28} {:<11} nodes={} threads={} cycles/s={:.0} p50={:.1}us p99={:.1}us",
@@ -566,9 +608,22 @@ fn main() {
         Arc::new(dlm_memory::MemoryBackend::new()),
         TTL,
     );
+    let memory_metered = Dlm::new(
+        METERED[0].0,
+        Arc::new(dlm_memory::MemoryBackend::new()),
+        TTL,
+    )
+    .with_metrics(recorder.clone());
     for scenario in &scenarios[..3] {
-        if opts.wants(&memory.name(), scenario.name()) {
-            for row in measure(&[&memory], *scenario, rounds, run_for) {
+        let chosen: Vec<&dyn LockSystem> = [&memory as &dyn LockSystem, &memory_metered]
+            .into_iter()
+            .filter(|s| opts.wants(&s.name(), scenario.name()))
+            .filter(|s| {
+                matches!(scenario, Scenario::Uncontended { .. }) || !s.name().contains("metrics")
+            })
+            .collect();
+        if !chosen.is_empty() {
+            for row in measure(&chosen, *scenario, rounds, run_for) {
                 push(row, 0);
             }
         }
@@ -613,8 +668,8 @@ fn main() {
         };
         let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
         let proxy_urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
-        let counted = systems(&proxy_urls, &opts);
-        let mut timed = systems(&urls, &opts);
+        let counted = systems(&proxy_urls, &opts, &recorder);
+        let mut timed = systems(&urls, &opts, &recorder);
         if nodes == 1 {
             // TLS (uncontended only; not counted: the proxy cannot read TLS).
             let tls = || dlm_redis::TlsOptions::new().ca_file(pki.ca_file());
@@ -642,7 +697,8 @@ fn main() {
                 .map(|s| s.as_ref())
                 .filter(|s| opts.wants(&s.name(), scenario.name()))
                 .filter(|s| {
-                    matches!(scenario, Scenario::Uncontended { .. }) || !s.name().contains("TLS")
+                    matches!(scenario, Scenario::Uncontended { .. })
+                        || !(s.name().contains("TLS") || s.name().contains("metrics"))
                 })
                 .filter(|s| {
                     nodes == 1
@@ -691,7 +747,11 @@ fn main() {
         let chosen: Vec<&dyn LockSystem> = timed
             .iter()
             .map(|s| s.as_ref())
-            .filter(|s| s.name().starts_with("dlm") && opts.wants(&s.name(), scenario.name()))
+            .filter(|s| {
+                s.name().starts_with("dlm")
+                    && !s.name().contains("metrics")
+                    && opts.wants(&s.name(), scenario.name())
+            })
             .collect();
         if nodes == 5 && !chosen.is_empty() {
             five.get(4).pause();
@@ -763,9 +823,20 @@ fn main() {
         drop(replica);
     }
 
+    let summary = recorder.summary();
+    if !summary.is_empty() {
+        eprintln!("what the (metrics) rows recorded:\n{summary}");
+    }
     print!("{}", markdown(&rows, rtt, rounds, run_for));
     if let Some(path) = &opts.json {
         std::fs::write(path, json(&rows)).expect("write the JSON file");
+        eprintln!("wrote {path}");
+    }
+    if let Some(path) = &opts.svg {
+        let caption = format!(
+            "dlm-bench: cycles/s as a ratio to the minimal client; {rounds} round(s) of {run_for:?} per system"
+        );
+        std::fs::write(path, chart::svg(&rows, &caption)).expect("write the SVG file");
         eprintln!("wrote {path}");
     }
 }
@@ -793,8 +864,8 @@ fn ratio(v: Option<f64>, base: Option<f64>) -> String {
 }
 
 /// The lowest and highest ratio of `rates` to `base` over rounds run side by side
-/// (round k of one system against round k of the other).
-fn round_ratios(rates: &[f64], base: &[f64]) -> String {
+/// (round k of one system against round k of the other); `None` below two rounds.
+fn round_range(rates: &[f64], base: &[f64]) -> Option<(f64, f64)> {
     let ratios: Vec<f64> = rates
         .iter()
         .zip(base)
@@ -803,10 +874,46 @@ fn round_ratios(rates: &[f64], base: &[f64]) -> String {
         .collect();
     let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if ratios.len() < 2 {
-        return "-".into();
+    (ratios.len() >= 2).then_some((lo, hi))
+}
+
+/// [`round_range`] for the table.
+fn round_ratios(rates: &[f64], base: &[f64]) -> String {
+    round_range(rates, base).map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.2}-{hi:.2}"))
+}
+
+/// The minimal client's row of the same scenario, nodes and threads as `r`.
+fn minimal_of<'a>(rows: &'a [Row], r: &Row) -> Option<&'a Row> {
+    rows.iter().find(|b| {
+        b.system == "minimal"
+            && b.scenario == r.scenario
+            && b.nodes == r.nodes
+            && b.threads == r.threads
+    })
+}
+
+/// The row `r` is compared with in the table: its `base` (same scenario and threads, on
+/// the same nodes if there is one, else on any), the same system's uncontended row for
+/// paused-minority, else the minimal client.
+fn base_of<'a>(rows: &'a [Row], r: &Row) -> Option<&'a Row> {
+    if let Some(base) = r.base {
+        let same =
+            |b: &&Row| b.system == base && b.scenario == r.scenario && b.threads == r.threads;
+        return rows
+            .iter()
+            .filter(same)
+            .find(|b| b.nodes == r.nodes)
+            .or_else(|| rows.iter().find(same));
     }
-    format!("{lo:.2}-{hi:.2}")
+    if r.scenario == "paused-minority" {
+        return rows.iter().find(|b| {
+            b.system == r.system
+                && b.scenario == "uncontended"
+                && b.nodes == r.nodes
+                && b.threads == r.threads
+        });
+    }
+    minimal_of(rows, r)
 }
 
 fn num(v: Option<f64>, digits: usize) -> String {
@@ -817,7 +924,7 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT; the (metrics) rows, with a recorder installed: to the same system without one); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
     );
     let _ = writeln!(
         out,
@@ -828,21 +935,7 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
-        let base = rows.iter().find(|b| {
-            if let Some(base) = r.base {
-                return b.system == base && b.scenario == r.scenario && b.threads == r.threads;
-            }
-            if r.scenario == "paused-minority" {
-                return b.system == r.system
-                    && b.scenario == "uncontended"
-                    && b.nodes == r.nodes
-                    && b.threads == r.threads;
-            }
-            b.system == "minimal"
-                && b.scenario == r.scenario
-                && b.nodes == r.nodes
-                && b.threads == r.threads
-        });
+        let base = base_of(rows, r);
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {}{} | {} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} |",

@@ -6,6 +6,7 @@ use std::time::Duration;
 use dlm_core::backend::LockBackend;
 use dlm_core::{FencedResource, Lock, LockClient, LockGuard};
 
+use crate::recorder::Atomics;
 use crate::system::{LockHandle, LockSystem};
 
 /// dlm over any backend; each handle is its own client (a separate owner).
@@ -13,6 +14,8 @@ pub struct Dlm {
     name: String,
     backend: Arc<dyn LockBackend>,
     ttl: Duration,
+    /// The recorder its clients report to (`None`: the facade's no-op).
+    recorder: Option<Arc<Atomics>>,
 }
 
 impl Dlm {
@@ -22,7 +25,15 @@ impl Dlm {
             name: name.to_owned(),
             backend,
             ttl,
+            recorder: None,
         }
+    }
+
+    /// The same, with each client's metrics registered with `recorder` (build the
+    /// backend with it in place too, for the backend's own metrics).
+    pub fn with_metrics(mut self, recorder: Arc<Atomics>) -> Self {
+        self.recorder = Some(recorder);
+        self
     }
 }
 
@@ -32,11 +43,18 @@ impl LockSystem for Dlm {
     }
 
     fn handle(&self) -> Box<dyn LockHandle> {
-        Box::new(DlmHandle {
-            client: LockClient::builder(self.backend.clone())
+        let build = || {
+            LockClient::builder(self.backend.clone())
                 .lease(self.ttl)
                 .build()
-                .unwrap(),
+                .unwrap()
+        };
+        let client = match &self.recorder {
+            Some(r) => metrics::with_local_recorder(r.as_ref(), build),
+            None => build(),
+        };
+        Box::new(DlmHandle {
+            client,
             guard: None,
             resource: FencedResource::new(0),
         })

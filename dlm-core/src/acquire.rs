@@ -11,6 +11,7 @@ use crate::backend::{Acquire, Lease, OwnerToken, Watch};
 use crate::error::{Error, InvalidArgument, Result};
 use crate::guard::LockGuard;
 use crate::interrupt::Interrupt;
+use crate::observe::Outcome;
 use crate::shared::{Holding, LockShared, thread_no};
 use crate::watchdog::{KeepAlive, Registration};
 
@@ -50,16 +51,37 @@ impl Acquisition<'_> {
         wait: Wait,
         interrupt: Option<&Interrupt>,
     ) -> Result<Option<LockGuard>> {
-        let shared = self.shared;
-        let client = &shared.client;
+        let metrics = &self.shared.metrics;
         if interrupt.is_some_and(Interrupt::is_interrupted) {
+            metrics.not_acquired(Outcome::Interrupted);
             return Err(Error::Interrupted);
         }
-        if client.reentrant
+        if self.shared.client.reentrant
             && let Some(guard) = self.reenter()?
         {
             return Ok(Some(guard));
         }
+        let started = metrics.clock();
+        let result = self.wait_loop(wait, interrupt, started);
+        match &result {
+            Ok(Some(_)) => {} // counted by `install`
+            Ok(None) => metrics.not_acquired(Outcome::TimedOut),
+            Err(Error::Interrupted) => metrics.not_acquired(Outcome::Interrupted),
+            Err(_) => metrics.not_acquired(Outcome::Failed),
+        }
+        result
+    }
+
+    /// Attempts until the lock is acquired, the wait is over, an interrupt or an error.
+    fn wait_loop(
+        &self,
+        wait: Wait,
+        interrupt: Option<&Interrupt>,
+        started: Option<Instant>,
+    ) -> Result<Option<LockGuard>> {
+        let shared = self.shared;
+        let client = &shared.client;
+        let metrics = &shared.metrics;
         // Each attempt has an owner token of its own: a request of a failed attempt that
         // reaches a server late (a lost reply, or a backend's undo of a partial
         // acquisition, such as Redlock's, still in flight) can then only ever touch that
@@ -111,7 +133,7 @@ impl Acquisition<'_> {
                         self.abandon(&token);
                         return Err(Error::Interrupted);
                     }
-                    return Ok(Some(self.install(token, lease)));
+                    return Ok(Some(self.install(token, lease, started)));
                 }
                 Ok(Acquire::Held { retry_after }) => {
                     failing_since = None;
@@ -119,6 +141,7 @@ impl Acquisition<'_> {
                     (retry_after, None)
                 }
                 Err(e) => {
+                    metrics.error(&e);
                     // The attempt may have landed: its key, if any, is released (best
                     // effort; a late release can only touch this attempt's key).
                     self.abandon(&token);
@@ -187,6 +210,7 @@ impl Acquisition<'_> {
                         // Our turn: newcomers of this process hold back until we tried.
                         w.trying(true);
                         woken = true;
+                        metrics.woken();
                     }
                     if hint.is_err() {
                         // The subscription died: poll from now on.
@@ -213,7 +237,12 @@ impl Acquisition<'_> {
                 "lock {:?}: re-acquired by its holding thread after the lease was lost",
                 self.shared.name
             );
+            let counted = h.lost;
             state.holding = None;
+            drop(state);
+            if !counted {
+                self.shared.metrics.lost();
+            }
             return Ok(None);
         }
         h.count = h
@@ -230,11 +259,16 @@ impl Acquisition<'_> {
         )))
     }
 
-    fn install(&self, token: OwnerToken, lease: Lease) -> LockGuard {
+    fn install(&self, token: OwnerToken, lease: Lease, started: Option<Instant>) -> LockGuard {
+        let metrics = &self.shared.metrics;
+        let at = metrics.clock();
         let mut state = self.shared.state.lock();
         state.next_generation += 1;
         let generation = state.next_generation;
-        if state.holding.is_some() {
+        if let Some(earlier) = &state.holding {
+            if !earlier.lost {
+                metrics.lost();
+            }
             // Another of our threads held it, but the backend granted it to us: that hold
             // expired. Its guards will see they are stale.
             log::warn!(
@@ -248,7 +282,7 @@ impl Acquisition<'_> {
             self.shared.client.watchdog.register(Registration {
                 lock,
                 generation,
-                acquired: Instant::now(),
+                acquired: at.unwrap_or_else(Instant::now),
             })
         } else {
             None
@@ -260,12 +294,14 @@ impl Acquisition<'_> {
             token,
             lease,
             fence: lease.fence(),
+            since: at,
             renewals: 0,
             lost: false,
             _renewal: renewal,
             signal: None,
         });
         drop(state);
+        metrics.acquired(started, at);
         LockGuard::new(
             self.shared.clone(),
             self.keep_alive.clone(),
@@ -277,7 +313,8 @@ impl Acquisition<'_> {
     /// Best effort: undoes an acquisition that may have landed (an attempt that failed
     /// after the request was sent, or one that won after an interrupt).
     fn abandon(&self, token: &OwnerToken) {
-        if let Err(e) = self.shared.client.backend.release(&self.shared.name, token) {
+        let released = self.shared.client.backend.release(&self.shared.name, token);
+        if let Err(e) = self.shared.metrics.check(released) {
             log::debug!(
                 "lock {:?}: clean-up after a failed acquisition failed: {e}",
                 self.shared.name

@@ -89,6 +89,8 @@ impl LockClient {
             )),
             reentrant: b.reentrant,
             retry: b.retry,
+            metrics: b.metrics,
+            metrics_lock_names: b.metrics_lock_names,
         });
         LockClient {
             shared: Arc::new(shared),
@@ -144,6 +146,8 @@ pub struct LockClientBuilder {
     max_lease: Duration,
     reentrant: bool,
     retry: RetryPolicy,
+    metrics: bool,
+    metrics_lock_names: bool,
 }
 
 impl LockClientBuilder {
@@ -156,6 +160,8 @@ impl LockClientBuilder {
             max_lease: DEFAULT_MAX_LEASE,
             reentrant: true,
             retry: RetryPolicy::default(),
+            metrics: true,
+            metrics_lock_names: false,
         }
     }
 
@@ -205,6 +211,28 @@ impl LockClientBuilder {
     /// How waits pace their attempts. Defaults to [`RetryPolicy::default`].
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Whether the client reports metrics through the [`metrics`](https://docs.rs/metrics)
+    /// facade (names, units and labels: [`metric_names`](crate::metric_names)). Defaults to
+    /// `true`. The facade does nothing until the application installs a recorder, and the
+    /// client registers its metrics with the recorder in place when it is built: install
+    /// the recorder first. Off, the client registers nothing and reads no clock for wait
+    /// and hold times (two clock reads per acquisition, which only an in-process backend
+    /// would notice).
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.metrics = on;
+        self
+    }
+
+    /// Whether the client's metrics carry the lock's name as a label
+    /// ([`metric_names::LOCK`](crate::metric_names::LOCK)). Defaults to `false`: lock
+    /// names are unbounded, and each name becomes time series of its own, so turn this on
+    /// only for a small, fixed set of names. A lock's metrics are registered when its
+    /// first handle is made ([`LockClient::get_lock`]).
+    pub fn metrics_lock_names(mut self, on: bool) -> Self {
+        self.metrics_lock_names = on;
         self
     }
 

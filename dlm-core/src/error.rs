@@ -207,6 +207,26 @@ impl BackendErrorKind {
         )
     }
 
+    /// The kind in snake case (`no_quorum`): the `kind` label of dlm's metrics.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            BackendErrorKind::Unavailable => "unavailable",
+            BackendErrorKind::Timeout => "timeout",
+            BackendErrorKind::NoQuorum => "no_quorum",
+            BackendErrorKind::Busy => "busy",
+            BackendErrorKind::Auth => "auth",
+            BackendErrorKind::Permission => "permission",
+            BackendErrorKind::ReadOnly => "read_only",
+            BackendErrorKind::OutOfMemory => "out_of_memory",
+            BackendErrorKind::UnexpectedKey => "unexpected_key",
+            BackendErrorKind::Protocol => "protocol",
+            BackendErrorKind::Tls => "tls",
+            BackendErrorKind::NotReplicated => "not_replicated",
+            BackendErrorKind::Unsupported => "unsupported",
+            BackendErrorKind::Other => "other",
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             BackendErrorKind::Unavailable => "unavailable",

@@ -261,19 +261,25 @@ impl LockGuard {
             .lock
             .with_current(self.generation, |h| h.start_renewal())
             .ok_or(Error::LockLost)?;
-        let result = client.backend.extend(&self.lock.name, &started.token, ttl);
-        // Applied only if the hold is still this acquisition and not found lost meanwhile.
+        let metrics = &self.lock.metrics;
+        let result = metrics.check(client.backend.extend(&self.lock.name, &started.token, ttl));
+        // Applied (and counted) only if the hold is still this acquisition and not found
+        // lost meanwhile.
         self.lock
-            .with_current(self.generation, |holding| match result {
-                Ok(Some(lease)) => {
-                    holding.renewed(started, lease);
-                    Ok(())
+            .with_current(self.generation, |holding| {
+                metrics.renewal(matches!(result, Ok(Some(_))));
+                match result {
+                    Ok(Some(lease)) => {
+                        holding.renewed(started, lease);
+                        Ok(())
+                    }
+                    Ok(None) => {
+                        holding.mark_lost();
+                        metrics.lost();
+                        Err(Error::LockLost)
+                    }
+                    Err(e) => Err(e.into()),
                 }
-                Ok(None) => {
-                    holding.mark_lost();
-                    Err(Error::LockLost)
-                }
-                Err(e) => Err(e.into()),
             })
             .unwrap_or(Err(Error::LockLost))
     }

@@ -47,6 +47,8 @@ mod guard;
 mod interrupt;
 mod lock;
 mod lost;
+pub mod metric_names;
+mod observe;
 mod retry;
 mod shared;
 mod signal;

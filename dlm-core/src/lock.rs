@@ -212,7 +212,10 @@ impl DistributedLock {
     /// The remaining lease of whoever holds the lock, or `None` when it is free (asks the
     /// backend).
     pub fn remaining_lease(&self) -> Result<Option<Duration>> {
-        Ok(self.shared.client.backend.inspect(&self.shared.name)?)
+        let shared = &self.shared;
+        Ok(shared
+            .metrics
+            .check(shared.client.backend.inspect(&shared.name))?)
     }
 
     /// Whether the calling thread holds the lock with a lease that has not run out or
@@ -236,11 +239,10 @@ impl DistributedLock {
     /// Releases the lock whoever holds it, in any process (administration). Returns
     /// whether it was held. Waiters are woken where the backend supports it.
     pub fn force_unlock(&self) -> Result<bool> {
-        Ok(self
-            .shared
-            .client
-            .backend
-            .force_release(&self.shared.name)?)
+        let shared = &self.shared;
+        Ok(shared
+            .metrics
+            .check(shared.client.backend.force_release(&shared.name))?)
     }
 
     fn acquire(&self, wait: Wait, interrupt: Option<&Interrupt>) -> Result<Option<LockGuard>> {

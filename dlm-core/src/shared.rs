@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{FencingToken, Lease, LockBackend, LockName, OwnerToken};
 use crate::error::{Error, InvalidArgument, Result};
+use crate::observe::Metrics;
 use crate::retry::RetryPolicy;
 use crate::signal::Signal;
 use crate::watchdog::{Renewable, RenewedHold, Started, Ticket, Watchdog};
@@ -29,6 +30,10 @@ pub(crate) struct ClientShared {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) reentrant: bool,
     pub(crate) retry: RetryPolicy,
+    /// The client's metrics (the locks' own, with their names as a label, when
+    /// `metrics_lock_names`).
+    pub(crate) metrics: Arc<Metrics>,
+    metrics_lock_names: bool,
     seq: AtomicU64,
     registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
 }
@@ -42,10 +47,20 @@ pub(crate) struct Settings {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) reentrant: bool,
     pub(crate) retry: RetryPolicy,
+    /// Metrics on (registered now, with the recorder in place).
+    pub(crate) metrics: bool,
+    /// Each lock's metrics carry its name.
+    pub(crate) metrics_lock_names: bool,
 }
 
 impl ClientShared {
     pub(crate) fn new(s: Settings) -> Self {
+        let metrics = if s.metrics {
+            crate::observe::describe();
+            Metrics::register(s.backend.kind(), None)
+        } else {
+            Metrics::off()
+        };
         ClientShared {
             backend: s.backend,
             id: s.id,
@@ -54,6 +69,8 @@ impl ClientShared {
             watchdog: s.watchdog,
             reentrant: s.reentrant,
             retry: s.retry,
+            metrics: Arc::new(metrics),
+            metrics_lock_names: s.metrics && s.metrics_lock_names,
             seq: AtomicU64::new(0),
             registry: Mutex::new(HashMap::new()),
         }
@@ -75,7 +92,12 @@ impl ClientShared {
         if let Some(shared) = registry.get(&name).and_then(Weak::upgrade) {
             return shared;
         }
-        let shared = Arc::new(LockShared::new(self.clone(), name.clone()));
+        let metrics = if self.metrics_lock_names {
+            Arc::new(Metrics::register(self.backend.kind(), Some(name.as_str())))
+        } else {
+            self.metrics.clone()
+        };
+        let shared = Arc::new(LockShared::new(self.clone(), name.clone(), metrics));
         registry.insert(name, Arc::downgrade(&shared));
         shared
     }
@@ -133,6 +155,7 @@ pub(crate) struct LockShared {
     pub(crate) client: Arc<ClientShared>,
     pub(crate) name: LockName,
     pub(crate) state: Mutex<State>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 #[derive(Default)]
@@ -155,6 +178,8 @@ pub(crate) struct Holding {
     /// `LockGuard::fencing_token` drew. Every guard of the hold (re-entries too) reads
     /// this one.
     pub(crate) fence: Option<FencingToken>,
+    /// When it was acquired, if metrics measure durations (for the hold time).
+    pub(crate) since: Option<Instant>,
     /// Renewals (watchdog and extensions) recorded in `lease`.
     pub(crate) renewals: u64,
     /// A renewal or extension found the lock gone.
@@ -222,11 +247,12 @@ impl RenewedHold for Holding {
 }
 
 impl LockShared {
-    fn new(client: Arc<ClientShared>, name: LockName) -> Self {
+    fn new(client: Arc<ClientShared>, name: LockName, metrics: Arc<Metrics>) -> Self {
         LockShared {
             client,
             name,
             state: Mutex::new(State::default()),
+            metrics,
         }
     }
 
@@ -251,10 +277,17 @@ impl LockShared {
         let token = holding.token;
         let signal = holding.signal.take();
         let was_valid = holding.is_valid(self.client.backend.now());
+        let (since, counted_lost) = (holding.since, holding.lost);
         // Drops the hold's ticket under the state mutex: its renewals end.
         state.holding = None;
         drop(state);
-        let released = self.client.backend.release(&self.name, &token);
+        self.metrics.released(since);
+        let released = self
+            .metrics
+            .check(self.client.backend.release(&self.name, &token));
+        if !counted_lost && (!was_valid || matches!(released, Ok(false))) {
+            self.metrics.lost();
+        }
         if let Some(signal) = signal {
             // Until now a watcher sees the hold as held (its release under way).
             // Lost if the lease had run out here (as the signal already said) or the key
@@ -299,6 +332,10 @@ impl Renewable for LockShared {
 
     fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold)) {
         self.with_current(generation, |h| f(h));
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 

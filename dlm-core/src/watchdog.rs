@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{Lease, LockBackend, LockName, OwnerToken, Renewal};
 use crate::error::{BackendError, BackendErrorKind};
+use crate::observe::Metrics;
 
 /// A lock as the renewal thread sees it (implemented by the lock's shared state).
 pub(crate) trait Renewable: Send + Sync {
@@ -48,6 +49,9 @@ pub(crate) trait Renewable: Send + Sync {
     /// Runs `f` under the lock's state mutex on hold `generation`, if it is still current
     /// and not lost.
     fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold));
+
+    /// Where the lock's renewals, losses and errors are counted.
+    fn metrics(&self) -> &Metrics;
 }
 
 /// A hold, under its lock's state mutex, as a renewal's outcome changes it.
@@ -369,12 +373,18 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
         started,
     } = due;
     let generation = entry.reg.generation;
+    let metrics = lock.metrics();
+    if let Err(e) = &result {
+        metrics.error(e);
+    }
     let mut entry = Some(entry);
     let mut result = Some(result);
     lock.with_hold(generation, &mut |hold| {
         let (Some(mut entry), Some(result)) = (entry.take(), result.take()) else {
             return;
         };
+        // Counted for holds still current (a renewal that crossed the release is not).
+        metrics.renewal(matches!(result, Ok(Some(_))));
         match result {
             Ok(Some(lease)) => {
                 hold.renewed(started, lease);
@@ -383,6 +393,7 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
             Ok(None) => {
                 log::warn!("lock {:?}: lost (renewal found it gone)", lock.name());
                 hold.mark_lost();
+                metrics.lost();
                 return;
             }
             Err(e) if lock.now() < hold.lease().valid_until() => {
@@ -399,6 +410,7 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
                     lock.name()
                 );
                 hold.mark_lost();
+                metrics.lost();
                 return;
             }
         }

@@ -1000,6 +1000,10 @@ impl LockBackend for EtcdBackend {
         w.subscribe(name)
     }
 
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+
     fn wake_pending(&self, name: &LockName) -> bool {
         self.inner
             .watcher

@@ -321,6 +321,10 @@ impl LockBackend for MemoryBackend {
     fn now(&self) -> Instant {
         self.inner.clock.now()
     }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
 }
 
 /// Configures a [`MemoryBackend`]. Created by [`MemoryBackend::builder`].

@@ -872,6 +872,9 @@ impl dlm_core::backend::LockBackend for ReleaseAfterFirstHeld {
     fn now(&self) -> Instant {
         self.inner.now()
     }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
         self.inner.inspect(name)
     }
@@ -1295,6 +1298,9 @@ impl dlm_core::backend::LockBackend for Gate {
 
     fn now(&self) -> Instant {
         self.inner.now()
+    }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
     }
 }
 

@@ -125,4 +125,8 @@ impl LockBackend for CountingBackend {
     fn now(&self) -> Instant {
         self.inner.now()
     }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
 }

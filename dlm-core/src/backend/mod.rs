@@ -223,6 +223,15 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Instant {
         Instant::now()
     }
+
+    /// A short, fixed name for this kind of backend (`"memory"`, `"redis"`, `"redlock"`,
+    /// ...): the `backend` label of dlm's metrics ([`crate::metric_names`]). Return one of
+    /// a few constant values, never a server address or a lock name: each value is a time
+    /// series of its own. A wrapper returns the kind of the backend it wraps. The default
+    /// is `"custom"`.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
 }
 
 /// What a [`LockClient`](crate::LockClient) runs on: any [`LockBackend`] by value (it is

@@ -191,13 +191,14 @@ impl RedisBackend {
             Topology::Sentinel(_, discovery) => Some(discovery.clone()),
             _ => None,
         };
+        let fanout = Fanout::new(target.kind());
         let backend = RedisBackend {
             inner: Arc::new(Inner {
                 target,
                 keys: Keys::new(options.prefix.clone(), options.fence_ttl),
                 options,
                 hints,
-                fanout: Fanout::new(),
+                fanout,
                 journal: Journal::default(),
                 watcher: Mutex::new(None),
             }),
@@ -566,6 +567,10 @@ impl LockBackend for RedisBackend {
             .hints
             .as_ref()
             .is_some_and(|h| h.wake_pending(|| self.inner.keys.channel(name)))
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.target.kind()
     }
 }
 

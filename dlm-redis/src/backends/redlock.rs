@@ -94,7 +94,7 @@ impl Redlock {
                 proposals: AtomicU64::new(0),
                 ahead_warned: nodes.iter().map(|_| AtomicBool::new(false)).collect(),
                 nodes: nodes.into_iter().map(Arc::new).collect(),
-                fanout: Fanout::new(),
+                fanout: Fanout::new("redlock"),
                 options,
             }),
         }
@@ -732,6 +732,10 @@ impl LockBackend for Redlock {
             (Some(hints), Some(node)) => hints.wake_pending(|| node.keys.channel(name)),
             _ => false,
         }
+    }
+
+    fn kind(&self) -> &'static str {
+        "redlock"
     }
 }
 

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use dlm_core::backend::{LockName, OwnerToken};
+use dlm_core::metric_names as names;
+use metrics::Counter;
 use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
@@ -44,8 +46,8 @@ impl Late {
 
     /// Does what was asked, on `conn` (the straggler's connection, all of whose replies
     /// were read: the release then follows the acquisition on one connection) or else on
-    /// a pooled one.
-    fn run(&self, node: &Node, conn: Option<&mut Conn>) {
+    /// a pooled one, and counts a release.
+    fn run(&self, node: &Node, conn: Option<&mut Conn>, counts: &LateReleases) {
         let Late::Release { name, owner } = self else {
             return;
         };
@@ -63,12 +65,41 @@ impl Late {
             }
             None => node.release(name, owner, ReleaseId::Undo.random()),
         };
+        counts.count(released.is_ok());
         if let Err(e) = released {
             log::debug!(
                 "{}: releasing a late acquisition failed (it ends with its lease): {e}",
                 node.endpoint
             );
         }
+    }
+}
+
+/// The counters of late acquisitions released in the background
+/// ([`names::STRAGGLERS_RELEASED`]), registered with the recorder in place when the
+/// backend is built.
+#[derive(Clone)]
+pub(crate) struct LateReleases {
+    ok: Counter,
+    failed: Counter,
+}
+
+impl LateReleases {
+    fn register(kind: &'static str) -> LateReleases {
+        metrics::describe_counter!(
+            names::STRAGGLERS_RELEASED,
+            metrics::Unit::Count,
+            "Late acquisitions of a fan-out (replies after the operation returned) released in the background, by outcome: ok, failed."
+        );
+        let counter = |outcome: &'static str| metrics::counter!(names::STRAGGLERS_RELEASED, names::BACKEND => kind, names::OUTCOME => outcome);
+        LateReleases {
+            ok: counter("ok"),
+            failed: counter("failed"),
+        }
+    }
+
+    fn count(&self, ok: bool) {
+        if ok { &self.ok } else { &self.failed }.increment(1);
     }
 }
 
@@ -86,18 +117,28 @@ pub(crate) struct Straggler {
 
 /// Reads late replies in the background and does what their operation asked (see the
 /// module docs). One thread per backend, started by the first straggler.
-#[derive(Default)]
 pub(crate) struct Drainer {
     inner: Arc<DrainerInner>,
 }
 
-#[derive(Default)]
 struct DrainerInner {
     tx: Mutex<Option<Sender<Straggler>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    counts: LateReleases,
 }
 
 impl Drainer {
+    /// The drainer of a backend of `kind` (the `backend` label of its counters).
+    pub(crate) fn new(kind: &'static str) -> Drainer {
+        Drainer {
+            inner: Arc::new(DrainerInner {
+                tx: Mutex::new(None),
+                thread: Mutex::new(None),
+                counts: LateReleases::register(kind),
+            }),
+        }
+    }
+
     pub(crate) fn handle(&self) -> Drainer {
         Drainer {
             inner: self.inner.clone(),
@@ -115,11 +156,13 @@ impl Drainer {
     /// Takes over a straggler until it is answered (or its connection fails).
     pub(crate) fn hand_over(&self, s: Straggler) {
         let mut tx = self.inner.tx.lock();
+        let counts = &self.inner.counts;
         if tx.is_none() {
             let (sender, rx) = crossbeam_channel::unbounded();
+            let thread_counts = counts.clone();
             match std::thread::Builder::new()
                 .name("dlm-redis-drain".into())
-                .spawn(move || drain(&rx))
+                .spawn(move || drain(&rx, &thread_counts))
             {
                 Ok(thread) => {
                     *self.inner.thread.lock() = Some(thread);
@@ -127,14 +170,14 @@ impl Drainer {
                 }
                 Err(e) => {
                     log::error!("cannot start the fan-out's drainer thread: {e}");
-                    complete(s, false);
+                    complete(s, false, counts);
                     return;
                 }
             }
         }
         let Some(tx) = tx.as_ref() else { return };
         if let Err(e) = tx.send(s) {
-            complete(e.into_inner(), false);
+            complete(e.into_inner(), false, counts);
         }
     }
 
@@ -151,7 +194,7 @@ impl Drainer {
 /// The drainer's loop: waits for the stragglers' replies (however long), then completes
 /// them. Ends when the Redlock is dropped (its stragglers' connections are then closed
 /// and their keys, if any, end with their leases).
-fn drain(rx: &Receiver<Straggler>) {
+fn drain(rx: &Receiver<Straggler>, counts: &LateReleases) {
     let mut stragglers: Vec<Straggler> = Vec::new();
     loop {
         if stragglers.is_empty() {
@@ -187,7 +230,7 @@ fn drain(rx: &Receiver<Straggler>) {
                         stragglers[k].ticket.node().endpoint,
                         stragglers[k].ticket.node().straggler_limit()
                     );
-                    complete(stragglers.swap_remove(k), false);
+                    complete(stragglers.swap_remove(k), false, counts);
                 }
                 continue;
             }
@@ -197,7 +240,7 @@ fn drain(rx: &Receiver<Straggler>) {
                 Ok(true) => true,
                 Err(_) => false,
             };
-            complete(stragglers.swap_remove(k), done);
+            complete(stragglers.swap_remove(k), done, counts);
         }
     }
 }
@@ -205,7 +248,7 @@ fn drain(rx: &Receiver<Straggler>) {
 /// Ends a straggler: its late action runs (on its connection when every reply was read,
 /// else on another), its connection goes back to the pool or is discarded, and its node
 /// stops counting it.
-fn complete(s: Straggler, answered: bool) {
+fn complete(s: Straggler, answered: bool, counts: &LateReleases) {
     let Straggler {
         ticket,
         mut conn,
@@ -213,11 +256,11 @@ fn complete(s: Straggler, answered: bool) {
         ..
     } = s;
     if answered {
-        late.run(ticket.node(), Some(&mut conn));
+        late.run(ticket.node(), Some(&mut conn), counts);
     } else {
         conn.broken = true;
         drop(conn);
-        late.run(ticket.node(), None);
+        late.run(ticket.node(), None, counts);
     }
     drop(ticket);
 }

@@ -147,9 +147,10 @@ struct Round {
 }
 
 impl Fanout {
-    pub(crate) fn new() -> Fanout {
+    /// The fan-out of a backend of `kind` (the `backend` label of its metrics).
+    pub(crate) fn new(kind: &'static str) -> Fanout {
         Fanout {
-            drainer: Drainer::default(),
+            drainer: Drainer::new(kind),
         }
     }
 

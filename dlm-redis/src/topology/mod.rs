@@ -28,6 +28,15 @@ pub(crate) enum Topology {
 }
 
 impl Topology {
+    /// The backend's `kind` (the `backend` label of dlm's metrics).
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Topology::One(_) => "redis",
+            Topology::Sentinel(..) => "sentinel",
+            Topology::Cluster(_) => "cluster",
+        }
+    }
+
     /// The node that serves `slot` now (computed only where it matters: in a cluster).
     pub(crate) fn node(&self, slot: impl FnOnce() -> u16) -> Result<Arc<Node>, BackendError> {
         match self {
