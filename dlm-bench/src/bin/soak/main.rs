@@ -48,30 +48,35 @@
 //! last fault did not touch (a healthy cluster master while another is stopped; any node
 //! through a stop too short for a failover) fails the run: the renewal of every node must
 //! go on while one node does not answer.
+//!
+//! [`FencedResource`]: dlm_core::FencedResource
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::LockBackend;
-use dlm_core::{FencedResource, Lock, LockClient};
-use dlm_testkit::history::{History, Hold, Violation};
-use parking_lot::Mutex;
+use dlm_testkit::history::{Hold, Violation};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod bulk;
 mod cluster;
+mod declared;
+mod load;
 mod sentinel;
+mod summary;
 mod targets;
 
 use bulk::Bulk;
 use cluster::ClusterTarget;
+use declared::Declared;
+use load::Load;
 use sentinel::SentinelTarget;
+use summary::Summary;
 use targets::{MemoryTarget, RedlockTarget, SingleTarget};
 
 const LEASE: Duration = Duration::from_secs(2);
@@ -169,263 +174,6 @@ trait Target {
     }
 }
 
-/// Windows in which a fault broke an assumption that mutual exclusion needs.
-#[derive(Default)]
-struct Declared(Mutex<Vec<Window>>);
-
-struct Window {
-    start: Instant,
-    end: Instant,
-    /// Whether stale writes accepted in it are excused too (tokens may go wrong), or
-    /// only overlaps (a failover: the tokens stay ordered).
-    fencing: bool,
-}
-
-impl Declared {
-    /// Runs `fault` and declares the time it took (plus its aftermath).
-    fn window<R>(&self, fault: impl FnOnce() -> R) -> R {
-        let start = Instant::now();
-        let r = fault();
-        self.push(start, true);
-        r
-    }
-
-    /// Declares a failover that began at `start` and has settled now (plus its
-    /// aftermath): overlapping holds are excused, stale writes are not.
-    fn failover(&self, start: Instant) {
-        self.push(start, false);
-    }
-
-    fn push(&self, start: Instant, fencing: bool) {
-        self.0.lock().push(Window {
-            start,
-            end: Instant::now() + AFTERMATH,
-            fencing,
-        });
-    }
-
-    /// Whether a hold over `[from, until)` touches a declared window.
-    fn covers(&self, from: Instant, until: Instant) -> bool {
-        self.0
-            .lock()
-            .iter()
-            .any(|w| from < w.end && w.start < until)
-    }
-
-    /// Whether a write at `at` by a hold that began at `from` touches a window that
-    /// excuses stale writes.
-    fn covers_fencing(&self, from: Instant, at: Instant) -> bool {
-        self.0
-            .lock()
-            .iter()
-            .any(|w| w.fencing && from < w.end && w.start < at)
-    }
-}
-
-/// What the load threads count.
-#[derive(Default)]
-struct Counters {
-    holds: AtomicU64,
-    writes: AtomicU64,
-    refused: AtomicU64,
-    errors: Mutex<BTreeMap<String, u64>>,
-    /// Writes accepted from a holder older than one already accepted: (hold start, write).
-    stale: Mutex<Vec<(Instant, Instant)>>,
-    /// Failures that are bugs whatever the faults (a permanent error, re-entry wrong).
-    fatal: Mutex<Vec<String>>,
-}
-
-impl Counters {
-    fn error(&self, what: String) {
-        *self.errors.lock().entry(what).or_default() += 1;
-    }
-}
-
-/// The newest accepted writer of a resource, by the start of its hold.
-#[derive(Default)]
-struct Newest(Option<Instant>);
-
-struct Load {
-    stop: Arc<AtomicBool>,
-    counters: Arc<Counters>,
-    history: Arc<History>,
-    workers: Vec<thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(target: &dyn Target, seed: u64) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let counters = Arc::new(Counters::default());
-        let history = Arc::new(History::new());
-        let resources: Arc<Vec<FencedResource<Newest>>> =
-            Arc::new((0..LOCKS).map(|_| FencedResource::default()).collect());
-        let mut workers = Vec::new();
-        for c in 0..target.clients() {
-            let client = LockClient::builder(target.backend())
-                .watchdog_timeout(LEASE)
-                .build()
-                .unwrap();
-            for t in 0..THREADS {
-                let (client, stop, counters, history, resources) = (
-                    client.clone(),
-                    stop.clone(),
-                    counters.clone(),
-                    history.clone(),
-                    resources.clone(),
-                );
-                let rng = StdRng::seed_from_u64(seed ^ ((c * THREADS + t) as u64 + 1) << 32);
-                workers.push(thread::spawn(move || {
-                    work(
-                        &format!("client {c} thread {t}"),
-                        &client,
-                        &stop,
-                        &counters,
-                        &history,
-                        &resources,
-                        rng,
-                    )
-                }));
-            }
-        }
-        Load {
-            stop,
-            counters,
-            history,
-            workers,
-        }
-    }
-
-    fn holds(&self) -> u64 {
-        self.counters.holds.load(Ordering::Relaxed)
-    }
-
-    /// Whether `n` more holds complete within `within`.
-    fn progresses(&self, n: u64, within: Duration) -> bool {
-        let target = self.holds() + n;
-        let deadline = Instant::now() + within;
-        while self.holds() < target {
-            if Instant::now() > deadline {
-                return false;
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        true
-    }
-
-    fn stop(self) -> (Arc<Counters>, Arc<History>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for w in self.workers {
-            if w.join().is_err() {
-                self.counters
-                    .fatal
-                    .lock()
-                    .push("a load thread panicked".into());
-            }
-        }
-        (self.counters, self.history)
-    }
-}
-
-fn work(
-    owner: &str,
-    client: &LockClient,
-    stop: &AtomicBool,
-    counters: &Counters,
-    history: &History,
-    resources: &[FencedResource<Newest>],
-    mut rng: StdRng,
-) {
-    while !stop.load(Ordering::Relaxed) {
-        let i = rng.random_range(0..LOCKS);
-        let lock = client.get_lock(&format!("soak-{i}")).expect("a valid name");
-        let got = match rng.random_range(0..10) {
-            0..=6 => lock.try_lock_timeout(Duration::from_millis(rng.random_range(10..500))),
-            7 => lock.lock().map(Some),
-            _ => lock.try_lock(),
-        };
-        let guard = match got {
-            Ok(Some(g)) => g,
-            Ok(None) => continue,
-            Err(e) => {
-                match e.backend_kind() {
-                    Some(kind) if kind.is_transient() => counters.error(format!("{kind:?}")),
-                    _ => counters.fatal.lock().push(format!("{owner}: acquire: {e}")),
-                }
-                continue;
-            }
-        };
-        let hold = history.begin(owner, &guard);
-        // Read once, at the start of the hold (drawn then: the history read it), and
-        // written with at the end too, without checking that the lock is still held.
-        let token = guard.fencing_token().ok();
-        let from = Instant::now();
-        let write = |counters: &Counters| {
-            let Some(token) = token else {
-                return;
-            };
-            counters.writes.fetch_add(1, Ordering::Relaxed);
-            match resources[i].write(token, |newest| {
-                if newest.0.is_some_and(|n| from < n) {
-                    return true;
-                }
-                newest.0 = Some(from);
-                false
-            }) {
-                Ok(true) => counters.stale.lock().push((from, Instant::now())),
-                Ok(false) => {}
-                Err(_) => {
-                    counters.refused.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        };
-        write(counters);
-        if rng.random_bool(0.1) {
-            // Re-entry: no I/O, so it must succeed (while the lease lasts) with the same
-            // token.
-            match lock.try_lock() {
-                Ok(Some(again)) if again.fencing_token().ok() == token => {}
-                Ok(Some(_)) => counters
-                    .fatal
-                    .lock()
-                    .push(format!("{owner}: re-entry changed the token")),
-                Ok(None) => counters
-                    .fatal
-                    .lock()
-                    .push(format!("{owner}: re-entry refused")),
-                Err(e) => counters.error(format!("re-entry: {e}")),
-            }
-        }
-        let pause = match rng.random_range(0..1000) {
-            0..=897 => Duration::ZERO,
-            898..=997 => Duration::from_millis(rng.random_range(1..20)),
-            _ => Duration::from_millis(rng.random_range(500..3000)),
-        };
-        sleep_unless(stop, pause);
-        write(counters);
-        history.end(hold, &guard);
-        match guard.unlock() {
-            Ok(()) => {}
-            Err(dlm_core::Error::LockLost) => counters.error("lost".into()),
-            Err(e) => match e.backend_kind() {
-                Some(kind) if kind.is_transient() => counters.error(format!("release {kind:?}")),
-                _ => counters.fatal.lock().push(format!("{owner}: release: {e}")),
-            },
-        }
-        counters.holds.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-fn sleep_unless(stop: &AtomicBool, d: Duration) {
-    let end = Instant::now() + d;
-    while !stop.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        if now >= end {
-            return;
-        }
-        thread::sleep((end - now).min(Duration::from_millis(50)));
-    }
-}
-
 /// The message of a caught panic.
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -437,87 +185,6 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 
 fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
-}
-
-struct Summary {
-    backend: &'static str,
-    ran: Duration,
-    holds: u64,
-    faults: BTreeMap<&'static str, u64>,
-    violations: Vec<Violation>,
-    declared: usize,
-    stale: usize,
-    stale_declared: usize,
-    refused: u64,
-    writes: u64,
-    errors: BTreeMap<String, u64>,
-    fatal: Vec<String>,
-    stuck: Vec<&'static str>,
-    leaked_keys: usize,
-    threads: isize,
-    connections: usize,
-    bulk: Option<bulk::Outcome>,
-}
-
-impl Summary {
-    fn passed(&self) -> bool {
-        self.violations.is_empty()
-            && self.stale == 0
-            && self.fatal.is_empty()
-            && self.stuck.is_empty()
-            && self.leaked_keys == 0
-            && self.threads <= 0
-            && self.connections == 0
-            && self.bulk.as_ref().is_none_or(bulk::Outcome::passed)
-    }
-
-    fn line(&self) -> String {
-        let faults: u64 = self.faults.values().sum();
-        let kinds: Vec<String> = self
-            .faults
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect();
-        let mut s = format!(
-            "soak {}: {} {:.1} min, holds={} faults={} ({}) violations={} (declared {}) \
-             stale-writes-accepted={} (declared {}; refused {} of {} writes) leaked-keys={} \
-             threads={:+} connections={}",
-            if self.passed() { "PASS" } else { "FAIL" },
-            self.backend,
-            self.ran.as_secs_f64() / 60.0,
-            self.holds,
-            faults,
-            kinds.join(", "),
-            self.violations.len(),
-            self.declared,
-            self.stale,
-            self.stale_declared,
-            self.refused,
-            self.writes,
-            self.leaked_keys,
-            self.threads,
-            self.connections,
-        );
-        if let Some(b) = &self.bulk {
-            let _ = write!(s, " {}", b.part());
-        }
-        let errors: Vec<String> = self
-            .errors
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect();
-        let _ = write!(s, " errors=[{}]", errors.join(", "));
-        for v in self.violations.iter().take(5) {
-            let _ = write!(s, "\n  violation: {v}");
-        }
-        for f in self.fatal.iter().take(5) {
-            let _ = write!(s, "\n  failure: {f}");
-        }
-        for k in &self.stuck {
-            let _ = write!(s, "\n  no progress within 30 s after: {k}");
-        }
-        s
-    }
 }
 
 fn soak(mut target: impl Target, run: Duration, mut rng: StdRng) -> Summary {
@@ -633,29 +300,4 @@ fn soak(mut target: impl Target, run: Duration, mut rng: StdRng) -> Summary {
     };
     drop(target);
     summary
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_failover_window_excuses_overlaps_but_not_stale_writes() {
-        let declared = Declared::default();
-        let before = Instant::now();
-        thread::sleep(Duration::from_millis(5));
-        declared.failover(Instant::now());
-        let inside = Instant::now();
-        assert!(declared.covers(before, inside));
-        assert!(!declared.covers_fencing(before, inside));
-        declared.window(|| ());
-        assert!(declared.covers_fencing(before, Instant::now()));
-        // A window covers from its start to its aftermath's end, not before.
-        let early = Declared::default();
-        let t0 = Instant::now();
-        thread::sleep(Duration::from_millis(5));
-        let t1 = Instant::now();
-        early.failover(t1);
-        assert!(!early.covers(t0, t1));
-    }
 }
