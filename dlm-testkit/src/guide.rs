@@ -31,7 +31,12 @@ never waits for a lock.
 - Fencing tokens, if you issue them: every acquisition of a name gets a larger token than
   every earlier acquisition of it, even after the store loses its state (a counter that
   restarts at 1 breaks this; dlm-redis draws stream IDs that restart from the server's
-  clock). Say `false` in [`Fixture::fencing`](crate::Fixture::fencing) if you do not.
+  clock). Hand the token out with the acquisition in the lease if it is free to make
+  (as here), and implement [`fence`](dlm_core::backend::LockBackend::fence) either way:
+  the holder's token, drawn now if the acquisition did not, or `None` once `owner` no
+  longer holds the name (a holder that lost its lock never gets a token). Say `false` in
+  [`Fixture::fencing`](crate::Fixture::fencing) if you issue none (`fence` then says
+  `Unsupported`, its default).
 - Errors are [`BackendError`](dlm_core::BackendError)s with a
   [`kind`](dlm_core::BackendErrorKind). The front retries the kinds for which
   [`is_transient`](dlm_core::BackendErrorKind::is_transient) is true (`Unavailable`,

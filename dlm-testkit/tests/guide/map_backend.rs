@@ -103,6 +103,19 @@ impl LockBackend for MapBackend {
         })
     }
 
+    fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        // The token came with the acquisition; asked again, it is the holder's, and a
+        // holder that lost the lock gets none.
+        self.with_live(name, |state, _| {
+            let e = state.locks.get(name).filter(|e| e.owner == *owner)?;
+            Some(FencingToken::new(e.token))
+        })
+    }
+
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         self.with_live(name, |state, _| {
             let ours = state.locks.get(name).is_some_and(|e| e.owner == *owner);
