@@ -24,11 +24,17 @@
 //! whole-second leases.
 #![deny(missing_docs)]
 
+mod acquire;
 mod backend;
+mod builder;
 mod gateway;
+mod kv;
+mod leases;
+mod renew;
 mod watch;
 
-pub use backend::{EtcdBackend, EtcdBackendBuilder};
+pub use backend::EtcdBackend;
+pub use builder::EtcdBackendBuilder;
 
 /// The README's examples, compiled as doc-tests.
 #[cfg(doctest)]
