@@ -77,6 +77,7 @@ impl EtcdBackend {
             io_timeout: Duration::from_secs(1),
             drift_factor: 0.01,
             pool_size: 16,
+            tls: None,
         }
     }
 

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use crate::backend::{EtcdBackend, Inner};
 use crate::gateway::{Gateway, Timeouts};
 use crate::leases::Leases;
+use crate::tls::TlsOptions;
 
 /// Settings of an [`EtcdBackend`]; [`build`](EtcdBackendBuilder::build) checks them.
 #[derive(Clone, Debug)]
@@ -19,6 +20,7 @@ pub struct EtcdBackendBuilder {
     pub(crate) io_timeout: Duration,
     pub(crate) drift_factor: f64,
     pub(crate) pool_size: usize,
+    pub(crate) tls: Option<TlsOptions>,
 }
 
 impl EtcdBackendBuilder {
@@ -55,11 +57,20 @@ impl EtcdBackendBuilder {
         self
     }
 
+    /// How to reach `https://` members: the CA to trust, a client certificate for mutual
+    /// TLS, the name to verify (see [`TlsOptions`]). Without it, an `https://` member's
+    /// certificate is checked against the system's roots and the URL's host.
+    pub fn tls(mut self, options: TlsOptions) -> Self {
+        self.tls = Some(options);
+        self
+    }
+
     /// Checks the settings and builds the backend. No I/O.
     ///
     /// # Errors
-    /// `InvalidArgument` for no URL, a URL that is not `http://host:port` (`https://` is
-    /// not supported yet), the same URL twice, a bad prefix or timeout.
+    /// `InvalidArgument` for no URL, a URL that is not `http://host:port` or
+    /// `https://host:port`, the same URL twice, a bad prefix or timeout, TLS options
+    /// without an `https://` member, or TLS files that cannot be read.
     pub fn build(self) -> Result<EtcdBackend, InvalidArgument> {
         if self.urls.is_empty() {
             return Err(InvalidArgument::new(
@@ -93,6 +104,16 @@ impl EtcdBackendBuilder {
         if self.pool_size == 0 {
             return Err(InvalidArgument::new("pool_size", "must be at least 1"));
         }
+        let tls = if members.iter().any(|m| m.starts_with("https://")) {
+            Some(self.tls.clone().unwrap_or_default().load()?)
+        } else if self.tls.is_some() {
+            return Err(InvalidArgument::new(
+                "tls",
+                "TLS options were given but no URL is https://: use https://host:port",
+            ));
+        } else {
+            None
+        };
         let timeouts = Timeouts {
             connect: self.connect_timeout,
             io: self.io_timeout,
@@ -101,7 +122,7 @@ impl EtcdBackendBuilder {
         key_prefix.extend_from_slice(b"lock/");
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                gateway: Gateway::new(members, timeouts, self.pool_size),
+                gateway: Gateway::new(members, timeouts, self.pool_size, tls),
                 key_prefix,
                 drift_factor: self.drift_factor,
                 leases: Mutex::new(Leases::default()),
@@ -111,24 +132,23 @@ impl EtcdBackendBuilder {
     }
 }
 
-/// `http://host:port` (a trailing `/` allowed), checked in plain words.
+/// `http://host:port` or `https://host:port` (a trailing `/` allowed), checked in plain
+/// words.
 fn parse_member(url: &str) -> Result<String, InvalidArgument> {
     let bad = |why: &str| InvalidArgument::new("urls", format!("{url:?}: {why}"));
-    let rest = if let Some(rest) = url.strip_prefix("http://") {
-        rest
-    } else if url.starts_with("https://") {
-        return Err(bad(
-            "https:// is not supported yet by dlm-etcd (use http://)",
-        ));
+    let (scheme, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        ("http", rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        ("https", rest)
     } else {
-        return Err(bad("must start with http://"));
+        return Err(bad("must start with http:// or https://"));
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.contains('@') {
         return Err(bad("credentials in the URL are not supported"));
     }
     if rest.contains('/') || rest.contains('?') || rest.contains('#') {
-        return Err(bad("must be http://host:port, without a path"));
+        return Err(bad("must be http(s)://host:port, without a path"));
     }
     let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("has no port"))?;
     if host.is_empty() {
@@ -138,7 +158,7 @@ fn parse_member(url: &str) -> Result<String, InvalidArgument> {
         .ok()
         .filter(|&p| p != 0)
         .ok_or_else(|| bad("has a bad port"))?;
-    Ok(format!("http://{rest}"))
+    Ok(format!("{scheme}://{rest}"))
 }
 
 #[cfg(test)]
@@ -151,9 +171,13 @@ mod tests {
             parse_member("http://127.0.0.1:2379/").unwrap(),
             "http://127.0.0.1:2379"
         );
+        assert_eq!(
+            parse_member("https://etcd-1:2379").unwrap(),
+            "https://etcd-1:2379"
+        );
         for (bad, why) in [
-            ("127.0.0.1:2379", "must start with http://"),
-            ("https://h:2379", "https:// is not supported yet"),
+            ("127.0.0.1:2379", "must start with http:// or https://"),
+            ("ftp://h:2379", "must start with http://"),
             ("http://h", "has no port"),
             ("http://h:0", "bad port"),
             ("http://u:p@h:1", "credentials"),

@@ -31,10 +31,12 @@ mod gateway;
 mod kv;
 mod leases;
 mod renew;
+mod tls;
 mod watch;
 
 pub use backend::EtcdBackend;
 pub use builder::EtcdBackendBuilder;
+pub use tls::TlsOptions;
 
 /// The README's examples, compiled as doc-tests.
 #[cfg(doctest)]
