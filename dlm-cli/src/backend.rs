@@ -193,6 +193,9 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
     if let Some(prefix) = &args.prefix {
         b = b.prefix(prefix);
     }
+    if let Some(tls) = etcd_tls(args, &urls)? {
+        b = b.tls(tls);
+    }
     let backend = b
         .build()
         .map_err(|e| Failure::usage(format!("{source}: {e}")))?;
@@ -203,6 +206,34 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
         backend: Arc::new(backend),
         describe,
     })
+}
+
+/// The etcd TLS options, when any TLS flag is given (the same flags as for Redis).
+fn etcd_tls(args: &BackendArgs, urls: &[&str]) -> Result<Option<dlm_etcd::TlsOptions>, Failure> {
+    let any =
+        args.tls_ca_file.is_some() || args.tls_cert.is_some() || args.tls_server_name.is_some();
+    if !any {
+        return Ok(None);
+    }
+    if !urls
+        .iter()
+        .any(|u| u.to_ascii_lowercase().starts_with("https://"))
+    {
+        return Err(Failure::usage(
+            "--tls-* options need an https:// member URL (TLS); the URLs are plain http://",
+        ));
+    }
+    let mut tls = dlm_etcd::TlsOptions::new();
+    if let Some(ca) = &args.tls_ca_file {
+        tls = tls.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        tls = tls.client_cert(cert, key);
+    }
+    if let Some(name) = &args.tls_server_name {
+        tls = tls.server_name(name);
+    }
+    Ok(Some(tls))
 }
 
 /// A plain URL list (not `--cluster`, not `--sentinel`) is one server, or Redlock over 3

@@ -115,8 +115,7 @@ struct BackendArgs {
     /// more give failover): the locks live in etcd's Raft log. Default, when neither
     /// --redis nor $DLM_REDIS_URL is given: $DLM_ETCD_ENDPOINTS.
     #[arg(long, value_name = "URL[,URL...]", conflicts_with_all = [
-        "redis", "cluster", "sentinel", "wait_replicas", "tls_ca_file", "tls_cert",
-        "tls_server_name",
+        "redis", "cluster", "sentinel", "wait_replicas",
     ])]
     etcd: Option<String>,
     /// The URLs are seed nodes of a Redis Cluster (one is enough; more in case one is
@@ -140,16 +139,16 @@ struct BackendArgs {
     /// A file whose first line is the password for URLs that have none.
     #[arg(long, value_name = "FILE")]
     password_file: Option<std::path::PathBuf>,
-    /// For rediss:// URLs: a PEM file of CA certificates to trust instead of the system's.
+    /// For rediss:// and https:// URLs: a PEM file of CA certificates to trust instead of the system's.
     #[arg(long, value_name = "FILE")]
     tls_ca_file: Option<std::path::PathBuf>,
-    /// For rediss:// URLs: a PEM client certificate chain (mutual TLS); needs --tls-key.
+    /// For rediss:// and https:// URLs: a PEM client certificate chain (mutual TLS); needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
-    /// For rediss:// URLs: the PEM private key of --tls-cert.
+    /// For rediss:// and https:// URLs: the PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
-    /// For rediss:// URLs: the name to verify in the server's certificate, when it is not
+    /// For rediss:// and https:// URLs: the name to verify in the server's certificate, when it is not
     /// the URL's host.
     #[arg(long, value_name = "NAME")]
     tls_server_name: Option<String>,

@@ -143,3 +143,30 @@ fn etcd_usage_errors_and_an_unreachable_member() {
     ]));
     done.expect(69);
 }
+
+#[test]
+fn mutual_tls_on_etcd_takes_the_same_tls_flags_as_redis() {
+    let _serial = SERIAL.lock();
+    let pki = dlm_testkit::tls::TestPki::new();
+    let server = EtcdServer::spawn_tls(&pki, dlm_testkit::tls::ServerCert::Valid, true);
+    let url = server.tls_url();
+    let (cert, key) = pki.client_cert();
+    let done = run(dlm()
+        .args(["run", "--etcd", &url, "--tls-ca-file"])
+        .arg(pki.ca_file())
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .args(["job", "--", "sh", "-c", "echo $DLM_FENCING_TOKEN"]));
+    done.expect(0);
+    assert!(done.stdout.trim().parse::<u64>().is_ok(), "{}", done.stdout);
+
+    // TLS flags with plain http:// members: a usage error before any I/O.
+    let done = run(dlm()
+        .args(["run", "--etcd", &server.url(), "--tls-ca-file"])
+        .arg(pki.ca_file())
+        .args(["job", "--", "true"]));
+    done.expect(2);
+    assert!(done.stderr.contains("https://"), "{}", done.stderr);
+}

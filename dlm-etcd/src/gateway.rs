@@ -7,14 +7,16 @@
 //! being a gRPC status code.
 
 use std::error::Error as _;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use dlm_core::backend::{BackendError, BackendErrorKind};
 use serde_json::Value;
+
+use crate::tls::{describe, tls_cause};
 
 /// Connect and I/O timeouts of every request.
 #[derive(Clone, Copy, Debug)]
@@ -36,7 +38,14 @@ pub(crate) struct Gateway {
     /// The first-use check that the members answering belong to one cluster: `Some(why)`
     /// when they do not (then every request fails with it).
     members_checked: OnceLock<Option<String>>,
+    /// The TLS configuration of `https://` members (the agent has it too; the watch
+    /// stream uses it).
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
+
+/// A byte stream both ways (a TCP or TLS connection).
+pub(crate) trait ReadWrite: std::io::Read + std::io::Write + Send {}
+impl<T: std::io::Read + std::io::Write + Send> ReadWrite for T {}
 
 /// What one request to one member came to.
 enum Outcome {
@@ -49,8 +58,17 @@ enum Outcome {
 }
 
 impl Gateway {
-    pub(crate) fn new(members: Vec<String>, timeouts: Timeouts, max_idle: usize) -> Self {
-        let agent = ureq::AgentBuilder::new()
+    pub(crate) fn new(
+        members: Vec<String>,
+        timeouts: Timeouts,
+        max_idle: usize,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Self {
+        let mut agent = ureq::AgentBuilder::new();
+        if let Some(config) = &tls {
+            agent = agent.tls_config(config.clone());
+        }
+        let agent = agent
             .timeout_connect(timeouts.connect)
             .timeout_read(timeouts.io)
             .timeout_write(timeouts.io)
@@ -66,7 +84,34 @@ impl Gateway {
             timeouts,
             cluster_id: AtomicU64::new(0),
             members_checked: OnceLock::new(),
+            tls,
         }
+    }
+
+    /// A connection to member `i` for a stream the agent does not carry (the watch): the
+    /// stream (TLS for an `https://` member, handshake made on first use) and the TCP
+    /// socket under it (to shut it down from another thread), with `host:port`.
+    pub(crate) fn connect(
+        &self,
+        i: usize,
+    ) -> std::io::Result<(Box<dyn ReadWrite>, std::net::TcpStream, &str)> {
+        use std::net::{TcpStream, ToSocketAddrs};
+        let member = &self.members[i];
+        let (tls, host) = match member.strip_prefix("https://") {
+            Some(host) => (true, host),
+            None => (false, member.trim_start_matches("http://")),
+        };
+        let addr = host
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other("no address"))?;
+        let tcp = TcpStream::connect_timeout(&addr, self.timeouts.connect)?;
+        let raw = tcp.try_clone()?;
+        let stream: Box<dyn ReadWrite> = match (&self.tls, tls) {
+            (Some(config), true) => Box::new(crate::tls::client(config, host, tcp)?),
+            _ => Box::new(tcp),
+        };
+        Ok((stream, raw, host))
     }
 
     /// The members' base URLs (`http://host:port`), as given.
@@ -233,6 +278,21 @@ impl Gateway {
                 let body = resp.into_string().unwrap_or_default();
                 Err(status_error(member, path, code, &body))
             }
+            Err(ureq::Error::Transport(t))
+                if tls_cause(&t).is_some() || self.tls_refused(i, &t) =>
+            {
+                let why = match tls_cause(&t) {
+                    Some(e) => describe(e),
+                    None if self.speaks_plain_http(i) => {
+                        "the member answers plain HTTP on this port: use http://".to_owned()
+                    }
+                    None => "the member closed the connection during the TLS handshake (it refused our client certificate?)".to_owned(),
+                };
+                Err(Outcome::Fail(BackendError::new(
+                    BackendErrorKind::Tls,
+                    format!("{member}: TLS: {why}"),
+                )))
+            }
             Err(ureq::Error::Transport(t)) => match transport_error(member, &t) {
                 // A connection closed without an HTTP reply: a member that went down,
                 // or a server that is not HTTP at all (a Redis port closes the connection
@@ -245,6 +305,57 @@ impl Gateway {
         }
     }
 
+    /// Whether `t` is an `https://` member closing the connection during the TLS
+    /// handshake (ureq's "tls connection init failed" over an unexpected end of file).
+    fn tls_refused(&self, i: usize, t: &ureq::Transport) -> bool {
+        self.members[i].starts_with("https://")
+            && t.kind() == ureq::ErrorKind::ConnectionFailed
+            && t.source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::UnexpectedEof)
+    }
+
+    /// `Some(Tls error)` when member `i` (an `https://` URL) refuses a TLS connection of
+    /// ours with an alert (our client certificate missing or refused: with TLS 1.3 the
+    /// member says so only after the handshake, so the request that failed may have seen
+    /// a closed connection, not the alert); `None` otherwise. The probe makes the
+    /// handshake and waits a quarter of the connect timeout for the alert.
+    fn tls_refusal(&self, i: usize) -> Option<BackendError> {
+        use std::io::Read;
+        let (mut s, tcp, _) = self.connect(i).ok()?;
+        tcp.set_read_timeout(Some(self.timeouts.connect / 4)).ok()?;
+        tcp.set_write_timeout(Some(self.timeouts.connect)).ok()?;
+        let err = s.read(&mut [0u8; 64]).err()?;
+        let tls = tls_cause(&err)?;
+        Some(BackendError::new(
+            BackendErrorKind::Tls,
+            format!("{}: TLS: {}", self.members[i], describe(tls)),
+        ))
+    }
+
+    /// Whether member `i` (an `https://` URL) answers a plain HTTP request on its port:
+    /// asked only after it closed a TLS handshake, to tell a plain port from a refused
+    /// client certificate.
+    fn speaks_plain_http(&self, i: usize) -> bool {
+        use std::io::{Read, Write};
+        use std::net::{TcpStream, ToSocketAddrs};
+        let probe = || -> std::io::Result<bool> {
+            let host = self.members[i].trim_start_matches("https://");
+            let addr = host
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| std::io::Error::other("no address"))?;
+            let mut s = TcpStream::connect_timeout(&addr, self.timeouts.connect)?;
+            s.set_read_timeout(Some(self.timeouts.connect))?;
+            s.set_write_timeout(Some(self.timeouts.connect))?;
+            write!(s, "GET /version HTTP/1.0\r\nHost: {host}\r\n\r\n")?;
+            let mut head = [0u8; 5];
+            s.read_exact(&mut head)?;
+            Ok(&head == b"HTTP/")
+        };
+        probe().unwrap_or(false)
+    }
+
     /// `Some(Protocol error)` when member `i` answers a RESP `PING` with something that
     /// is not HTTP (`+PONG`, `-NOAUTH ...`: a Redis server); `None` when it does not
     /// answer or answers in HTTP, as etcd does (it may just have gone down).
@@ -252,8 +363,11 @@ impl Gateway {
         use std::io::{Read, Write};
         use std::net::{TcpStream, ToSocketAddrs};
         let member = &self.members[i];
+        if member.starts_with("https://") {
+            return self.tls_refusal(i);
+        }
         let addr = member
-            .trim_start_matches("http://")
+            .strip_prefix("http://")?
             .to_socket_addrs()
             .ok()?
             .next()?;
@@ -262,7 +376,15 @@ impl Gateway {
         s.set_write_timeout(Some(self.timeouts.connect)).ok()?;
         s.write_all(b"PING\r\n").ok()?;
         let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).ok()?;
+        let n = match s.read(&mut buf) {
+            Ok(0) | Err(_) if crate::tls::speaks_tls(&addr, self.timeouts.connect) => {
+                return Some(BackendError::new(
+                    BackendErrorKind::Tls,
+                    format!("{member}: the member speaks TLS on this port: use https://"),
+                ));
+            }
+            r => r.ok()?,
+        };
         let reply = String::from_utf8_lossy(&buf[..n]);
         let first = reply.lines().next().unwrap_or("").trim();
         if n == 0 || first.starts_with("HTTP/") {
@@ -362,6 +484,12 @@ fn status_error(member: &str, path: &str, http: u16, body: &str) -> Outcome {
             .to_owned();
         Some((code, message))
     }) else {
+        if body.contains("HTTP request to an HTTPS server") {
+            return Outcome::Fail(BackendError::new(
+                BackendErrorKind::Tls,
+                format!("{member}: the member speaks TLS on this port: use https://"),
+            ));
+        }
         return Outcome::Fail(not_etcd(member, path, &format!("HTTP {http}")));
     };
     let msg = format!("{member}: {message}");

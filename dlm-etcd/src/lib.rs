@@ -24,11 +24,19 @@
 //! whole-second leases.
 #![deny(missing_docs)]
 
+mod acquire;
 mod backend;
+mod builder;
 mod gateway;
+mod kv;
+mod leases;
+mod renew;
+mod tls;
 mod watch;
 
-pub use backend::{EtcdBackend, EtcdBackendBuilder};
+pub use backend::EtcdBackend;
+pub use builder::EtcdBackendBuilder;
+pub use tls::TlsOptions;
 
 /// The README's examples, compiled as doc-tests.
 #[cfg(doctest)]

@@ -1,8 +1,8 @@
 //! Release hints: one streaming `/v3/watch` per backend on every lock key (deletions
 //! only), its events routed to each lock's `WaitList`.
 //!
-//! The stream is read on a thread of its own over a plain socket (the gateway's watch is
-//! one long HTTP/1.1 response of newline-separated JSON messages, chunked), so that the
+//! The stream is read on a thread of its own over a connection of its own, TCP or TLS
+//! (the gateway's watch is one long HTTP/1.1 response of newline-separated JSON messages, chunked), so that the
 //! backend's drop can shut it down at once. It starts at the revision just after the
 //! failed attempt that made the first waiter subscribe (etcd catches up a watcher that
 //! starts in the past only every 100 ms; one that starts at the next revision is in sync
@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -176,25 +176,17 @@ impl Reader {
 
     /// One watch stream on member `i`, until it breaks or the backend stops.
     fn stream(&mut self, i: usize) -> End {
-        let base = &self.inner.gateway.members()[i];
-        let host = base.trim_start_matches("http://");
-        let timeouts = self.inner.gateway.timeouts;
-        let addr = match host.to_socket_addrs().map(|mut a| a.next()) {
-            Ok(Some(a)) => a,
-            Ok(None) => return End::Broken("no address".into()),
+        let inner = self.inner.clone();
+        let timeouts = inner.gateway.timeouts;
+        let (mut s, tcp, host) = match inner.gateway.connect(i) {
+            Ok(c) => c,
             Err(e) => return End::Broken(e.to_string()),
         };
-        let mut s = match TcpStream::connect_timeout(&addr, timeouts.connect) {
-            Ok(s) => s,
-            Err(e) => return End::Broken(e.to_string()),
-        };
-        let _ = s.set_nodelay(true);
-        let _ = s.set_write_timeout(Some(timeouts.io));
-        let _ = s.set_read_timeout(Some(TICK));
-        match s.try_clone() {
-            Ok(c) => *self.socket.lock() = Some(c),
-            Err(e) => return End::Broken(e.to_string()),
-        }
+        let _ = tcp.set_nodelay(true);
+        let _ = tcp.set_write_timeout(Some(timeouts.io));
+        // The I/O timeout while the request (and a TLS handshake) is sent, then ticks.
+        let _ = tcp.set_read_timeout(Some(timeouts.io));
+        *self.socket.lock() = Some(tcp);
         if self.stop.try_recv() != Err(channel::TryRecvError::Empty) {
             return End::Stopped;
         }
@@ -215,8 +207,11 @@ impl Reader {
             "POST /v3/watch HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
-        if let Err(e) = s.write_all(request.as_bytes()) {
+        if let Err(e) = s.write_all(request.as_bytes()).and_then(|()| s.flush()) {
             return End::Broken(e.to_string());
+        }
+        if let Some(tcp) = self.socket.lock().as_ref() {
+            let _ = tcp.set_read_timeout(Some(TICK));
         }
         let mut raw = Vec::new();
         let mut headers_done = false;

@@ -18,10 +18,7 @@ fn bad_urls_are_refused_at_build_in_plain_words() {
     for (urls, why) in [
         (vec![], "at least one"),
         (vec!["127.0.0.1:2379"], "must start with http://"),
-        (
-            vec!["https://127.0.0.1:2379"],
-            "https:// is not supported yet",
-        ),
+        (vec!["ftp://127.0.0.1:2379"], "or https://"),
         (vec!["http://127.0.0.1"], "has no port"),
         (
             vec!["http://127.0.0.1:1", "http://127.0.0.1:1/"],

@@ -33,16 +33,19 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::redis_server::{
-    SETPRIV, USED_PORTS, pick_port, proc_state, registry, send_signal, spawn_child,
-};
+use crate::tls::ServerCert;
+
+mod cluster;
+pub use cluster::EtcdCluster;
+
+use crate::redis_server::{SETPRIV, USED_PORTS, proc_state, registry, send_signal, spawn_child};
 
 /// How long start-up may take before we give up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -109,6 +112,20 @@ pub struct EtcdServer {
     pid: u32,
     child: Mutex<Option<Child>>,
     paused: AtomicBool,
+    /// A TLS client port beside the plain one, and its files.
+    tls: Option<EtcdTls>,
+    tls_port: u16,
+}
+
+/// The files of a member's TLS client port (`--cert-file`, `--key-file`,
+/// `--trusted-ca-file`) and whether it asks clients for a certificate
+/// (`--client-cert-auth`).
+#[derive(Clone, Debug)]
+struct EtcdTls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+    client_cert_auth: bool,
 }
 
 /// What one start-up attempt came to.
@@ -129,6 +146,44 @@ impl EtcdServer {
         cluster.members.pop().expect("one member")
     }
 
+    /// Starts a one-member cluster that also serves a TLS client port
+    /// ([`tls_url`](Self::tls_url)) with `cert` from `pki`, trusting `pki`'s CA; with
+    /// `client_cert_auth`, that port requires a client certificate signed by it (mutual
+    /// TLS). The plain port stays open for the testkit's own requests. Keep `pki` alive
+    /// while the server runs (its files are read at restarts).
+    ///
+    /// # Panics
+    /// As [`spawn`](Self::spawn).
+    pub fn spawn_tls(
+        pki: &crate::tls::TestPki,
+        cert: ServerCert,
+        client_cert_auth: bool,
+    ) -> EtcdServer {
+        let (cert, key) = pki.server_cert(cert);
+        let tls = EtcdTls {
+            cert,
+            key,
+            ca: pki.ca_file(),
+            client_cert_auth,
+        };
+        let mut cluster = EtcdCluster::spawn_with(1, Some(tls));
+        cluster.members.pop().expect("one member")
+    }
+
+    /// `https://127.0.0.1:<TLS client port>`.
+    ///
+    /// # Panics
+    /// When the server was not started with [`spawn_tls`](Self::spawn_tls).
+    pub fn tls_url(&self) -> String {
+        assert!(self.tls_port != 0, "this etcd has no TLS port");
+        format!("https://127.0.0.1:{}", self.tls_port)
+    }
+
+    /// The TLS client port (0 without one).
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
+    }
+
     fn new(binary: &Path, name: String, cluster_token: &str) -> EtcdServer {
         let dir = tempfile::Builder::new()
             .prefix("dlm-etcd-")
@@ -145,6 +200,8 @@ impl EtcdServer {
             pid: 0,
             child: Mutex::new(None),
             paused: AtomicBool::new(false),
+            tls: None,
+            tls_port: 0,
         }
     }
 
@@ -355,8 +412,25 @@ impl EtcdServer {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         cmd.arg("--name").arg(&self.name);
         cmd.arg("--data-dir").arg(dir.join("data"));
-        cmd.arg("--listen-client-urls").arg(&client);
-        cmd.arg("--advertise-client-urls").arg(&client);
+        match &self.tls {
+            None => {
+                cmd.arg("--listen-client-urls").arg(&client);
+                cmd.arg("--advertise-client-urls").arg(&client);
+            }
+            Some(tls) => {
+                let both = format!("{client},https://127.0.0.1:{}", self.tls_port);
+                cmd.arg("--listen-client-urls").arg(&both);
+                cmd.arg("--advertise-client-urls").arg(&both);
+                cmd.arg("--cert-file").arg(&tls.cert);
+                cmd.arg("--key-file").arg(&tls.key);
+                // etcd asks every client for a certificate once it has a CA to check
+                // them with, so the CA is given only with client-cert-auth.
+                if tls.client_cert_auth {
+                    cmd.arg("--trusted-ca-file").arg(&tls.ca);
+                    cmd.arg("--client-cert-auth");
+                }
+            }
+        }
         cmd.arg("--listen-peer-urls").arg(&peer);
         cmd.arg("--initial-advertise-peer-urls").arg(&peer);
         cmd.arg("--initial-cluster").arg(&self.initial_cluster);
@@ -406,169 +480,7 @@ impl Drop for EtcdServer {
         self.kill();
         lock(&USED_PORTS).remove(&self.client_port);
         lock(&USED_PORTS).remove(&self.peer_port);
-    }
-}
-
-/// `n` etcd members forming one cluster (each an [`EtcdServer`]), killed on drop.
-#[derive(Debug)]
-pub struct EtcdCluster {
-    members: Vec<EtcdServer>,
-}
-
-impl EtcdCluster {
-    /// Starts `n` members of one new cluster (a token of its own: it never merges with
-    /// another) and waits until every member is healthy.
-    ///
-    /// # Panics
-    /// When etcd is missing or the cluster does not come up (with the logs' tails).
-    pub fn spawn(n: usize) -> EtcdCluster {
-        assert!(n >= 1, "a cluster needs a member");
-        let binary = require_etcd();
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let token = format!(
-            "dlm-test-{}-{}-{:08x}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            rand::random::<u32>()
-        );
-        let mut members: Vec<EtcdServer> = (0..n)
-            .map(|i| EtcdServer::new(&binary, format!("m{i}"), &token))
-            .collect();
-        for attempt in 1..=START_ATTEMPTS {
-            for m in members.iter_mut() {
-                m.kill();
-                for port in [m.client_port, m.peer_port] {
-                    lock(&USED_PORTS).remove(&port);
-                }
-                m.client_port = pick_port();
-                m.peer_port = pick_port();
-                // A failed attempt may have written a data dir for other ports.
-                let _ = fs::remove_dir_all(m.dir().join("data"));
-            }
-            let initial = members
-                .iter()
-                .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
-                .collect::<Vec<_>>()
-                .join(",");
-            for m in members.iter_mut() {
-                m.initial_cluster = initial.clone();
-                m.launch();
-            }
-            let mut retry = false;
-            for m in &members {
-                match m.wait_started(true) {
-                    Startup::Ready => {}
-                    Startup::PortTaken => {
-                        log::debug!("etcd {}: port taken (attempt {attempt})", m.name);
-                        retry = true;
-                        break;
-                    }
-                    Startup::Failed(why) => m.fail(&format!("failed to start: {why}")),
-                }
-            }
-            if !retry {
-                log::debug!(
-                    "etcd cluster of {n} ready: {:?}",
-                    members.iter().map(EtcdServer::url).collect::<Vec<_>>()
-                );
-                return EtcdCluster { members };
-            }
-        }
-        panic!("etcd: ports still taken after {START_ATTEMPTS} attempts");
-    }
-
-    /// Every member's client URL, in order.
-    pub fn urls(&self) -> Vec<String> {
-        self.members.iter().map(EtcdServer::url).collect()
-    }
-
-    /// Member `i`. Panics if out of range.
-    pub fn get(&self, i: usize) -> &EtcdServer {
-        &self.members[i]
-    }
-
-    /// Member `i`, mutably (to kill or restart it). Panics if out of range.
-    pub fn get_mut(&mut self, i: usize) -> &mut EtcdServer {
-        &mut self.members[i]
-    }
-
-    /// How many members there are.
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// Whether there are none (never, for a spawned cluster).
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
-    /// The index of the member that the running, unpaused members agree is the leader,
-    /// if they do.
-    pub fn leader(&self) -> Option<usize> {
-        let mut leader = None;
-        for m in self
-            .members
-            .iter()
-            .filter(|m| m.is_running() && !m.is_paused())
-        {
-            let (_, l) = m.status()?;
-            match &leader {
-                None => leader = Some(l),
-                Some(known) if *known == l => {}
-                Some(_) => return None,
-            }
-        }
-        let leader = leader?;
-        self.members
-            .iter()
-            .position(|m| m.status().is_some_and(|(id, _)| id == leader))
-    }
-
-    /// Waits (up to 20 s) until the live members agree on a leader, and returns its index.
-    ///
-    /// # Panics
-    /// When they do not.
-    pub fn wait_for_leader(&self) -> usize {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(i) = self.leader() {
-                return i;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no leader within {START_TIMEOUT:?}"
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Kills every member, then starts them all again on the same ports and data dirs,
-    /// and waits until all are healthy.
-    pub fn restart_all(&mut self) {
-        for m in self.members.iter_mut() {
-            m.kill();
-        }
-        // All at once: a member serves clients only once a quorum is up.
-        for m in self.members.iter_mut() {
-            m.launch();
-        }
-        self.wait_healthy();
-    }
-
-    /// Waits (up to 20 s) until every running, unpaused member is healthy.
-    ///
-    /// # Panics
-    /// When one is not.
-    pub fn wait_healthy(&self) {
-        for m in self
-            .members
-            .iter()
-            .filter(|m| m.is_running() && !m.is_paused())
-        {
-            if let Startup::Failed(why) = m.wait_started(true) {
-                m.fail(&format!("not healthy: {why}"));
-            }
-        }
+        lock(&USED_PORTS).remove(&self.tls_port);
     }
 }
 

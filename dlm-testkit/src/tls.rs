@@ -154,7 +154,12 @@ fn leaf(
     let key = KeyPair::generate().expect("key");
     let mut params = CertificateParams::new(names).expect("certificate parameters");
     params.distinguished_name.push(DnType::CommonName, name);
-    params.extended_key_usages = vec![usage];
+    // A server certificate may also authenticate a client: an etcd member's gateway dials
+    // the member's own TLS port with it when client certificates are required.
+    params.extended_key_usages = match usage {
+        ExtendedKeyUsagePurpose::ServerAuth => vec![usage, ExtendedKeyUsagePurpose::ClientAuth],
+        _ => vec![usage],
+    };
     if expired {
         params.not_before = rcgen::date_time_ymd(2019, 1, 1);
         params.not_after = rcgen::date_time_ymd(2020, 1, 1);

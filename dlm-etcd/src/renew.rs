@@ -1,0 +1,326 @@
+//! Renewal: keep-alives of etcd leases, and keys moved to another lease.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use dlm_core::backend::{
+    BackendError, BackendErrorKind, FencingToken, Lease, LockName, OwnerToken, Renewal,
+};
+use serde_json::{Value, json};
+
+use crate::backend::Inner;
+use crate::gateway::{b64, bad_reply, is_lease_not_found};
+use crate::kv::{Kv, tag_of, value_of};
+use crate::leases::class_of;
+
+/// etcd's default `--max-txn-ops`: a renewal round reads at most this many keys per
+/// transaction.
+const MAX_TXN_OPS: usize = 128;
+
+/// A renewal's index and its key as read.
+type Found = (usize, Kv);
+
+/// A renewal that moves a key to another etcd lease.
+struct Move<'a> {
+    name: &'a LockName,
+    owner: &'a OwnerToken,
+    ttl: Duration,
+    kv: &'a Kv,
+}
+
+impl Inner {
+    /// Renews `kv` (read just now, ours) for `ttl`: a keep-alive of its etcd lease when
+    /// that lease is of `ttl`'s class and carries no other key, else the key is moved.
+    pub(crate) fn extend_found(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        kv: &Kv,
+    ) -> Result<Option<Lease>, BackendError> {
+        let fence = FencingToken::new(kv.create_revision.unsigned_abs());
+        let (_, held_for) = kv.holder(name)?;
+        let tag = tag_of(&self.key(name), owner);
+        let alone = self
+            .leases
+            .lock()
+            .only_carries(kv.lease, &|t: &[u8]| t == tag.as_slice());
+        if alone && class_of(held_for) == class_of(ttl) && held_for >= ttl {
+            let sent = Instant::now();
+            let renewed = self.keep_alive(&[kv.lease], sent)?;
+            let granted = renewed.get(&kv.lease).copied().unwrap_or(0);
+            if granted <= 0 {
+                return Ok(None);
+            }
+            if Duration::from_secs(granted.unsigned_abs()) >= ttl {
+                return Ok(Some(self.lease_from(sent, ttl)?.with_fence(fence)));
+            }
+        }
+        self.move_keys(&[Move {
+            name,
+            owner,
+            ttl,
+            kv,
+        }])
+        .pop()
+        .expect("one result per move")
+    }
+
+    /// Renews each of `moves` (keys read just now, ours) by putting it on the current
+    /// etcd lease of its class (a new one if that would end too soon): the same
+    /// `create_revision`, so the same fencing token. The old lease is not kept alive
+    /// here: it ends when nothing renews it. One transaction per 128 keys (each compared
+    /// on its `mod_revision`), then one per key if some key changed meanwhile.
+    fn move_keys(&self, moves: &[Move<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+        let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
+            moves.iter().map(|_| None).collect();
+        // (index, target lease, start) of the moves that need a put.
+        let mut puts: Vec<(usize, i64, Instant)> = Vec::new();
+        for (i, m) in moves.iter().enumerate() {
+            let tag = tag_of(&self.key(m.name), m.owner);
+            let start = Instant::now();
+            let target = match self.lease_for(m.ttl, start, &tag) {
+                Ok(t) => t,
+                Err(e) => {
+                    out[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            let same_value = m.kv.holder(m.name).is_ok_and(|(_, d)| d == m.ttl);
+            if target == m.kv.lease && same_value {
+                // Already on the current lease of its class, which lasts long enough.
+                let fence = FencingToken::new(m.kv.create_revision.unsigned_abs());
+                out[i] = Some(
+                    self.lease_from(start, m.ttl)
+                        .map(|l| Some(l.with_fence(fence))),
+                );
+            } else {
+                puts.push((i, target, start));
+            }
+        }
+        let put_op = |m: &Move<'_>, target: i64| {
+            json!({ "request_put": {
+                "key": b64(&self.key(m.name)),
+                "value": b64(&value_of(m.owner, m.ttl)),
+                "lease": target.to_string(),
+            }})
+        };
+        let cmp_op = |m: &Move<'_>| {
+            json!({ "key": b64(&self.key(m.name)), "target": "MOD", "result": "EQUAL",
+                    "mod_revision": m.kv.mod_revision.to_string() })
+        };
+        for chunk in puts.chunks(MAX_TXN_OPS) {
+            let txn = |items: &[(usize, i64, Instant)]| {
+                json!({
+                    "compare": items.iter().map(|&(i, _, _)| cmp_op(&moves[i])).collect::<Vec<_>>(),
+                    "success": items.iter().map(|&(i, t, _)| put_op(&moves[i], t)).collect::<Vec<_>>(),
+                })
+            };
+            let done = |out: &mut Vec<Option<Result<Option<Lease>, BackendError>>>,
+                        items: &[(usize, i64, Instant)],
+                        reply: Result<Value, BackendError>| {
+                match reply {
+                    Err(e) => {
+                        if is_lease_not_found(&e) {
+                            for &(_, t, _) in items {
+                                self.forget_lease(t);
+                            }
+                        }
+                        for &(i, _, _) in items {
+                            out[i] = Some(Err(BackendError::new(
+                                BackendErrorKind::Unavailable,
+                                format!("moving the key to a new etcd lease: {}", e.message()),
+                            )));
+                        }
+                        true
+                    }
+                    Ok(reply) if reply.get("succeeded").and_then(Value::as_bool) == Some(true) => {
+                        let mut leases = self.leases.lock();
+                        for &(i, t, start) in items {
+                            let m = &moves[i];
+                            if t != m.kv.lease {
+                                leases.drop_key(m.kv.lease, &tag_of(&self.key(m.name), m.owner));
+                            }
+                            let fence = FencingToken::new(m.kv.create_revision.unsigned_abs());
+                            out[i] = Some(
+                                self.lease_from(start, m.ttl)
+                                    .map(|l| Some(l.with_fence(fence))),
+                            );
+                        }
+                        true
+                    }
+                    // A key changed since it was read.
+                    Ok(_) => false,
+                }
+            };
+            let reply = self.gateway.post("/v3/kv/txn", &txn(chunk));
+            if done(&mut out, chunk, reply) {
+                continue;
+            }
+            for item in chunk {
+                let one = std::slice::from_ref(item);
+                let reply = self.gateway.post("/v3/kv/txn", &txn(one));
+                if !done(&mut out, one, reply) {
+                    // No longer ours as read: lost (or released meanwhile).
+                    out[item.0] = Some(Ok(None));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every move has a result"))
+            .collect()
+    }
+
+    pub(crate) fn extend(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let (kv, _) = self.range(&self.key(name))?;
+        match kv {
+            Some(kv) if kv.is_owned_by(name, owner)? => self.extend_found(name, owner, ttl, &kv),
+            _ => Ok(None),
+        }
+    }
+
+    /// A renewal round: the keys read in one transaction per 128; one keep-alive for the
+    /// etcd leases that carry only keys renewed in this round (and of the right class);
+    /// the other keys are moved to the current lease of their class, so that a lease
+    /// carrying a key nobody renews any more (a fixed lease, a guard past `max_hold`) is
+    /// not extended and ends.
+    pub(crate) fn extend_many(
+        &self,
+        renewals: &[Renewal<'_>],
+    ) -> Vec<Result<Option<Lease>, BackendError>> {
+        let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
+            renewals.iter().map(|_| None).collect();
+        let mut found: Vec<(usize, Kv)> = Vec::new();
+        for (chunk_no, chunk) in renewals.chunks(MAX_TXN_OPS).enumerate() {
+            let base = chunk_no * MAX_TXN_OPS;
+            let ops: Vec<Value> = chunk
+                .iter()
+                .map(|r| json!({ "request_range": { "key": b64(&self.key(r.name)) } }))
+                .collect();
+            let reply = self.gateway.post("/v3/kv/txn", &json!({ "success": ops }));
+            let responses = reply.and_then(|reply| {
+                reply
+                    .get("responses")
+                    .and_then(Value::as_array)
+                    .filter(|a| a.len() == chunk.len())
+                    .cloned()
+                    .ok_or_else(|| bad_reply("responses"))
+            });
+            match responses {
+                Err(e) => {
+                    for i in 0..chunk.len() {
+                        out[base + i] = Some(Err(copy(&e)));
+                    }
+                }
+                Ok(responses) => {
+                    for (i, (r, resp)) in chunk.iter().zip(&responses).enumerate() {
+                        let kv = resp
+                            .pointer("/response_range/kvs/0")
+                            .map(Kv::from_json)
+                            .transpose();
+                        out[base + i] = match kv {
+                            Err(e) => Some(Err(e)),
+                            Ok(None) => Some(Ok(None)),
+                            Ok(Some(kv)) => match kv.is_owned_by(r.name, r.owner) {
+                                Err(e) => Some(Err(e)),
+                                Ok(false) => Some(Ok(None)),
+                                Ok(true) => {
+                                    found.push((base + i, kv));
+                                    None
+                                }
+                            },
+                        };
+                    }
+                }
+            }
+        }
+        // A lease is kept alive only if every key it may carry is renewed here, each of
+        // the right class; the keys of any other lease are moved.
+        let renewed: HashSet<Vec<u8>> = found
+            .iter()
+            .map(|(i, _)| tag_of(&self.key(renewals[*i].name), renewals[*i].owner))
+            .collect();
+        let fits = |i: usize, kv: &Kv| {
+            let r = &renewals[i];
+            kv.holder(r.name).is_ok_and(|(_, held_for)| {
+                class_of(held_for) == class_of(r.ttl) && held_for >= r.ttl
+            })
+        };
+        let mut alive: Vec<i64> = Vec::new();
+        {
+            let leases = self.leases.lock();
+            let mut refused: Vec<i64> = Vec::new();
+            for (_, kv) in &found {
+                if alive.contains(&kv.lease) || refused.contains(&kv.lease) {
+                    continue;
+                }
+                let ok = leases.only_carries(kv.lease, &|t: &[u8]| renewed.contains(t))
+                    && found
+                        .iter()
+                        .filter(|(_, k)| k.lease == kv.lease)
+                        .all(|(j, k)| fits(*j, k));
+                if ok {
+                    alive.push(kv.lease);
+                } else {
+                    refused.push(kv.lease);
+                }
+            }
+        }
+        let (batched, mut to_move): (Vec<Found>, Vec<Found>) = found
+            .into_iter()
+            .partition(|(_, kv)| alive.contains(&kv.lease));
+        if !batched.is_empty() {
+            let sent = Instant::now();
+            match self.keep_alive(&alive, sent) {
+                Err(e) => {
+                    for (i, _) in &batched {
+                        out[*i] = Some(Err(copy(&e)));
+                    }
+                }
+                Ok(renewed) => {
+                    for (i, kv) in batched {
+                        let r = &renewals[i];
+                        let granted = renewed.get(&kv.lease).copied().unwrap_or(0);
+                        let fence = FencingToken::new(kv.create_revision.unsigned_abs());
+                        if granted <= 0 {
+                            out[i] = Some(Ok(None));
+                        } else if Duration::from_secs(granted.unsigned_abs()) >= r.ttl {
+                            out[i] = Some(
+                                self.lease_from(sent, r.ttl)
+                                    .map(|l| Some(l.with_fence(fence))),
+                            );
+                        } else {
+                            to_move.push((i, kv));
+                        }
+                    }
+                }
+            }
+        }
+        if !to_move.is_empty() {
+            let moves: Vec<Move<'_>> = to_move
+                .iter()
+                .map(|(i, kv)| Move {
+                    name: renewals[*i].name,
+                    owner: renewals[*i].owner,
+                    ttl: renewals[*i].ttl,
+                    kv,
+                })
+                .collect();
+            for ((i, _), r) in to_move.iter().zip(self.move_keys(&moves)) {
+                out[*i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every renewal has a result"))
+            .collect()
+    }
+}
+
+fn copy(e: &BackendError) -> BackendError {
+    BackendError::new(e.kind(), e.message())
+}
