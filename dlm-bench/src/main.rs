@@ -451,20 +451,25 @@ fn contended(
 }
 
 /// Round trips, commands per node and new connections per uncontended cycle, counted by
-/// proxies.
-fn request_counts(system: &dyn LockSystem, proxies: &[Proxy]) -> (f64, f64, f64) {
+/// proxies. With `fenced`, the cycle of `fenced-use`: one key, its token read and used.
+fn request_counts(system: &dyn LockSystem, proxies: &[Proxy], fenced: bool) -> (f64, f64, f64) {
     const CYCLES: u64 = 200;
     let mut h = system.handle();
-    for i in 0..20 {
-        let key = format!("rc-warm-{i}-{:x}", rand::random::<u32>());
-        assert!(h.try_lock(&key), "{}: warm-up lock failed", system.name());
+    let own = format!("rc-own-{:x}", rand::random::<u32>());
+    let cycle = |h: &mut Box<dyn crate::system::LockHandle>, key: String| {
+        let key = if fenced { own.clone() } else { key };
+        assert!(h.try_lock(&key), "{}: lock failed", system.name());
+        if fenced {
+            assert!(h.use_token(), "{}: no token", system.name());
+        }
         h.unlock();
+    };
+    for i in 0..20 {
+        cycle(&mut h, format!("rc-warm-{i}-{:x}", rand::random::<u32>()));
     }
     let before: Vec<(u64, u64, u64)> = proxies.iter().map(Proxy::snapshot).collect();
     for i in 0..CYCLES {
-        let key = format!("rc-{i}-{:x}", rand::random::<u32>());
-        assert!(h.try_lock(&key), "{}: lock failed", system.name());
-        h.unlock();
+        cycle(&mut h, format!("rc-{i}-{:x}", rand::random::<u32>()));
     }
     let (mut conns, mut trips, mut cmds) = (0, 0, 0);
     for (p, (c0, t0, m0)) in proxies.iter().zip(before) {
@@ -602,7 +607,7 @@ fn main() {
         for (system, counted) in timed.iter().zip(&counted) {
             counts.push(
                 opts.wants(&system.name(), "uncontended")
-                    .then(|| request_counts(counted.as_ref(), &proxies)),
+                    .then(|| request_counts(counted.as_ref(), &proxies, false)),
             );
         }
         for scenario in scenarios {
@@ -639,20 +644,54 @@ fn main() {
                 push(row, nodes);
             }
         }
-        // Fencing that is used: dlm (fenced) beside the minimal client, which does not
-        // fence (the bar: what a lock costs).
+        // Fencing that is used: dlm (fenced; the token drawn with the acquisition once a
+        // hold of the lock has read it) beside dlm drawing on read (`TokenDraw::WhenRead`,
+        // one more round trip) and the minimal client, which does not fence (the bar:
+        // what a lock costs).
+        let when_read = |urls: &[String]| -> Box<dyn LockSystem> {
+            let backend: Arc<dyn dlm_core::backend::LockBackend> = if urls.len() == 1 {
+                Arc::new(dlm_redis::RedisBackend::new(&urls[0]).unwrap())
+            } else {
+                Arc::new(dlm_redis::Redlock::new(urls).unwrap())
+            };
+            Box::new(
+                Dlm::new("dlm (drawn when read)", backend, TTL)
+                    .token_draw(dlm_core::TokenDraw::WhenRead),
+            )
+        };
+        let (fenced_timed, fenced_counted) = (when_read(&urls), when_read(&proxy_urls));
+        let fenced_use = |s: &&dyn LockSystem| {
+            matches!(
+                s.name().as_str(),
+                "dlm" | "dlm (drawn when read)" | "minimal"
+            ) && opts.wants(&s.name(), "fenced-use")
+        };
+        let fenced_counts: Vec<(String, (f64, f64, f64))> = counted
+            .iter()
+            .map(|s| s.as_ref())
+            .chain([fenced_counted.as_ref()])
+            .filter(fenced_use)
+            .map(|s| (s.name(), request_counts(s, &proxies, true)))
+            .collect();
         for threads in [1, 8] {
             let scenario = Scenario::FencedUse { threads };
             let chosen: Vec<&dyn LockSystem> = timed
                 .iter()
                 .map(|s| s.as_ref())
-                .filter(|s| matches!(s.name().as_str(), "dlm" | "minimal"))
-                .filter(|s| opts.wants(&s.name(), scenario.name()))
+                .chain([fenced_timed.as_ref()])
+                .filter(fenced_use)
                 .collect();
             if chosen.len() < 2 {
                 continue;
             }
-            for row in measure(&chosen, scenario, rounds, run_for) {
+            for mut row in measure(&chosen, scenario, rounds, run_for) {
+                if let Some((_, (trips, cmds, conns))) =
+                    fenced_counts.iter().find(|(name, _)| *name == row.system)
+                {
+                    row.requests_per_cycle = Some(*trips);
+                    row.commands_per_cycle = Some(*cmds);
+                    row.new_connections_per_cycle = Some(*conns);
+                }
                 push(row, nodes);
             }
         }

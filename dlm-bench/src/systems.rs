@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlm_core::backend::LockBackend;
-use dlm_core::{FencedResource, Lock, LockClient, LockGuard};
+use dlm_core::{FencedResource, Lock, LockClient, LockGuard, TokenDraw};
 
 use crate::system::{LockHandle, LockSystem};
 
@@ -13,6 +13,7 @@ pub struct Dlm {
     name: String,
     backend: Arc<dyn LockBackend>,
     ttl: Duration,
+    token_draw: TokenDraw,
 }
 
 impl Dlm {
@@ -22,7 +23,14 @@ impl Dlm {
             name: name.to_owned(),
             backend,
             ttl,
+            token_draw: TokenDraw::default(),
         }
+    }
+
+    /// The same with fencing tokens drawn as `when` says.
+    pub fn token_draw(mut self, when: TokenDraw) -> Self {
+        self.token_draw = when;
+        self
     }
 }
 
@@ -35,6 +43,7 @@ impl LockSystem for Dlm {
         Box::new(DlmHandle {
             client: LockClient::builder(self.backend.clone())
                 .lease(self.ttl)
+                .token_draw(self.token_draw)
                 .build()
                 .unwrap(),
             guard: None,

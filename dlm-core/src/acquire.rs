@@ -72,6 +72,8 @@ impl Acquisition<'_> {
         let mut attempt: u32 = 0;
         let mut failing_since: Option<Instant> = None;
         let ttl = self.lease.unwrap_or(client.watchdog.config().timeout);
+        // The fencing token is drawn with the acquisition when it will probably be read.
+        let fenced = shared.draw_at_acquisition();
         // The next attempt follows a wake-up of ours.
         let mut woken = false;
         // A real attempt was made (every call makes at least one).
@@ -97,7 +99,7 @@ impl Acquisition<'_> {
                 Ok(Acquire::Held { retry_after: None })
             } else {
                 attempted = true;
-                client.backend.try_acquire(&shared.name, &token, ttl)
+                shared.try_acquire(&token, ttl, fenced)
             };
             if let Some(w) = &watch {
                 w.trying(false);
@@ -111,7 +113,7 @@ impl Acquisition<'_> {
                         self.abandon(&token);
                         return Err(Error::Interrupted);
                     }
-                    return Ok(Some(self.install(token, lease)));
+                    return Ok(Some(self.install(token, lease, fenced)));
                 }
                 Ok(Acquire::Held { retry_after }) => {
                     failing_since = None;
@@ -230,7 +232,7 @@ impl Acquisition<'_> {
         )))
     }
 
-    fn install(&self, token: OwnerToken, lease: Lease) -> LockGuard {
+    fn install(&self, token: OwnerToken, lease: Lease, fenced: bool) -> LockGuard {
         let mut state = self.shared.state.lock();
         state.next_generation += 1;
         let generation = state.next_generation;
@@ -260,6 +262,8 @@ impl Acquisition<'_> {
             token,
             lease,
             fence: lease.fence(),
+            drew_at_acquisition: fenced,
+            read: false,
             renewals: 0,
             lost: false,
             _renewal: renewal,

@@ -6,13 +6,17 @@
 //! answer only if the hold is still the same acquisition (its generation).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backend::{FencingToken, Lease, LockBackend, LockName, OwnerToken};
+use crate::backend::{
+    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken,
+};
+use crate::client::TokenDraw;
 use crate::error::{Error, InvalidArgument, Result};
 use crate::retry::RetryPolicy;
 use crate::signal::Signal;
@@ -29,6 +33,9 @@ pub(crate) struct ClientShared {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) reentrant: bool,
     pub(crate) retry: RetryPolicy,
+    pub(crate) token_draw: TokenDraw,
+    /// Per lock name (by a hash), whether its last hold read its fencing token.
+    predictions: Predictions,
     seq: AtomicU64,
     registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
 }
@@ -42,6 +49,7 @@ pub(crate) struct Settings {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) reentrant: bool,
     pub(crate) retry: RetryPolicy,
+    pub(crate) token_draw: TokenDraw,
 }
 
 impl ClientShared {
@@ -54,6 +62,8 @@ impl ClientShared {
             watchdog: s.watchdog,
             reentrant: s.reentrant,
             retry: s.retry,
+            token_draw: s.token_draw,
+            predictions: Predictions::new(),
             seq: AtomicU64::new(0),
             registry: Mutex::new(HashMap::new()),
         }
@@ -75,7 +85,8 @@ impl ClientShared {
         if let Some(shared) = registry.get(&name).and_then(Weak::upgrade) {
             return shared;
         }
-        let shared = Arc::new(LockShared::new(self.clone(), name.clone()));
+        let prediction = self.predictions.slot(&name);
+        let shared = Arc::new(LockShared::new(self.clone(), name.clone(), prediction));
         registry.insert(name, Arc::downgrade(&shared));
         shared
     }
@@ -119,6 +130,64 @@ pub(crate) fn check_lease(
     Ok(lease)
 }
 
+/// How many lock names a client's prediction table tells apart (one bit each).
+const PREDICTION_BITS: usize = 4096;
+
+/// Whether the last hold of a lock read its fencing token, per lock name of one client:
+/// a table of bits indexed by a hash of the name. Kept by the client, not in the lock's
+/// [`LockShared`]: that goes with the last handle of the lock, and a program that calls
+/// `client.get_lock(name)?.lock()?` for each use (a common style) would never have a
+/// prediction. Bounded (512 bytes) whatever the number of names; two names that share a
+/// bit share a prediction, which costs at most a misprediction (an unused draw, or one
+/// more request), never a guarantee.
+struct Predictions {
+    bits: Box<[AtomicU64]>,
+    hasher: RandomState,
+}
+
+/// A lock name's place in [`Predictions`]: a word and a bit.
+#[derive(Clone, Copy)]
+pub(crate) struct PredictionSlot {
+    word: usize,
+    mask: u64,
+}
+
+impl Predictions {
+    fn new() -> Self {
+        Predictions {
+            bits: (0..PREDICTION_BITS / 64)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn slot(&self, name: &LockName) -> PredictionSlot {
+        let bit = (self.hasher.hash_one(name) % PREDICTION_BITS as u64) as usize;
+        PredictionSlot {
+            word: bit / 64,
+            mask: 1 << (bit % 64),
+        }
+    }
+
+    fn read_last_time(&self, slot: PredictionSlot) -> bool {
+        self.bits[slot.word].load(Ordering::Relaxed) & slot.mask != 0
+    }
+
+    /// Records how a hold ended: it read its token (draw with the next acquisition), or
+    /// its token was drawn with the acquisition and never read (draw on read next time).
+    /// A hold that neither read nor drew changes nothing.
+    fn record(&self, slot: PredictionSlot, read: bool, drew_at_acquisition: bool) {
+        let word = &self.bits[slot.word];
+        let set = word.load(Ordering::Relaxed) & slot.mask != 0;
+        if read && !set {
+            word.fetch_or(slot.mask, Ordering::Relaxed);
+        } else if !read && drew_at_acquisition && set {
+            word.fetch_and(!slot.mask, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A small number unique to the calling thread for the life of the process.
 pub(crate) fn thread_no() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -133,6 +202,8 @@ pub(crate) struct LockShared {
     pub(crate) client: Arc<ClientShared>,
     pub(crate) name: LockName,
     pub(crate) state: Mutex<State>,
+    /// Its place in the client's predictions of token reads.
+    prediction: PredictionSlot,
 }
 
 #[derive(Default)]
@@ -155,6 +226,11 @@ pub(crate) struct Holding {
     /// `LockGuard::fencing_token` drew. Every guard of the hold (re-entries too) reads
     /// this one.
     pub(crate) fence: Option<FencingToken>,
+    /// The acquisition asked for the token to be drawn with it (`try_acquire_fenced`).
+    pub(crate) drew_at_acquisition: bool,
+    /// `LockGuard::fencing_token` gave the token out: the next acquisition of this lock
+    /// draws it with the acquisition (see `TokenDraw::Predicted`).
+    pub(crate) read: bool,
     /// Renewals (watchdog and extensions) recorded in `lease`.
     pub(crate) renewals: u64,
     /// A renewal or extension found the lock gone.
@@ -222,11 +298,36 @@ impl RenewedHold for Holding {
 }
 
 impl LockShared {
-    fn new(client: Arc<ClientShared>, name: LockName) -> Self {
+    fn new(client: Arc<ClientShared>, name: LockName, prediction: PredictionSlot) -> Self {
         LockShared {
             client,
             name,
             state: Mutex::new(State::default()),
+            prediction,
+        }
+    }
+
+    /// Whether the next acquisition draws the fencing token with it (see [`TokenDraw`]).
+    pub(crate) fn draw_at_acquisition(&self) -> bool {
+        match self.client.token_draw {
+            TokenDraw::Predicted => self.client.predictions.read_last_time(self.prediction),
+            TokenDraw::AtAcquisition => true,
+            TokenDraw::WhenRead => false,
+        }
+    }
+
+    /// One acquisition attempt for `owner`, drawing the token with it when `fenced`.
+    pub(crate) fn try_acquire(
+        &self,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> std::result::Result<Acquire, BackendError> {
+        let backend = &self.client.backend;
+        if fenced {
+            backend.try_acquire_fenced(&self.name, owner, ttl)
+        } else {
+            backend.try_acquire(&self.name, owner, ttl)
         }
     }
 
@@ -251,6 +352,9 @@ impl LockShared {
         let token = holding.token;
         let signal = holding.signal.take();
         let was_valid = holding.is_valid(self.client.backend.now());
+        self.client
+            .predictions
+            .record(self.prediction, holding.read, holding.drew_at_acquisition);
         // Drops the hold's ticket under the state mutex: its renewals end.
         state.holding = None;
         drop(state);

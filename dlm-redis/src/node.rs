@@ -430,6 +430,22 @@ impl Node {
         }
     }
 
+    /// One acquisition attempt that draws the fencing token with it (the fenced acquire
+    /// script, no proposal): the answer, the token when acquired with one, and with
+    /// `wait`, how many replicas acknowledged the grant and the draw.
+    pub(crate) fn acquire_fenced(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        wait: Option<ReplicaWait>,
+    ) -> Result<(NodeAcquire, Option<u64>, Option<u32>), BackendError> {
+        let call = self.keys.acquire_fenced_call(name, owner, ttl, None);
+        let (reply, acked) = self.execute_acked(&call, wait)?;
+        let (answer, fence) = self.reader().acquire_fenced(name, reply)?;
+        Ok((answer, fence.and_then(NodeFence::stream), acked))
+    }
+
     /// Draws the fencing token of `owner`'s hold (the fence script, no proposal); with
     /// `wait`, also how many replicas acknowledged the draw.
     pub(crate) fn fence(
