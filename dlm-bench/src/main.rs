@@ -141,6 +141,8 @@ struct Row {
     requests_per_cycle: Option<f64>,
     commands_per_cycle: Option<f64>,
     new_connections_per_cycle: Option<f64>,
+    /// The servers' CPU time (user + system, `INFO cpu`) per node per counted cycle.
+    server_us_per_cycle: Option<f64>,
     ping_rtt_us: Option<f64>,
     /// Cycles per second of each round (the spread behind `cycles_per_sec`).
     round_rates: Vec<f64>,
@@ -450,10 +452,32 @@ fn contended(
     );
 }
 
+/// What one uncontended cycle costs per node: round trips, commands, new connections
+/// (counted by proxies) and the server's CPU time in us.
+type Counts = (f64, f64, f64, f64);
+
+/// The servers' CPU time so far (user + system, `INFO cpu`), in us.
+fn server_cpu_us(server: &RedisServer) -> f64 {
+    let info = server.info("cpu");
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (field("used_cpu_user") + field("used_cpu_sys")) * 1e6
+}
+
 /// Round trips, commands per node and new connections per uncontended cycle, counted by
-/// proxies. With `fenced`, the cycle of `fenced-use`: one key, its token read and used.
-fn request_counts(system: &dyn LockSystem, proxies: &[Proxy], fenced: bool) -> (f64, f64, f64) {
-    const CYCLES: u64 = 200;
+/// proxies, and the servers' CPU time per node per cycle. With `fenced`, the cycle of
+/// `fenced-use`: one key, its token read and used.
+fn request_counts(
+    system: &dyn LockSystem,
+    proxies: &[Proxy],
+    servers: &[&RedisServer],
+    fenced: bool,
+) -> Counts {
+    const CYCLES: u64 = 2_000;
     let mut h = system.handle();
     let own = format!("rc-own-{:x}", rand::random::<u32>());
     let cycle = |h: &mut Box<dyn crate::system::LockHandle>, key: String| {
@@ -468,9 +492,11 @@ fn request_counts(system: &dyn LockSystem, proxies: &[Proxy], fenced: bool) -> (
         cycle(&mut h, format!("rc-warm-{i}-{:x}", rand::random::<u32>()));
     }
     let before: Vec<(u64, u64, u64)> = proxies.iter().map(Proxy::snapshot).collect();
+    let cpu_before: f64 = servers.iter().map(|s| server_cpu_us(s)).sum();
     for i in 0..CYCLES {
         cycle(&mut h, format!("rc-{i}-{:x}", rand::random::<u32>()));
     }
+    let cpu: f64 = servers.iter().map(|s| server_cpu_us(s)).sum::<f64>() - cpu_before;
     let (mut conns, mut trips, mut cmds) = (0, 0, 0);
     for (p, (c0, t0, m0)) in proxies.iter().zip(before) {
         let (c1, t1, m1) = p.snapshot();
@@ -483,6 +509,7 @@ fn request_counts(system: &dyn LockSystem, proxies: &[Proxy], fenced: bool) -> (
         trips as f64 / per_node_cycle,
         cmds as f64 / per_node_cycle,
         conns as f64 / CYCLES as f64,
+        cpu / per_node_cycle,
     )
 }
 
@@ -607,7 +634,7 @@ fn main() {
         for (system, counted) in timed.iter().zip(&counted) {
             counts.push(
                 opts.wants(&system.name(), "uncontended")
-                    .then(|| request_counts(counted.as_ref(), &proxies, false)),
+                    .then(|| request_counts(counted.as_ref(), &proxies, &servers, false)),
             );
         }
         for scenario in scenarios {
@@ -632,7 +659,7 @@ fn main() {
             }
             for mut row in measure(&chosen, scenario, rounds, run_for) {
                 if let Scenario::Uncontended { .. } = scenario
-                    && let Some(Some((trips, cmds, conns))) = timed
+                    && let Some(Some((trips, cmds, conns, cpu))) = timed
                         .iter()
                         .position(|s| s.name() == row.system)
                         .and_then(|i| counts.get(i).copied())
@@ -640,6 +667,7 @@ fn main() {
                     row.requests_per_cycle = Some(trips);
                     row.commands_per_cycle = Some(cmds);
                     row.new_connections_per_cycle = Some(conns);
+                    row.server_us_per_cycle = Some(cpu);
                 }
                 push(row, nodes);
             }
@@ -666,12 +694,12 @@ fn main() {
                 "dlm" | "dlm (drawn when read)" | "minimal"
             ) && opts.wants(&s.name(), "fenced-use")
         };
-        let fenced_counts: Vec<(String, (f64, f64, f64))> = counted
+        let fenced_counts: Vec<(String, Counts)> = counted
             .iter()
             .map(|s| s.as_ref())
             .chain([fenced_counted.as_ref()])
             .filter(fenced_use)
-            .map(|s| (s.name(), request_counts(s, &proxies, true)))
+            .map(|s| (s.name(), request_counts(s, &proxies, &servers, true)))
             .collect();
         for threads in [1, 8] {
             let scenario = Scenario::FencedUse { threads };
@@ -685,12 +713,13 @@ fn main() {
                 continue;
             }
             for mut row in measure(&chosen, scenario, rounds, run_for) {
-                if let Some((_, (trips, cmds, conns))) =
+                if let Some((_, (trips, cmds, conns, cpu))) =
                     fenced_counts.iter().find(|(name, _)| *name == row.system)
                 {
                     row.requests_per_cycle = Some(*trips);
                     row.commands_per_cycle = Some(*cmds);
                     row.new_connections_per_cycle = Some(*conns);
+                    row.server_us_per_cycle = Some(*cpu);
                 }
                 push(row, nodes);
             }
@@ -827,15 +856,15 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip); server us: the servers' CPU time (INFO cpu, user + system) per node per cycle, over 2,000 cycles of one client.\n"
     );
     let _ = writeln!(
         out,
-        "| system | scenario | nodes | threads | cycles/s | by round | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | commands/node/cycle | new conns/cycle |"
+        "| system | scenario | nodes | threads | cycles/s | by round | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | commands/node/cycle | new conns/cycle | server us/node/cycle |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let base = rows.iter().find(|b| {
@@ -855,7 +884,7 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
         });
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {}{} | {} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}{} | {} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} | {}{} |",
             r.system,
             r.scenario,
             r.nodes,
@@ -879,6 +908,11 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
             num(r.requests_per_cycle, 2),
             num(r.commands_per_cycle, 2),
             num(r.new_connections_per_cycle, 3),
+            num(r.server_us_per_cycle, 1),
+            ratio(
+                r.server_us_per_cycle,
+                base.and_then(|b| b.server_us_per_cycle)
+            ),
         );
     }
     out
@@ -890,7 +924,7 @@ fn json(rows: &[Row]) -> String {
     for (i, r) in rows.iter().enumerate() {
         let _ = writeln!(
             out,
-            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"commands_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"ping_rtt_us\": {}, \"cycles_per_sec_rounds\": [{}]}}{}",
+            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"commands_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"server_us_per_cycle\": {}, \"ping_rtt_us\": {}, \"cycles_per_sec_rounds\": [{}]}}{}",
             r.system,
             r.scenario,
             r.nodes,
@@ -904,6 +938,7 @@ fn json(rows: &[Row]) -> String {
             f(r.requests_per_cycle),
             f(r.commands_per_cycle),
             f(r.new_connections_per_cycle),
+            f(r.server_us_per_cycle),
             f(r.ping_rtt_us),
             r.round_rates
                 .iter()

@@ -1039,7 +1039,12 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
         remaining > Duration::from_secs(30),
         "the lease was not refreshed: {remaining:?} left"
     );
-    if f.fencing() {
+    if let (Some(a), Some(b)) = (first.fence(), again.fence()) {
+        // Tokens handed out with every lease (such a backend need not implement `fence`:
+        // the front never asks it).
+        assert!(b >= a, "token {b} after {a}");
+    } else if f.fencing() {
+        // Tokens drawn on demand: `fence`, and the token drawn with the acquisition.
         let drawn = backend.fence(&name, &owner).unwrap().expect("its own lock");
         assert!(first.fence().is_none_or(|t| drawn >= t));
         let again = match backend
@@ -1052,6 +1057,15 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
         let after = backend.fence(&name, &owner).unwrap().expect("its own lock");
         assert!(after >= drawn && again.fence().is_none_or(|t| t >= drawn));
         assert_eq!(backend.fence(&name, &other).unwrap(), None, "not its lock");
+        match backend
+            .try_acquire_fenced(&name, &owner, Duration::from_secs(60))
+            .unwrap()
+        {
+            dlm_core::backend::Acquire::Acquired(lease) => {
+                assert!(lease.fence().is_none_or(|t| t >= after));
+            }
+            other => panic!("its own lock, asked again with its token: {other:?}"),
+        }
     }
     assert!(matches!(
         backend
