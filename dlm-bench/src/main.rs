@@ -158,6 +158,8 @@ struct Row {
     requests_per_cycle: Option<f64>,
     commands_per_cycle: Option<f64>,
     new_connections_per_cycle: Option<f64>,
+    /// The servers' CPU time (user + system, `INFO cpu`) per node per counted cycle.
+    server_us_per_cycle: Option<f64>,
     ping_rtt_us: Option<f64>,
     /// Cycles per second of each round (the spread behind `cycles_per_sec`).
     round_rates: Vec<f64>,
@@ -467,22 +469,51 @@ fn contended(
     );
 }
 
+/// What one uncontended cycle costs per node: round trips, commands, new connections
+/// (counted by proxies) and the server's CPU time in us.
+type Counts = (f64, f64, f64, f64);
+
+/// The servers' CPU time so far (user + system, `INFO cpu`), in us.
+fn server_cpu_us(server: &RedisServer) -> f64 {
+    let info = server.info("cpu");
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (field("used_cpu_user") + field("used_cpu_sys")) * 1e6
+}
+
 /// Round trips, commands per node and new connections per uncontended cycle, counted by
-/// proxies.
-fn request_counts(system: &dyn LockSystem, proxies: &[Proxy]) -> (f64, f64, f64) {
-    const CYCLES: u64 = 200;
+/// proxies, and the servers' CPU time per node per cycle. With `fenced`, the cycle of
+/// `fenced-use`: one key, its token read and used.
+fn request_counts(
+    system: &dyn LockSystem,
+    proxies: &[Proxy],
+    servers: &[&RedisServer],
+    fenced: bool,
+) -> Counts {
+    const CYCLES: u64 = 2_000;
     let mut h = system.handle();
-    for i in 0..20 {
-        let key = format!("rc-warm-{i}-{:x}", rand::random::<u32>());
-        assert!(h.try_lock(&key), "{}: warm-up lock failed", system.name());
+    let own = format!("rc-own-{:x}", rand::random::<u32>());
+    let cycle = |h: &mut Box<dyn crate::system::LockHandle>, key: String| {
+        let key = if fenced { own.clone() } else { key };
+        assert!(h.try_lock(&key), "{}: lock failed", system.name());
+        if fenced {
+            assert!(h.use_token(), "{}: no token", system.name());
+        }
         h.unlock();
+    };
+    for i in 0..20 {
+        cycle(&mut h, format!("rc-warm-{i}-{:x}", rand::random::<u32>()));
     }
     let before: Vec<(u64, u64, u64)> = proxies.iter().map(Proxy::snapshot).collect();
+    let cpu_before: f64 = servers.iter().map(|s| server_cpu_us(s)).sum();
     for i in 0..CYCLES {
-        let key = format!("rc-{i}-{:x}", rand::random::<u32>());
-        assert!(h.try_lock(&key), "{}: lock failed", system.name());
-        h.unlock();
+        cycle(&mut h, format!("rc-{i}-{:x}", rand::random::<u32>()));
     }
+    let cpu: f64 = servers.iter().map(|s| server_cpu_us(s)).sum::<f64>() - cpu_before;
     let (mut conns, mut trips, mut cmds) = (0, 0, 0);
     for (p, (c0, t0, m0)) in proxies.iter().zip(before) {
         let (c1, t1, m1) = p.snapshot();
@@ -495,6 +526,7 @@ fn request_counts(system: &dyn LockSystem, proxies: &[Proxy]) -> (f64, f64, f64)
         trips as f64 / per_node_cycle,
         cmds as f64 / per_node_cycle,
         conns as f64 / CYCLES as f64,
+        cpu / per_node_cycle,
     )
 }
 
@@ -686,7 +718,7 @@ fn main() {
         for (system, counted) in timed.iter().zip(&counted) {
             counts.push(
                 opts.wants(&system.name(), "uncontended")
-                    .then(|| request_counts(counted.as_ref(), &proxies)),
+                    .then(|| request_counts(counted.as_ref(), &proxies, &servers, false)),
             );
         }
         for scenario in scenarios {
@@ -712,7 +744,7 @@ fn main() {
             }
             for mut row in measure(&chosen, scenario, rounds, run_for) {
                 if let Scenario::Uncontended { .. } = scenario
-                    && let Some(Some((trips, cmds, conns))) = timed
+                    && let Some(Some((trips, cmds, conns, cpu))) = timed
                         .iter()
                         .position(|s| s.name() == row.system)
                         .and_then(|i| counts.get(i).copied())
@@ -720,24 +752,60 @@ fn main() {
                     row.requests_per_cycle = Some(trips);
                     row.commands_per_cycle = Some(cmds);
                     row.new_connections_per_cycle = Some(conns);
+                    row.server_us_per_cycle = Some(cpu);
                 }
                 push(row, nodes);
             }
         }
-        // Fencing that is used: dlm (fenced) beside the minimal client, which does not
-        // fence (the bar: what a lock costs).
+        // Fencing that is used: dlm (fenced; the token drawn with the acquisition once a
+        // hold of the lock has read it) beside dlm drawing on read (`TokenDraw::WhenRead`,
+        // one more round trip) and the minimal client, which does not fence (the bar:
+        // what a lock costs).
+        let when_read = |urls: &[String]| -> Box<dyn LockSystem> {
+            let backend: Arc<dyn dlm_core::backend::LockBackend> = if urls.len() == 1 {
+                Arc::new(dlm_redis::RedisBackend::new(&urls[0]).unwrap())
+            } else {
+                Arc::new(dlm_redis::Redlock::new(urls).unwrap())
+            };
+            Box::new(
+                Dlm::new("dlm (drawn when read)", backend, TTL)
+                    .token_draw(dlm_core::TokenDraw::WhenRead),
+            )
+        };
+        let (fenced_timed, fenced_counted) = (when_read(&urls), when_read(&proxy_urls));
+        let fenced_use = |s: &&dyn LockSystem| {
+            matches!(
+                s.name().as_str(),
+                "dlm" | "dlm (drawn when read)" | "minimal"
+            ) && opts.wants(&s.name(), "fenced-use")
+        };
+        let fenced_counts: Vec<(String, Counts)> = counted
+            .iter()
+            .map(|s| s.as_ref())
+            .chain([fenced_counted.as_ref()])
+            .filter(fenced_use)
+            .map(|s| (s.name(), request_counts(s, &proxies, &servers, true)))
+            .collect();
         for threads in [1, 8] {
             let scenario = Scenario::FencedUse { threads };
             let chosen: Vec<&dyn LockSystem> = timed
                 .iter()
                 .map(|s| s.as_ref())
-                .filter(|s| matches!(s.name().as_str(), "dlm" | "minimal"))
-                .filter(|s| opts.wants(&s.name(), scenario.name()))
+                .chain([fenced_timed.as_ref()])
+                .filter(fenced_use)
                 .collect();
             if chosen.len() < 2 {
                 continue;
             }
-            for row in measure(&chosen, scenario, rounds, run_for) {
+            for mut row in measure(&chosen, scenario, rounds, run_for) {
+                if let Some((_, (trips, cmds, conns, cpu))) =
+                    fenced_counts.iter().find(|(name, _)| *name == row.system)
+                {
+                    row.requests_per_cycle = Some(*trips);
+                    row.commands_per_cycle = Some(*cmds);
+                    row.new_connections_per_cycle = Some(*conns);
+                    row.server_us_per_cycle = Some(*cpu);
+                }
                 push(row, nodes);
             }
         }
@@ -924,21 +992,21 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT; the (metrics) rows, with a recorder installed: to the same system without one); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip).\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT; the (metrics) rows, with a recorder installed: to the same system without one); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip); server us: the servers' CPU time (INFO cpu, user + system) per node per cycle, over 2,000 cycles of one client.\n"
     );
     let _ = writeln!(
         out,
-        "| system | scenario | nodes | threads | cycles/s | by round | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | commands/node/cycle | new conns/cycle |"
+        "| system | scenario | nodes | threads | cycles/s | by round | p50 us | p99 us | handoff p50 us | max wait us | fairness | requests/node/cycle | commands/node/cycle | new conns/cycle | server us/node/cycle |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let base = base_of(rows, r);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {}{} | {} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}{} | {} | {}{} | {}{} | {}{} | {} | {} | {} | {} | {} | {}{} |",
             r.system,
             r.scenario,
             r.nodes,
@@ -962,6 +1030,11 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
             num(r.requests_per_cycle, 2),
             num(r.commands_per_cycle, 2),
             num(r.new_connections_per_cycle, 3),
+            num(r.server_us_per_cycle, 1),
+            ratio(
+                r.server_us_per_cycle,
+                base.and_then(|b| b.server_us_per_cycle)
+            ),
         );
     }
     out
@@ -973,7 +1046,7 @@ fn json(rows: &[Row]) -> String {
     for (i, r) in rows.iter().enumerate() {
         let _ = writeln!(
             out,
-            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"commands_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"ping_rtt_us\": {}, \"cycles_per_sec_rounds\": [{}]}}{}",
+            "  {{\"system\": {:?}, \"scenario\": {:?}, \"nodes\": {}, \"threads\": {}, \"cycles_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \"handoff_p50_us\": {}, \"max_wait_us\": {}, \"fairness\": {}, \"requests_per_cycle\": {}, \"commands_per_cycle\": {}, \"new_connections_per_cycle\": {}, \"server_us_per_cycle\": {}, \"ping_rtt_us\": {}, \"cycles_per_sec_rounds\": [{}]}}{}",
             r.system,
             r.scenario,
             r.nodes,
@@ -987,6 +1060,7 @@ fn json(rows: &[Row]) -> String {
             f(r.requests_per_cycle),
             f(r.commands_per_cycle),
             f(r.new_connections_per_cycle),
+            f(r.server_us_per_cycle),
             f(r.ping_rtt_us),
             r.round_rates
                 .iter()

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlm_core::backend::LockBackend;
-use dlm_core::{FencedResource, Lock, LockClient, LockGuard};
+use dlm_core::{FencedResource, Lock, LockClient, LockGuard, TokenDraw};
 
 use crate::recorder::Atomics;
 use crate::system::{LockHandle, LockSystem};
@@ -16,6 +16,7 @@ pub struct Dlm {
     ttl: Duration,
     /// The recorder its clients report to (`None`: the facade's no-op).
     recorder: Option<Arc<Atomics>>,
+    token_draw: TokenDraw,
 }
 
 impl Dlm {
@@ -26,6 +27,7 @@ impl Dlm {
             backend,
             ttl,
             recorder: None,
+            token_draw: TokenDraw::default(),
         }
     }
 
@@ -33,6 +35,12 @@ impl Dlm {
     /// backend with it in place too, for the backend's own metrics).
     pub fn with_metrics(mut self, recorder: Arc<Atomics>) -> Self {
         self.recorder = Some(recorder);
+        self
+    }
+
+    /// The same with fencing tokens drawn as `when` says.
+    pub fn token_draw(mut self, when: TokenDraw) -> Self {
+        self.token_draw = when;
         self
     }
 }
@@ -46,6 +54,7 @@ impl LockSystem for Dlm {
         let build = || {
             LockClient::builder(self.backend.clone())
                 .lease(self.ttl)
+                .token_draw(self.token_draw)
                 .build()
                 .unwrap()
         };

@@ -94,6 +94,8 @@ impl Acquisition<'_> {
         let mut attempt: u32 = 0;
         let mut failing_since: Option<Instant> = None;
         let ttl = self.lease.unwrap_or(client.watchdog.config().timeout);
+        // The fencing token is drawn with the acquisition when it will probably be read.
+        let fenced = shared.draw_at_acquisition();
         // The next attempt follows a wake-up of ours.
         let mut woken = false;
         // A real attempt was made (every call makes at least one).
@@ -119,7 +121,7 @@ impl Acquisition<'_> {
                 Ok(Acquire::Held { retry_after: None })
             } else {
                 attempted = true;
-                client.backend.try_acquire(&shared.name, &token, ttl)
+                shared.try_acquire(&token, ttl, fenced)
             };
             if let Some(w) = &watch {
                 w.trying(false);
@@ -133,7 +135,7 @@ impl Acquisition<'_> {
                         self.abandon(&token);
                         return Err(Error::Interrupted);
                     }
-                    return Ok(Some(self.install(token, lease, started)));
+                    return Ok(Some(self.install(token, lease, started, fenced)));
                 }
                 Ok(Acquire::Held { retry_after }) => {
                     failing_since = None;
@@ -259,7 +261,13 @@ impl Acquisition<'_> {
         )))
     }
 
-    fn install(&self, token: OwnerToken, lease: Lease, started: Option<Instant>) -> LockGuard {
+    fn install(
+        &self,
+        token: OwnerToken,
+        lease: Lease,
+        started: Option<Instant>,
+        fenced: bool,
+    ) -> LockGuard {
         let metrics = &self.shared.metrics;
         let at = metrics.clock();
         let mut state = self.shared.state.lock();
@@ -295,6 +303,8 @@ impl Acquisition<'_> {
             lease,
             fence: lease.fence(),
             since: at,
+            drew_at_acquisition: fenced,
+            read: false,
             renewals: 0,
             lost: false,
             _renewal: renewal,

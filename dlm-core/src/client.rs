@@ -17,6 +17,35 @@ pub const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest lease accepted unless raised with [`LockClientBuilder::max_lease`]: 24 h.
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
+/// When a hold's fencing token is drawn: set with [`LockClientBuilder::token_draw`].
+///
+/// A token read with [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) is
+/// drawn either with the acquisition (in the same request, on the backends where a token
+/// costs a write: [`LockBackend::try_acquire_fenced`](crate::backend::LockBackend::try_acquire_fenced))
+/// or on its first read (one more request). Which one costs less depends on whether the
+/// token will be read, which the client predicts from the last hold of the same lock.
+/// Every choice gives the same tokens and the same guarantees; only the cost moves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TokenDraw {
+    /// With the acquisition when the last hold of this lock by this client read its
+    /// token, else on the first read (the default). A lock whose tokens are read every
+    /// time pays no request for them after the first hold; one whose tokens are never
+    /// read pays nothing; a change costs one request (the first read after unread holds)
+    /// or one unused draw on the server (the first unread hold after a read). The
+    /// prediction is a bit per lock name in a small table per client (4,096 bits, by a
+    /// hash of the name): names that share a bit share a prediction.
+    #[default]
+    Predicted,
+    /// Always with the acquisition: for a program that reads every token, and for a
+    /// short-lived one (such as a command-line run) that has no earlier hold to predict
+    /// from.
+    AtAcquisition,
+    /// Always on the first read: an acquisition never writes a token (the cost of
+    /// fencing before this setting existed).
+    WhenRead,
+}
+
 /// Hands out named locks over one backend; the entry point of the library.
 ///
 /// A client is one lock owner (like one Redisson instance): it draws a 128-bit random id
@@ -91,6 +120,7 @@ impl LockClient {
             retry: b.retry,
             metrics: b.metrics,
             metrics_lock_names: b.metrics_lock_names,
+            token_draw: b.token_draw,
         });
         LockClient {
             shared: Arc::new(shared),
@@ -131,6 +161,7 @@ impl fmt::Debug for LockClient {
             .field("watchdog", &self.shared.watchdog.config())
             .field("reentrant", &self.shared.reentrant)
             .field("retry", &self.shared.retry)
+            .field("token_draw", &self.shared.token_draw)
             .finish_non_exhaustive()
     }
 }
@@ -148,6 +179,7 @@ pub struct LockClientBuilder {
     retry: RetryPolicy,
     metrics: bool,
     metrics_lock_names: bool,
+    token_draw: TokenDraw,
 }
 
 impl LockClientBuilder {
@@ -162,6 +194,7 @@ impl LockClientBuilder {
             retry: RetryPolicy::default(),
             metrics: true,
             metrics_lock_names: false,
+            token_draw: TokenDraw::default(),
         }
     }
 
@@ -233,6 +266,27 @@ impl LockClientBuilder {
     /// first handle is made ([`LockClient::get_lock`]).
     pub fn metrics_lock_names(mut self, on: bool) -> Self {
         self.metrics_lock_names = on;
+        self
+    }
+
+    /// When fencing tokens are drawn: with the acquisition when the last hold of the
+    /// lock read its token (the default), always with it, or always on the first read
+    /// (see [`TokenDraw`]).
+    ///
+    /// ```
+    /// use dlm_core::{LockClient, TokenDraw};
+    /// use dlm_memory::MemoryBackend;
+    ///
+    /// // A one-shot program that hands its token to the resource: no earlier hold to
+    /// // predict from, so draw it with the acquisition.
+    /// let client = LockClient::builder(MemoryBackend::new())
+    ///     .token_draw(TokenDraw::AtAcquisition)
+    ///     .build()?;
+    /// # let _ = client;
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    pub fn token_draw(mut self, when: TokenDraw) -> Self {
+        self.token_draw = when;
         self
     }
 

@@ -179,10 +179,13 @@ impl LockGuard {
     /// [`FencedResource`](crate::FencedResource)).
     ///
     /// The token is drawn on the first call of a hold (one request to the backend, which
-    /// checks that the lock is still ours and draws it in one atomic step), unless the
-    /// backend handed it out with the acquisition; later calls, and every re-entrant
-    /// guard of the same hold, get the same token without I/O. An acquisition whose
-    /// token is never read costs what an unfenced one costs. Tokens drawn by successive
+    /// checks that the lock is still ours and draws it in one atomic step), unless it
+    /// came with the acquisition: the backend hands tokens out with every lease, or the
+    /// client drew it there because the last hold of this lock read its token (see
+    /// [`TokenDraw`](crate::TokenDraw)). Later calls, and every re-entrant guard of the
+    /// same hold, get the same token without I/O. An acquisition whose token is never
+    /// read costs what an unfenced one costs (after one that did read, one unused draw on
+    /// the server). Tokens drawn by successive
     /// holders of a name increase with their holds; a new acquisition after a release
     /// gets a new token.
     ///
@@ -208,16 +211,17 @@ impl LockGuard {
     pub fn fencing_token(&self) -> Result<FencingToken> {
         let backend = &self.lock.client.backend;
         let owner = {
-            let state = self.lock.state.lock();
+            let mut state = self.lock.state.lock();
             let holding = state
                 .holding
-                .as_ref()
+                .as_mut()
                 .filter(|h| h.generation == self.generation)
                 .ok_or(Error::LockLost)?;
             if !holding.is_valid(backend.now()) {
                 return Err(Error::LockLost);
             }
             if let Some(fence) = holding.fence {
+                holding.read = true;
                 return Ok(fence);
             }
             holding.token
@@ -228,7 +232,10 @@ impl LockGuard {
             .with_current(self.generation, |holding| match drawn {
                 // A draw of another thread's guard of this hold that came first wins: one
                 // token per hold.
-                Ok(Some(fence)) => Ok(*holding.fence.get_or_insert(fence)),
+                Ok(Some(fence)) => {
+                    holding.read = true;
+                    Ok(*holding.fence.get_or_insert(fence))
+                }
                 Ok(None) => {
                     holding.mark_lost();
                     Err(Error::LockLost)
@@ -239,7 +246,8 @@ impl LockGuard {
     }
 
     /// The hold's fencing token if it is already known (handed out with the acquisition
-    /// or drawn by an earlier [`fencing_token`](LockGuard::fencing_token)): no I/O.
+    /// or drawn by an earlier [`fencing_token`](LockGuard::fencing_token)): no I/O. It
+    /// does not count as a read for the prediction of [`TokenDraw`](crate::TokenDraw).
     pub fn known_fencing_token(&self) -> Option<FencingToken> {
         self.with_holding(|h| h.fence).flatten()
     }

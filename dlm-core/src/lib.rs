@@ -55,7 +55,9 @@ mod signal;
 mod watchdog;
 
 pub use backend::{FencingToken, LockName, MAX_NAME_LEN};
-pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
+pub use client::{
+    DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder, TokenDraw,
+};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;

@@ -6,13 +6,17 @@
 //! answer only if the hold is still the same acquisition (its generation).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backend::{FencingToken, Lease, LockBackend, LockName, OwnerToken};
+use crate::backend::{
+    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken,
+};
+use crate::client::TokenDraw;
 use crate::error::{Error, InvalidArgument, Result};
 use crate::observe::Metrics;
 use crate::retry::RetryPolicy;
@@ -34,6 +38,9 @@ pub(crate) struct ClientShared {
     /// `metrics_lock_names`).
     pub(crate) metrics: Arc<Metrics>,
     metrics_lock_names: bool,
+    pub(crate) token_draw: TokenDraw,
+    /// Per lock name (by a hash), whether its last hold read its fencing token.
+    predictions: Predictions,
     seq: AtomicU64,
     registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
 }
@@ -51,6 +58,7 @@ pub(crate) struct Settings {
     pub(crate) metrics: bool,
     /// Each lock's metrics carry its name.
     pub(crate) metrics_lock_names: bool,
+    pub(crate) token_draw: TokenDraw,
 }
 
 impl ClientShared {
@@ -71,6 +79,8 @@ impl ClientShared {
             retry: s.retry,
             metrics: Arc::new(metrics),
             metrics_lock_names: s.metrics && s.metrics_lock_names,
+            token_draw: s.token_draw,
+            predictions: Predictions::new(),
             seq: AtomicU64::new(0),
             registry: Mutex::new(HashMap::new()),
         }
@@ -92,12 +102,18 @@ impl ClientShared {
         if let Some(shared) = registry.get(&name).and_then(Weak::upgrade) {
             return shared;
         }
+        let prediction = self.predictions.slot(&name);
         let metrics = if self.metrics_lock_names {
             Arc::new(Metrics::register(self.backend.kind(), Some(name.as_str())))
         } else {
             self.metrics.clone()
         };
-        let shared = Arc::new(LockShared::new(self.clone(), name.clone(), metrics));
+        let shared = Arc::new(LockShared::new(
+            self.clone(),
+            name.clone(),
+            metrics,
+            prediction,
+        ));
         registry.insert(name, Arc::downgrade(&shared));
         shared
     }
@@ -141,6 +157,64 @@ pub(crate) fn check_lease(
     Ok(lease)
 }
 
+/// How many lock names a client's prediction table tells apart (one bit each).
+const PREDICTION_BITS: usize = 4096;
+
+/// Whether the last hold of a lock read its fencing token, per lock name of one client:
+/// a table of bits indexed by a hash of the name. Kept by the client, not in the lock's
+/// [`LockShared`]: that goes with the last handle of the lock, and a program that calls
+/// `client.get_lock(name)?.lock()?` for each use (a common style) would never have a
+/// prediction. Bounded (512 bytes) whatever the number of names; two names that share a
+/// bit share a prediction, which costs at most a misprediction (an unused draw, or one
+/// more request), never a guarantee.
+struct Predictions {
+    bits: Box<[AtomicU64]>,
+    hasher: RandomState,
+}
+
+/// A lock name's place in [`Predictions`]: a word and a bit.
+#[derive(Clone, Copy)]
+pub(crate) struct PredictionSlot {
+    word: usize,
+    mask: u64,
+}
+
+impl Predictions {
+    fn new() -> Self {
+        Predictions {
+            bits: (0..PREDICTION_BITS / 64)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn slot(&self, name: &LockName) -> PredictionSlot {
+        let bit = (self.hasher.hash_one(name) % PREDICTION_BITS as u64) as usize;
+        PredictionSlot {
+            word: bit / 64,
+            mask: 1 << (bit % 64),
+        }
+    }
+
+    fn read_last_time(&self, slot: PredictionSlot) -> bool {
+        self.bits[slot.word].load(Ordering::Relaxed) & slot.mask != 0
+    }
+
+    /// Records how a hold ended: it read its token (draw with the next acquisition), or
+    /// its token was drawn with the acquisition and never read (draw on read next time).
+    /// A hold that neither read nor drew changes nothing.
+    fn record(&self, slot: PredictionSlot, read: bool, drew_at_acquisition: bool) {
+        let word = &self.bits[slot.word];
+        let set = word.load(Ordering::Relaxed) & slot.mask != 0;
+        if read && !set {
+            word.fetch_or(slot.mask, Ordering::Relaxed);
+        } else if !read && drew_at_acquisition && set {
+            word.fetch_and(!slot.mask, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A small number unique to the calling thread for the life of the process.
 pub(crate) fn thread_no() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -156,6 +230,8 @@ pub(crate) struct LockShared {
     pub(crate) name: LockName,
     pub(crate) state: Mutex<State>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Its place in the client's predictions of token reads.
+    prediction: PredictionSlot,
 }
 
 #[derive(Default)]
@@ -180,6 +256,11 @@ pub(crate) struct Holding {
     pub(crate) fence: Option<FencingToken>,
     /// When it was acquired, if metrics measure durations (for the hold time).
     pub(crate) since: Option<Instant>,
+    /// The acquisition asked for the token to be drawn with it (`try_acquire_fenced`).
+    pub(crate) drew_at_acquisition: bool,
+    /// `LockGuard::fencing_token` gave the token out: the next acquisition of this lock
+    /// draws it with the acquisition (see `TokenDraw::Predicted`).
+    pub(crate) read: bool,
     /// Renewals (watchdog and extensions) recorded in `lease`.
     pub(crate) renewals: u64,
     /// A renewal or extension found the lock gone.
@@ -247,12 +328,42 @@ impl RenewedHold for Holding {
 }
 
 impl LockShared {
-    fn new(client: Arc<ClientShared>, name: LockName, metrics: Arc<Metrics>) -> Self {
+    fn new(
+        client: Arc<ClientShared>,
+        name: LockName,
+        metrics: Arc<Metrics>,
+        prediction: PredictionSlot,
+    ) -> Self {
         LockShared {
             client,
             name,
             state: Mutex::new(State::default()),
             metrics,
+            prediction,
+        }
+    }
+
+    /// Whether the next acquisition draws the fencing token with it (see [`TokenDraw`]).
+    pub(crate) fn draw_at_acquisition(&self) -> bool {
+        match self.client.token_draw {
+            TokenDraw::Predicted => self.client.predictions.read_last_time(self.prediction),
+            TokenDraw::AtAcquisition => true,
+            TokenDraw::WhenRead => false,
+        }
+    }
+
+    /// One acquisition attempt for `owner`, drawing the token with it when `fenced`.
+    pub(crate) fn try_acquire(
+        &self,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> std::result::Result<Acquire, BackendError> {
+        let backend = &self.client.backend;
+        if fenced {
+            backend.try_acquire_fenced(&self.name, owner, ttl)
+        } else {
+            backend.try_acquire(&self.name, owner, ttl)
         }
     }
 
@@ -278,6 +389,9 @@ impl LockShared {
         let signal = holding.signal.take();
         let was_valid = holding.is_valid(self.client.backend.now());
         let (since, counted_lost) = (holding.since, holding.lost);
+        self.client
+            .predictions
+            .record(self.prediction, holding.read, holding.drew_at_acquisition);
         // Drops the hold's ticket under the state mutex: its renewals end.
         state.holding = None;
         drop(state);

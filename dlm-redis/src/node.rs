@@ -155,15 +155,17 @@ impl Node {
         &self,
         f: impl Fn(&mut Wire) -> redis::RedisResult<T>,
     ) -> Result<T, BackendError> {
-        self.run_routed(&f, &|_| None)
+        self.run_routed(&f, &|_| None, true)
     }
 
     /// [`run`](Self::run), where `redirect_in` finds a cluster's redirection in a reply
-    /// that keeps server errors as values.
+    /// that keeps server errors as values. Without `retry`, a `TRYAGAIN` or `CLUSTERDOWN`
+    /// is the answer (an error), not waited out.
     fn run_routed<T>(
         &self,
         f: &dyn Fn(&mut Wire) -> redis::RedisResult<T>,
         redirect_in: &dyn Fn(&T) -> Option<Redirect>,
+        retry: bool,
     ) -> Result<T, BackendError> {
         let Some(router) = self.router.as_ref().and_then(Weak::upgrade) else {
             return self
@@ -179,6 +181,17 @@ impl Node {
                     Err(e) => Redirect::of_error(e),
                 };
                 match redirect {
+                    Some(Redirect::Retry) if !retry => {
+                        let code = match &result {
+                            Err(e) => e.code().unwrap_or("TRYAGAIN").to_owned(),
+                            Ok(_) => "TRYAGAIN or CLUSTERDOWN".to_owned(),
+                        };
+                        answer = Some(Err(BackendError::new(
+                            BackendErrorKind::Unavailable,
+                            format!("{}: {code}", node.endpoint),
+                        )));
+                        Try::Done
+                    }
                     Some(r) => Try::Redirected(
                         r,
                         match &result {
@@ -416,6 +429,31 @@ impl Node {
         }
     }
 
+    /// One acquisition attempt that draws the fencing token with it (the fenced acquire
+    /// script, no proposal): the answer, the token when acquired with one, and with
+    /// `wait`, how many replicas acknowledged the grant and the draw.
+    pub(crate) fn acquire_fenced(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        wait: Option<ReplicaWait>,
+    ) -> Result<(NodeAcquire, Option<u64>, Option<u32>), BackendError> {
+        let call = self.keys.acquire_fenced_call(name, owner, ttl, None);
+        let (reply, acked) = match self.execute_acked_once(&call, wait) {
+            Err(e) if self.router.is_some() && e.message().contains("TRYAGAIN") => {
+                // A Redis Cluster slot half migrated: a script naming a key that is on
+                // neither side gets TRYAGAIN until the slot is assigned, where the plain
+                // acquisition follows ASK (and a read draws there once the key exists).
+                let (answer, acked) = self.acquire(name, owner, ttl, wait)?;
+                return Ok((answer, None, acked));
+            }
+            other => other?,
+        };
+        let (answer, fence) = self.reader().acquire_fenced(name, reply)?;
+        Ok((answer, fence.and_then(NodeFence::stream), acked))
+    }
+
     /// Draws the fencing token of `owner`'s hold (the fence script, no proposal); with
     /// `wait`, also how many replicas acknowledged the draw.
     pub(crate) fn fence(
@@ -454,7 +492,11 @@ impl Node {
 
     /// Runs a prepared call on a pooled connection.
     pub(crate) fn execute(&self, call: &Call) -> Result<redis::Value, BackendError> {
-        self.run_routed(&|con| call.execute(con), &|value| call.redirect_in(value))
+        self.run_routed(
+            &|con| call.execute(con),
+            &|value| call.redirect_in(value),
+            true,
+        )
     }
 
     /// [`execute`](Self::execute), then, when `wait` is set and the call wrote the lock,
@@ -466,8 +508,33 @@ impl Node {
         call: &Call,
         wait: Option<ReplicaWait>,
     ) -> Result<(redis::Value, Option<u32>), BackendError> {
+        self.execute_acked_with(call, wait, true)
+    }
+
+    /// [`execute_acked`](Self::execute_acked) that does not wait out a cluster's
+    /// `TRYAGAIN`: it is the (`Unavailable`) answer.
+    pub(crate) fn execute_acked_once(
+        &self,
+        call: &Call,
+        wait: Option<ReplicaWait>,
+    ) -> Result<(redis::Value, Option<u32>), BackendError> {
+        self.execute_acked_with(call, wait, false)
+    }
+
+    fn execute_acked_with(
+        &self,
+        call: &Call,
+        wait: Option<ReplicaWait>,
+        retry: bool,
+    ) -> Result<(redis::Value, Option<u32>), BackendError> {
         let Some(w) = wait else {
-            return self.execute(call).map(|value| (value, None));
+            return self
+                .run_routed(
+                    &|con| call.execute(con),
+                    &|value| call.redirect_in(value),
+                    retry,
+                )
+                .map(|value| (value, None));
         };
         self.run_routed(
             &|con| {
@@ -482,6 +549,7 @@ impl Node {
                 Ok((value, Some(u32::try_from(acked.max(0)).unwrap_or(u32::MAX))))
             },
             &|(value, _)| call.redirect_in(value),
+            retry,
         )
     }
 

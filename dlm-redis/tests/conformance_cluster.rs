@@ -61,6 +61,13 @@ impl dlm_testkit::Fixture for Cluster {
                 .sum(),
         )
     }
+
+    fn keys_without_expiry(&self) -> Option<usize> {
+        Some(common::keys_without_expiry_on(
+            self.0.nodes().iter(),
+            &format!("{}:*", self.1),
+        ))
+    }
 }
 
 dlm_testkit::conformance_tests!(Cluster::new());

@@ -23,6 +23,10 @@ impl dlm_testkit::Fixture for Sentinel {
         Some(common::fence_keys_on(self.0.data_nodes()))
     }
 
+    fn keys_without_expiry(&self) -> Option<usize> {
+        Some(common::keys_without_expiry_on(self.0.data_nodes(), "dlm:*"))
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::sentinel_builder(self.0.master_name(), &self.0.sentinel_urls())

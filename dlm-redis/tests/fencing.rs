@@ -303,7 +303,11 @@ fn a_commit_round_without_a_quorum_gives_no_token() {
                 .spawn();
             for script in [
                 include_str!("../src/protocol/lua/acquire.lua"),
-                include_str!("../src/protocol/lua/fence.lua"),
+                // The fence script as dlm sends it: the draw prepended.
+                concat!(
+                    include_str!("../src/protocol/lua/draw.lua"),
+                    include_str!("../src/protocol/lua/fence.lua")
+                ),
                 include_str!("../src/protocol/lua/release.lua"),
             ] {
                 let _: String = redis::cmd("SCRIPT")

@@ -1,7 +1,8 @@
 //! dlm never changes a key it did not write. A key of another type at the name of a
 //! slot's fencing stream (a hash, a string) makes the draw of a fencing token fail with
-//! `UnexpectedKey` (the acquisition itself does not touch the stream), and is left
-//! exactly as it was: its type, its value and its expiry.
+//! `UnexpectedKey` (an acquisition that draws the token with it takes the lock without
+//! one, and the read fails), and is left exactly as it was: its type, its value and its
+//! expiry.
 //! An earlier version sent `PEXPIRE` with the `SET NX` and the `XADD` (in a `MULTI` on a
 //! single server, pipelined on Redlock): the acquisition failed as it should, but the
 //! foreign key was left to expire in 24 hours. On every deployment: single, Redlock,
@@ -10,7 +11,8 @@ mod common;
 
 use std::time::Duration;
 
-use dlm_core::{BackendErrorKind, Lock, LockClient};
+use dlm_core::backend::LockBackend;
+use dlm_core::{BackendErrorKind, Lock, LockClient, TokenDraw};
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::cluster::{RedisCluster, slot_of};
 use dlm_testkit::redis_server::{RedisNodes, RedisServer};
@@ -82,17 +84,30 @@ fn assert_left_as_it_was(con: &mut redis::Connection, key: &str, before: &Snapsh
     }
 }
 
+/// Two clients over `backend`: the default one, and one that draws every token with the
+/// acquisition.
+fn clients(backend: impl LockBackend + Clone) -> [LockClient; 2] {
+    [
+        LockClient::new(backend.clone()),
+        LockClient::builder(backend)
+            .token_draw(TokenDraw::AtAcquisition)
+            .build()
+            .unwrap(),
+    ]
+}
+
 /// Tries an acquisition of `name` and the draw of its token with each kind of foreign key at its fencing
 /// stream on every server of `servers` (their admin connections), and checks the error
-/// and the keys.
+/// and the keys. Each client of `clients` in turn: one drawing on read, one drawing with
+/// the acquisition (whose draw fails without failing the acquisition: the read fails).
 fn check(
-    client: &LockClient,
+    clients: &[LockClient],
     name: &str,
     fence: &str,
     lock_key: &str,
     servers: &mut [redis::Connection],
 ) {
-    for kind in KINDS {
+    for (client, kind) in clients.iter().flat_map(|c| KINDS.map(|k| (c, k))) {
         let before: Vec<Snapshot> = servers
             .iter_mut()
             .map(|con| {
@@ -106,6 +121,8 @@ fn check(
             .try_lock()
             .unwrap()
             .expect("a free lock");
+        // Drawn with the acquisition or not: no token came with it.
+        assert_eq!(guard.known_fencing_token(), None, "{kind}");
         let e = guard
             .fencing_token()
             .expect_err("a foreign fencing key must fail the token's draw");
@@ -132,9 +149,8 @@ fn single_server() {
     let backend = RedisBackend::new(&server.url()).unwrap();
     let name = unique_name("foreign");
     let keys = backend.keys(&name).unwrap();
-    let client = LockClient::new(backend);
     check(
-        &client,
+        &clients(backend),
         &name,
         &keys.fencing_stream,
         &keys.lock,
@@ -153,10 +169,10 @@ fn redlock_every_node() {
         .unwrap();
     let name = unique_name("foreign");
     let keys = backend.keys(&name).unwrap();
-    let client = LockClient::new(backend);
+    let clients = clients(backend);
     let mut admins: Vec<redis::Connection> = (0..3).map(|i| nodes.get(i).connection()).collect();
     check(
-        &client,
+        &clients,
         &name,
         &keys.fencing_stream,
         &keys.lock,
@@ -175,9 +191,8 @@ fn cluster_master_of_the_slot() {
     let name = unique_name("foreign");
     let keys = backend.keys(&name).unwrap();
     let master = c.master_of_slot(slot_of(keys.fencing_stream.as_bytes()));
-    let client = LockClient::new(backend);
     check(
-        &client,
+        &clients(backend),
         &name,
         &keys.fencing_stream,
         &keys.lock,

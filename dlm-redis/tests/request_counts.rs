@@ -1,12 +1,14 @@
 //! After warm-up, an uncontended lock+unlock costs exactly two round trips per node, with
-//! fencing on or off, when the token is not read; reading it costs one more (Redlock too,
-//! when the nodes take the proposal); no connection is opened: checked against the
-//! servers' own counters (`INFO stats`, `INFO commandstats`).
+//! fencing on or off, when the token is not read, and also when it is read every cycle
+//! (the token is then drawn with the acquisition, in the same script); a token drawn on
+//! read (`TokenDraw::WhenRead`) costs one more (Redlock too, when the nodes take the
+//! proposal); no connection is opened: checked against the servers' own counters
+//! (`INFO stats`, `INFO commandstats`).
 mod common;
 
 use std::collections::BTreeMap;
 
-use dlm_core::{Lock, LockClient};
+use dlm_core::{Lock, LockClient, TokenDraw};
 use dlm_testkit::redis_server::RedisServer;
 
 const CYCLES: u64 = 100;
@@ -52,9 +54,13 @@ enum Fence {
     /// The token is not read (or fencing is off): a plain `SET NX PX GET`, then the
     /// release script.
     Unread,
-    /// The token is read: the plain `SET`, the fence script (`GET`, `XADD`, `PEXPIRE`:
-    /// a draw on one server, the proposal taken on Redlock), the release script.
+    /// The token is read every cycle, and so drawn with the acquisition: the fenced
+    /// acquire script (`SET`, `XADD`, `PEXPIRE`: a draw on one server, the proposal taken
+    /// on Redlock), the release script.
     Read,
+    /// The token is read, drawn on read (`TokenDraw::WhenRead`): the plain `SET`, the
+    /// fence script (`GET`, `XADD`, `PEXPIRE`), the release script.
+    ReadWhenRead,
 }
 
 /// Runs warm-up cycles, then `CYCLES` cycles on fresh names, and checks each server's
@@ -63,7 +69,7 @@ enum Fence {
 /// inside scripts included (`INFO commandstats`). Any further request (a PING, an
 /// EXISTS, a retry) or a new connection would show.
 fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
-    let read = fencing == Fence::Read;
+    let read = fencing != Fence::Unread;
     // The warm-up takes the names of the measured cycles (with fencing, their slots'
     // streams exist afterwards, as in a system that has run for a while).
     for i in 0..CYCLES {
@@ -92,8 +98,20 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
     // Nobody waited, so no release publishes.
     let (round_trips, commands): (u64, &[(&str, u64)]) = match fencing {
         Fence::Unread => (2, &[("set", 1), ("evalsha", 1), ("get", 1), ("del", 1)]),
-        // fence: GET, XADD, PEXPIRE; release: GET, DEL.
+        // acquire: SET, XADD, PEXPIRE; release: GET, DEL.
         Fence::Read => (
+            2,
+            &[
+                ("set", 1),
+                ("get", 1),
+                ("xadd", 1),
+                ("pexpire", 1),
+                ("evalsha", 2),
+                ("del", 1),
+            ],
+        ),
+        // fence: GET, XADD, PEXPIRE; release: GET, DEL.
+        Fence::ReadWhenRead => (
             3,
             &[
                 ("set", 1),
@@ -150,12 +168,22 @@ fn single_instance_costs_two_requests_and_no_connection_per_cycle() {
 }
 
 #[test]
-fn single_instance_reading_the_token_costs_one_more_request() {
+fn single_instance_reading_the_token_every_cycle_costs_two_requests() {
     let fixture = common::Single::new();
     let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture))
         .build()
         .unwrap();
     check(&client, &[&fixture.server], Fence::Read);
+}
+
+#[test]
+fn single_instance_drawing_the_token_when_read_costs_one_more_request() {
+    let fixture = common::Single::new();
+    let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture))
+        .token_draw(TokenDraw::WhenRead)
+        .build()
+        .unwrap();
+    check(&client, &[&fixture.server], Fence::ReadWhenRead);
 }
 
 #[test]
@@ -173,14 +201,26 @@ fn redlock_costs_two_requests_per_node_and_no_connection_per_cycle() {
 }
 
 #[test]
-fn redlock_reading_the_token_costs_one_more_request_per_node() {
-    // The proposal (one above the last token this backend saw) is above the stream of
-    // each name's slot: one round, no commit. (The first fence in a slot whose stream
-    // does not exist yet has the commit round: a proposal never creates a stream.)
+fn redlock_reading_the_token_every_cycle_costs_two_requests_per_node() {
+    // The acquisition round carries the proposal (one above the last token this backend
+    // saw), which is above the stream of each name's slot: acquisition and token in one
+    // round, no commit. (The first fence in a slot whose stream does not exist yet has
+    // the commit round: a proposal never creates a stream.)
     let cluster = common::Cluster::new(3);
     let client = LockClient::new(cluster.redlock());
     let servers: Vec<&RedisServer> = (0..3).map(|i| cluster.nodes.get(i)).collect();
     check(&client, &servers, Fence::Read);
+}
+
+#[test]
+fn redlock_drawing_the_token_when_read_costs_one_more_request_per_node() {
+    let cluster = common::Cluster::new(3);
+    let client = LockClient::builder(cluster.redlock())
+        .token_draw(TokenDraw::WhenRead)
+        .build()
+        .unwrap();
+    let servers: Vec<&RedisServer> = (0..3).map(|i| cluster.nodes.get(i)).collect();
+    check(&client, &servers, Fence::ReadWhenRead);
 }
 
 #[test]

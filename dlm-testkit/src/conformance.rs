@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use dlm_core::backend::{LockName, OwnerToken};
-use dlm_core::{BackendErrorKind, Error, HoldState, Lock, LockClient, RetryPolicy, interrupt_pair};
+use dlm_core::{
+    BackendErrorKind, Error, HoldState, Lock, LockClient, RetryPolicy, TokenDraw, interrupt_pair,
+};
 
 use crate::history::History;
 use crate::{CountingBackend, Fixture, unique_name};
@@ -1040,7 +1042,12 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
         remaining > Duration::from_secs(30),
         "the lease was not refreshed: {remaining:?} left"
     );
-    if f.fencing() {
+    if let (Some(a), Some(b)) = (first.fence(), again.fence()) {
+        // Tokens handed out with every lease (such a backend need not implement `fence`:
+        // the front never asks it).
+        assert!(b >= a, "token {b} after {a}");
+    } else if f.fencing() {
+        // Tokens drawn on demand: `fence`, and the token drawn with the acquisition.
         let drawn = backend.fence(&name, &owner).unwrap().expect("its own lock");
         assert!(first.fence().is_none_or(|t| drawn >= t));
         let again = match backend
@@ -1053,6 +1060,15 @@ pub fn acquire_is_idempotent_for_its_owner(f: &dyn Fixture) {
         let after = backend.fence(&name, &owner).unwrap().expect("its own lock");
         assert!(after >= drawn && again.fence().is_none_or(|t| t >= drawn));
         assert_eq!(backend.fence(&name, &other).unwrap(), None, "not its lock");
+        match backend
+            .try_acquire_fenced(&name, &owner, Duration::from_secs(60))
+            .unwrap()
+        {
+            dlm_core::backend::Acquire::Acquired(lease) => {
+                assert!(lease.fence().is_none_or(|t| t >= after));
+            }
+            other => panic!("its own lock, asked again with its token: {other:?}"),
+        }
     }
     assert!(matches!(
         backend
@@ -1477,4 +1493,140 @@ pub fn an_unread_token_writes_no_fencing_key(f: &dyn Fixture) {
         g.fencing_token().unwrap();
         assert!(f.fencing_keys() > Some(before), "the read wrote no key");
     }
+}
+
+/// A client over `counting` with a fixed lease, drawing tokens as `draw` says.
+fn counted_client(counting: &Arc<CountingBackend>, draw: TokenDraw) -> LockClient {
+    LockClient::builder(counting.clone())
+        .lease(Duration::from_secs(30))
+        .token_draw(draw)
+        .build()
+        .unwrap()
+}
+
+/// After a hold that read its token, the next acquisition of the lock by the same client
+/// (through a new handle too) draws the token with it: the token is known right after
+/// acquiring, with no request but the acquisition, and reading it does no I/O. Tokens
+/// drawn so still increase across holders (another client holds and reads in between).
+pub fn a_read_token_comes_with_the_next_acquisition(f: &dyn Fixture) {
+    if !f.fencing() {
+        return;
+    }
+    let name = unique_name("predicted");
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let a = counted_client(&counting, TokenDraw::Predicted);
+    let other = client(f);
+    let g = a.get_lock(&name).unwrap().lock().unwrap();
+    assert_eq!(
+        counting.fenced_acquisitions(),
+        0,
+        "nothing to predict from: the first hold draws when read"
+    );
+    let mut last = g.fencing_token().unwrap();
+    g.unlock().unwrap();
+    let lock = a.get_lock(&name).unwrap();
+    for round in 1..=3 {
+        let g = other.get_lock(&name).unwrap().lock().unwrap();
+        let t = g.fencing_token().unwrap();
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+        g.unlock().unwrap();
+        // Once through the kept handle, once through a new one.
+        let calls = counting.calls();
+        let g = if round % 2 == 0 {
+            lock.lock().unwrap()
+        } else {
+            a.get_lock(&name).unwrap().lock().unwrap()
+        };
+        assert_eq!(counting.fenced_acquisitions(), round, "round {round}");
+        let t = g
+            .known_fencing_token()
+            .expect("the token came with the acquisition");
+        assert_eq!(g.fencing_token().unwrap(), t);
+        assert_eq!(counting.calls(), calls + 1, "more than the acquisition");
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+        g.unlock().unwrap();
+    }
+}
+
+/// A token drawn with the acquisition and never read is released with the lock: the
+/// lock is free afterwards, the store holds the same fencing keys as before and no key
+/// without expiry, and the next acquisition goes back to drawing on read. A later read
+/// still gets a larger token.
+pub fn a_mispredicted_draw_is_released_with_the_lock(f: &dyn Fixture) {
+    if !f.fencing() {
+        return;
+    }
+    let name = unique_name("mispredicted");
+    let counting = Arc::new(CountingBackend::new(f.backend()));
+    let a = counted_client(&counting, TokenDraw::Predicted);
+    let lock = a.get_lock(&name).unwrap();
+    let g = lock.lock().unwrap();
+    let t1 = g.fencing_token().unwrap();
+    g.unlock().unwrap();
+    let keys = f.fencing_keys();
+    // Predicted a read, and not read.
+    let g = lock.lock().unwrap();
+    assert_eq!(counting.fenced_acquisitions(), 1);
+    let drawn = g.known_fencing_token().expect("drawn with the acquisition");
+    assert!(drawn > t1, "token {drawn} after {t1}");
+    g.unlock().unwrap();
+    assert!(!lock.is_locked().unwrap(), "released with the lock");
+    assert_eq!(f.fencing_keys(), keys, "the unused draw left fencing keys");
+    assert_eq!(
+        f.keys_without_expiry().unwrap_or(0),
+        0,
+        "a key without expiry"
+    );
+    // The prediction is cleared: draw on read again.
+    let g = lock.lock().unwrap();
+    assert_eq!(
+        counting.fenced_acquisitions(),
+        1,
+        "still drawn with the acquisition"
+    );
+    let t3 = g.fencing_token().unwrap();
+    assert!(t3 > drawn, "token {t3} after {drawn}");
+    g.unlock().unwrap();
+    assert_eq!(
+        f.keys_without_expiry().unwrap_or(0),
+        0,
+        "a key without expiry"
+    );
+}
+
+/// `TokenDraw::AtAcquisition` draws with every acquisition (the first one too) and
+/// `TokenDraw::WhenRead` with none, whatever was read before; tokens increase either way.
+pub fn token_draw_settings_are_followed(f: &dyn Fixture) {
+    if !f.fencing() {
+        return;
+    }
+    let name = unique_name("token-draw");
+    let eager = Arc::new(CountingBackend::new(f.backend()));
+    let lazy = Arc::new(CountingBackend::new(f.backend()));
+    let (e, l) = (
+        counted_client(&eager, TokenDraw::AtAcquisition),
+        counted_client(&lazy, TokenDraw::WhenRead),
+    );
+    let mut last = None;
+    for i in 0..3 {
+        let g = e.get_lock(&name).unwrap().lock().unwrap();
+        let t = g.known_fencing_token().expect("drawn with the acquisition");
+        assert!(Some(t) > last, "token {t} after {last:?}");
+        last = Some(t);
+        if i == 1 {
+            // Read once; the other holds leave theirs unread, and each next acquisition
+            // draws all the same.
+            assert_eq!(g.fencing_token().unwrap(), t);
+        }
+        g.unlock().unwrap();
+        let g = l.get_lock(&name).unwrap().lock().unwrap();
+        let t = g.fencing_token().unwrap();
+        assert!(Some(t) > last, "token {t} after {last:?}");
+        last = Some(t);
+        g.unlock().unwrap();
+    }
+    assert_eq!(eager.fenced_acquisitions(), 3);
+    assert_eq!(lazy.fenced_acquisitions(), 0);
 }

@@ -9,12 +9,14 @@ use dlm_core::backend::{
 };
 
 /// Wraps a backend and counts the calls that reach it (`watch` excluded: it is not a
-/// request to the store), and records each renewal round ([`LockBackend::extend_many`]):
-/// how many holds it renewed and how long it took.
+/// request to the store), the acquisitions that asked for the fencing token with them
+/// ([`LockBackend::try_acquire_fenced`]), and records each renewal round
+/// ([`LockBackend::extend_many`]): how many holds it renewed and how long it took.
 #[derive(Debug)]
 pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
     calls: AtomicU64,
+    fenced: AtomicU64,
     rounds: Mutex<Vec<Round>>,
 }
 
@@ -36,6 +38,7 @@ impl CountingBackend {
         CountingBackend {
             inner,
             calls: AtomicU64::new(0),
+            fenced: AtomicU64::new(0),
             rounds: Mutex::new(Vec::new()),
         }
     }
@@ -48,6 +51,12 @@ impl CountingBackend {
     /// Calls so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The calls so far that were [`LockBackend::try_acquire_fenced`] (counted in
+    /// [`calls`](Self::calls) too).
+    pub fn fenced_acquisitions(&self) -> u64 {
+        self.fenced.load(Ordering::SeqCst)
     }
 
     fn count(&self) {
@@ -64,6 +73,17 @@ impl LockBackend for CountingBackend {
     ) -> Result<Acquire, BackendError> {
         self.count();
         self.inner.try_acquire(name, owner, ttl)
+    }
+
+    fn try_acquire_fenced(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        self.count();
+        self.fenced.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire_fenced(name, owner, ttl)
     }
 
     fn extend(

@@ -31,12 +31,16 @@ never waits for a lock.
 - Fencing tokens, if you issue them: every acquisition of a name gets a larger token than
   every earlier acquisition of it, even after the store loses its state (a counter that
   restarts at 1 breaks this; dlm-redis draws stream IDs that restart from the server's
-  clock). Hand the token out with the acquisition in the lease if it is free to make
-  (as here), and implement [`fence`](dlm_core::backend::LockBackend::fence) either way:
-  the holder's token, drawn now if the acquisition did not, or `None` once `owner` no
-  longer holds the name (a holder that lost its lock never gets a token). Say `false` in
-  [`Fixture::fencing`](crate::Fixture::fencing) if you issue none (`fence` then says
-  `Unsupported`, its default).
+  clock). Say `false` in [`Fixture::fencing`](crate::Fixture::fencing) if you issue none
+  ([`fence`](dlm_core::backend::LockBackend::fence) then says `Unsupported`, its default).
+  Hand the token out with the lease ([`Lease::with_fence`](dlm_core::backend::Lease::with_fence))
+  when it costs nothing (as here), and implement `fence` either way: the holder's token
+  (read back, or drawn now), or `None` once `owner` no longer holds the name (a holder
+  that lost its lock never gets a token). When drawing costs a write, draw it in `fence`
+  (on read) and in
+  [`try_acquire_fenced`](dlm_core::backend::LockBackend::try_acquire_fenced) (with the
+  acquisition, which the front asks for when the last hold read its token): the suite
+  expects a token right after such an acquisition.
 - Errors are [`BackendError`](dlm_core::BackendError)s with a
   [`kind`](dlm_core::BackendErrorKind). The front retries the kinds for which
   [`is_transient`](dlm_core::BackendErrorKind::is_transient) is true (`Unavailable`,
@@ -173,6 +177,11 @@ Fencing (with `Fixture::fencing` false, both check that no token is issued):
   across clients and threads.
 - `a_paused_holder_is_fenced_off`: a holder paused past its lease has its write refused
   by a [`FencedResource`](dlm_core::FencedResource) once the next holder has written.
+- `a_read_token_comes_with_the_next_acquisition`, `a_mispredicted_draw_is_released_with_the_lock`,
+  `token_draw_settings_are_followed`: after a hold that read its token the next
+  acquisition carries one (no other request), tokens still increase across holders, an
+  unread token drawn with the acquisition leaves no key behind (`Fixture::fencing_keys`,
+  `Fixture::keys_without_expiry`), and the client's `TokenDraw` settings are followed.
 
 Waiting:
 - `interrupt_wakes_a_waiter`: an interrupt ends a blocked wait within 100 ms.

@@ -59,6 +59,13 @@ pub trait Fixture {
         None
     }
 
+    /// How many keys of the backend the store holds now that have no expiry, or `None`
+    /// for a store without expiring keys, or one the fixture cannot count. dlm never
+    /// leaves a key without one.
+    fn keys_without_expiry(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether the backend supports release hints ([`LockBackend::watch`]).
     fn watch(&self) -> bool {
         true
@@ -138,7 +145,10 @@ macro_rules! conformance_tests {
             reentry_does_no_io,
             a_token_read_after_the_lock_was_lost_is_an_error,
             the_token_is_stable_within_a_hold,
-            an_unread_token_writes_no_fencing_key
+            an_unread_token_writes_no_fencing_key,
+            a_read_token_comes_with_the_next_acquisition,
+            a_mispredicted_draw_is_released_with_the_lock,
+            token_draw_settings_are_followed
         );
         $crate::conformance_tests!(@cases write ($pred, $why) $fixture;
             expiry_frees_the_lock,

@@ -131,6 +131,33 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<Acquire, BackendError>;
 
+    /// [`try_acquire`](LockBackend::try_acquire) for a hold whose fencing token will
+    /// probably be read: one bounded attempt that takes `name` and, in the same atomic
+    /// step on each node, draws its token, handed out with the [`Lease`]
+    /// ([`Lease::with_fence`]). The front calls it instead of `try_acquire` when the last
+    /// hold of this lock (by this client) read its token, so that a holder who reads every
+    /// token pays no request for it beyond the acquisition; a token drawn here and never
+    /// read costs the store the draw, nothing else.
+    ///
+    /// The token must be ordered as one drawn by [`fence`](LockBackend::fence): drawn only
+    /// where the key was set (or found `owner`'s), in the step that set it. A draw that
+    /// fails after the lock was taken must not fail the acquisition: return the lease
+    /// without a token, and the front draws with `fence` when the token is read (where the
+    /// failure then shows). Same idempotence as `try_acquire`.
+    ///
+    /// The default calls `try_acquire` (the front then draws with `fence` when the token
+    /// is read): right for a backend that hands tokens out with every lease, or issues
+    /// none. The conformance suite expects a backend that issues tokens to hand one out
+    /// here.
+    fn try_acquire_fenced(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        self.try_acquire(name, owner, ttl)
+    }
+
     /// Resets the expiry of `name` to `ttl` if `owner` still holds it. `Ok(None)`: it is
     /// no longer ours. Never re-creates a missing entry. The returned lease keeps the
     /// fencing token of the acquisition.
@@ -164,8 +191,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// of a hold whose [`Lease`] carried no token, and keeps the answer for the rest of
     /// the hold: a backend for which a token costs nothing may hand it out with every
     /// acquisition ([`Lease::with_fence`]) instead, and one that must write to draw it
-    /// (dlm-redis) does so only here, so an acquisition whose token is never read costs
-    /// what an unfenced one does. Calling it twice for one hold may give two tokens; both
+    /// (dlm-redis) does so only here or in
+    /// [`try_acquire_fenced`](LockBackend::try_acquire_fenced), so an acquisition whose
+    /// token is never read costs what an unfenced one does. Calling it twice for one hold may give two tokens; both
     /// are ordered after every earlier holder's.
     ///
     /// The default says that this backend issues no tokens

@@ -338,17 +338,24 @@ impl RedisBackend {
         Ok(ok.then(|| self.lease(start, r.ttl)).flatten())
     }
 
-    /// One acquisition attempt on `node`.
+    /// One acquisition attempt on `node`; with `fenced`, the token is drawn with it (the
+    /// fenced acquire script).
     fn acquire_on(
         &self,
         node: &Node,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
+        fenced: bool,
     ) -> Result<Acquire, BackendError> {
         let start = Instant::now();
         let wait = self.inner.options.replica_wait;
-        let (answer, acked) = node.acquire(name, owner, ttl, wait)?;
+        let (answer, token, acked) = if fenced {
+            node.acquire_fenced(name, owner, ttl, wait)?
+        } else {
+            let (answer, acked) = node.acquire(name, owner, ttl, wait)?;
+            (answer, None, acked)
+        };
         if let (NodeAcquire::Acquired, Some(w)) = (answer, wait)
             && acked.unwrap_or(0) < w.replicas
         {
@@ -359,7 +366,10 @@ impl RedisBackend {
         }
         match answer {
             NodeAcquire::Acquired => match self.lease(start, ttl) {
-                Some(lease) => Ok(Acquire::Acquired(lease)),
+                Some(lease) => Ok(Acquire::Acquired(match token {
+                    Some(t) => lease.with_fence(FencingToken::new(t)),
+                    None => lease,
+                })),
                 None => {
                     let _ = node.release(name, owner, ReleaseId::Undo.random());
                     Err(BackendError::new(
@@ -386,7 +396,23 @@ impl LockBackend for RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
-        self.on_node(name, |node| self.acquire_on(node, name, owner, ttl))
+        self.on_node(name, |node| self.acquire_on(node, name, owner, ttl, false))
+    }
+
+    /// The fenced acquire script on the lock's node: `SET NX` and, where it took the lock
+    /// (or found it ours), the token's draw from the slot's stream, in one step and one
+    /// round trip. The draw happens while the key is held, as `fence`'s does, so the
+    /// tokens are ordered the same way. With `wait_for_replicas`, `WAIT` covers the grant
+    /// and the draw. A draw that fails (a foreign key at the stream's name, an ACL
+    /// denial) leaves the lock taken without a token: the read draws then, and fails.
+    fn try_acquire_fenced(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        let fenced = self.inner.options.fencing;
+        self.on_node(name, |node| self.acquire_on(node, name, owner, ttl, fenced))
     }
 
     fn extend(

@@ -258,6 +258,103 @@ impl Redlock {
         replies
     }
 
+    /// An acquisition that draws the fencing token with it: the fenced acquire script on
+    /// every node, carrying the `proposal` (one round: the script answers "held" itself).
+    /// Each node that takes the lock (or finds it ours) draws in the same step: the
+    /// proposal when its stream exists and is below it, else a new ID. Returns as soon as
+    /// the outcome is decided, with what each node drew; a node that answers later is
+    /// released (`Late::Release`), and its draw only raised its stream.
+    fn acquire_fenced_round(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        start: Instant,
+        proposal: Option<u64>,
+    ) -> (Replies<NodeAcquire>, Vec<Option<NodeFence>>) {
+        let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
+        let replies = self.inner.fanout.call_all(
+            self.nodes_ref(),
+            self.deadline(start),
+            None,
+            Some((name, owner)),
+            |_, node| node.keys.acquire_fenced_call(name, owner, ttl, proposal),
+            |node, _, reply| node.reader().acquire_fenced(name, reply),
+            |r: &Replies<(NodeAcquire, Option<NodeFence>)>| {
+                let acquired = r
+                    .ok()
+                    .filter(|(a, _)| matches!(a, NodeAcquire::Acquired))
+                    .count();
+                let held = r.ok().count() - acquired;
+                let taken = r
+                    .ok()
+                    .filter(|(_, f)| matches!(f, Some(NodeFence::Taken(_))))
+                    .count();
+                // As the fence round: once a quorum is ours, wait for the others only
+                // while they could still make the proposal the token.
+                taken >= q
+                    || held > n - q
+                    || acquired + r.pending() < q
+                    || (acquired >= q && (proposal.is_none() || taken + r.pending() < q))
+            },
+            Late::Release {
+                name: name.clone(),
+                owner: *owner,
+            },
+        );
+        let fences = replies
+            .replies
+            .iter()
+            .map(|r| match r {
+                Some(Ok((_, f))) => *f,
+                _ => None,
+            })
+            .collect();
+        let replies = Replies {
+            replies: replies
+                .replies
+                .into_iter()
+                .map(|r| r.map(|r| r.map(|(a, _)| a)))
+                .collect(),
+            asked: replies.asked,
+        };
+        (replies, fences)
+    }
+
+    /// The token of an acquisition whose round drew on the nodes that took the lock
+    /// (`fences[i]`: what node `i` drew), as [`fence_round`](Self::fence_round) settles
+    /// it: the proposal when a quorum took it, else a commit round. `None` when no token
+    /// could be settled (fewer than a quorum drew, or the commit fell short): the hold
+    /// is the same, and its token is drawn when read.
+    fn token_of_acquisition(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        proposal: Option<u64>,
+        fences: &[Option<NodeFence>],
+    ) -> Option<u64> {
+        let streams: Vec<Option<u64>> = fences
+            .iter()
+            .map(|f| f.and_then(NodeFence::stream))
+            .collect();
+        if streams.iter().flatten().count() < self.inner.quorum {
+            return None;
+        }
+        let taken = fences
+            .iter()
+            .filter(|f| matches!(f, Some(NodeFence::Taken(_))))
+            .count();
+        match self.settle(name, owner, proposal, &streams, taken) {
+            Settled::Token(t) => Some(t),
+            Settled::Commits { error, .. } => {
+                log::debug!(
+                    "lock {name:?}: the token drawn with the acquisition was not committed, it is drawn when read: {error}"
+                );
+                None
+            }
+        }
+    }
+
     /// Releases `owner`'s key on every node; returns as soon as a quorum released or
     /// refused (with a short grace for the others), late replies dropped.
     /// `kind`: a holder's release, or the undo of a failed acquisition (see [`ReleaseId`]).
@@ -375,23 +472,41 @@ impl Redlock {
         if ours < q {
             return Err(replies.error("fence", q));
         }
-        let (limit, ahead) = quorum_limit(&streams, q);
-        for (i, by) in ahead {
-            self.warn_ahead(i, by);
-        }
         let taken = replies
             .ok()
             .filter(|f| matches!(f, NodeFence::Taken(_)))
             .count();
-        if let (Some(p), true) = (proposal, taken >= q) {
-            // Above the stream of every node that took it, so above every earlier
-            // holder's token (quorum intersection), and every node that answered has its
-            // stream at or past it: committed.
-            self.inner.proposals.fetch_max(p, Ordering::Relaxed);
-            return Ok(Some(FencingToken::new(p)));
+        match self.settle(name, owner, proposal, &streams, taken) {
+            Settled::Token(t) => Ok(Some(FencingToken::new(t))),
+            Settled::Commits { refused, .. } if not_ours + refused > n - q => Ok(None),
+            Settled::Commits { error, .. } => Err(error),
         }
-        // One above the streams of a quorum (all that answered, but those far ahead of
-        // the quorum's), committed to every node that answered.
+    }
+
+    /// The token, once a round has drawn on the nodes that hold `owner`'s key
+    /// (`streams[i]`: node `i`'s stream after it, at least a quorum of them; `taken`: how
+    /// many took the `proposal`). Taken by a quorum, the proposal is the token: it is above
+    /// the stream of every node that took it, so above every earlier holder's token
+    /// (quorum intersection), and every node that answered has its stream at or past it.
+    /// Otherwise the token is one above the streams of a quorum (all that drew, but those
+    /// far ahead of the quorum's), committed to every node that drew, in a second round.
+    fn settle(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        proposal: Option<u64>,
+        streams: &[Option<u64>],
+        taken: usize,
+    ) -> Settled {
+        let q = self.inner.quorum;
+        let (limit, ahead) = quorum_limit(streams, q);
+        for (i, by) in ahead {
+            self.warn_ahead(i, by);
+        }
+        if let (Some(p), true) = (proposal, taken >= q) {
+            self.inner.proposals.fetch_max(p, Ordering::Relaxed);
+            return Settled::Token(p);
+        }
         let token = streams
             .iter()
             .flatten()
@@ -416,13 +531,12 @@ impl Redlock {
         let committed = commits.ok().filter(|c| **c).count();
         if committed >= q {
             self.inner.proposals.fetch_max(token, Ordering::Relaxed);
-            return Ok(Some(FencingToken::new(token)));
+            return Settled::Token(token);
         }
-        let refused = not_ours + commits.ok().filter(|c| !**c).count();
-        if refused > n - q {
-            return Ok(None);
+        Settled::Commits {
+            refused: commits.ok().filter(|c| !**c).count(),
+            error: commits.error("fencing commit", q),
         }
-        Err(commits.error("fencing commit", q))
     }
 
     /// The lease of an extension that a quorum confirmed, if its validity is not gone.
@@ -432,6 +546,14 @@ impl Redlock {
             .filter(|v| *v > Instant::now())
             .map(Lease::new)
     }
+}
+
+/// How a token's settling ended (see [`Redlock::settle`]).
+enum Settled {
+    /// The token, committed to a quorum.
+    Token(u64),
+    /// The commit round fell short: `refused` nodes no longer held the key.
+    Commits { refused: usize, error: BackendError },
 }
 
 /// The largest fencing stream that counts toward a token (`streams[i]`: node `i`'s
@@ -476,17 +598,30 @@ fn extension(
     Err(error())
 }
 
-impl LockBackend for Redlock {
-    fn try_acquire(
+impl Redlock {
+    /// One acquisition attempt; with `fenced`, the token is drawn with it (see
+    /// [`acquire_fenced_round`](Self::acquire_fenced_round)).
+    fn acquire(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         ttl: Duration,
+        fenced: bool,
     ) -> Result<Acquire, BackendError> {
         let q = self.inner.quorum;
         let n = self.nodes_ref().len();
         let start = Instant::now();
-        let replies = self.acquire_round(name, owner, ttl, start);
+        let (replies, fences, proposal) = if fenced {
+            let proposal = self.propose();
+            let (replies, fences) = self.acquire_fenced_round(name, owner, ttl, start, proposal);
+            (replies, fences, proposal)
+        } else {
+            (
+                self.acquire_round(name, owner, ttl, start),
+                Vec::new(),
+                None,
+            )
+        };
         let acquired = replies
             .ok()
             .filter(|r| matches!(r, NodeAcquire::Acquired))
@@ -496,8 +631,17 @@ impl LockBackend for Redlock {
             .checked_sub(self.inner.options.drift(ttl))
             .map(|v| start + v);
         if acquired >= q && valid_until.is_some_and(|v| v > Instant::now()) {
-            // The fencing token, if it is read, is drawn then (`fence`).
-            return Ok(Acquire::Acquired(Lease::new(valid_until.expect("checked"))));
+            let lease = Lease::new(valid_until.expect("checked"));
+            if !fenced {
+                // The fencing token, if it is read, is drawn then (`fence`).
+                return Ok(Acquire::Acquired(lease));
+            }
+            return Ok(Acquire::Acquired(
+                match self.token_of_acquisition(name, owner, proposal, &fences) {
+                    Some(t) => lease.with_fence(FencingToken::new(t)),
+                    None => lease,
+                },
+            ));
         }
         // Failed: undo everywhere. Nodes that did not answer are either skipped now (busy
         // with the late request, whose reply the drainer answers with a release) or
@@ -537,6 +681,32 @@ impl LockBackend for Redlock {
         Ok(Acquire::Held {
             retry_after: Some(retry_after),
         })
+    }
+}
+
+impl LockBackend for Redlock {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        self.acquire(name, owner, ttl, false)
+    }
+
+    /// The fenced acquire script on every node, carrying a proposal (one above the last
+    /// token this backend saw): acquisition and token in one round when a quorum takes the
+    /// lock and the proposal; a commit round follows when the proposal is not taken by a
+    /// quorum (as in `fence`). The tokens are ordered as `fence`'s: a node draws only in
+    /// the step that set (or found) our key.
+    fn try_acquire_fenced(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        let fenced = self.inner.options.fencing;
+        self.acquire(name, owner, ttl, fenced)
     }
 
     /// The fence script on every node, with a proposal one above the largest token this

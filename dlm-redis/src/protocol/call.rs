@@ -251,7 +251,8 @@ impl Call {
     }
 
     /// Whether the reply says the request wrote the lock: a grant (a plain `SET` that
-    /// found the key free, a transaction whose `SET` did, the acquire script's `1`) or a
+    /// found the key free, a transaction whose `SET` did, the acquire script's `1`, the
+    /// fenced acquire script's `1`, `2` or `3`, the fence script's draw) or a
     /// renewal (the extend script's `1`; for a batch, any of them). What `WAIT` is for.
     pub(crate) fn wrote(&self, value: &redis::Value) -> bool {
         use redis::Value::{Array, Int, Nil};
@@ -261,7 +262,7 @@ impl Call {
                 Shape::Wait => false,
                 Shape::Script(_) => {
                     matches!(v, Int(1))
-                        || matches!(v, Array(r) if matches!(r.first(), Some(Int(1 | 2))))
+                        || matches!(v, Array(r) if matches!(r.first(), Some(Int(1..=3))))
                 }
             }
         }

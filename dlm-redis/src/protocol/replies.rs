@@ -87,6 +87,39 @@ impl Reader<'_> {
         }
     }
 
+    /// The fenced acquire script's answer: the acquisition's, and the token drawn with
+    /// it (`NodeFence::Taken` or `Drawn`; `None` when held, or acquired without a token).
+    pub(crate) fn acquire_fenced(
+        &self,
+        name: &LockName,
+        reply: redis::Value,
+    ) -> Result<(NodeAcquire, Option<NodeFence>), BackendError> {
+        let (code, value): (i64, redis::Value) = self.parse(reply)?;
+        match code {
+            1 => Ok((
+                NodeAcquire::Acquired,
+                Some(NodeFence::Taken(self.draw(name, value)?)),
+            )),
+            2 => Ok((
+                NodeAcquire::Acquired,
+                Some(NodeFence::Drawn(self.draw(name, value)?)),
+            )),
+            3 => Ok((NodeAcquire::Acquired, None)),
+            0 => Ok((
+                NodeAcquire::Held {
+                    remaining: Duration::from_millis(self.parse::<i64>(value)?.max(0) as u64),
+                },
+                None,
+            )),
+            -1 => Err(self.unexpected_key(name, "is not a string")),
+            -2 => Err(self.unexpected_key(name, "has no expiry")),
+            other => Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{}: fenced acquire script returned {other}", self.server),
+            )),
+        }
+    }
+
     /// The fence script's answer.
     pub(crate) fn fence(
         &self,

@@ -20,6 +20,7 @@ struct Scripts {
     inspect: Script,
     commit: Script,
     fence: Script,
+    acquire_fenced: Script,
 }
 
 /// Loaded once per process; each `Script` knows its SHA1 (EVALSHA, reloaded on NOSCRIPT).
@@ -30,7 +31,16 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     force_release: Script::new(include_str!("lua/force_release.lua")),
     inspect: Script::new(include_str!("lua/inspect.lua")),
     commit: Script::new(include_str!("lua/commit.lua")),
-    fence: Script::new(include_str!("lua/fence.lua")),
+    // The draw of a token is written once (draw.lua) and prepended to both scripts that
+    // draw one.
+    fence: Script::new(concat!(
+        include_str!("lua/draw.lua"),
+        include_str!("lua/fence.lua")
+    )),
+    acquire_fenced: Script::new(concat!(
+        include_str!("lua/draw.lua"),
+        include_str!("lua/acquire_fenced.lua")
+    )),
 });
 
 impl Keys {
@@ -60,6 +70,28 @@ impl Keys {
         let mut r = evalsha(script, 1, 2);
         self.arg(&mut r, name, LOCK);
         r.arg(owner.encoded().as_bytes()).arg_u64(millis(ttl));
+        Call::new(r, Shape::Script(script))
+    }
+
+    /// The acquire script with the token's draw: takes the lock if free (or refreshes it
+    /// if already ours) and then, in the same step, draws the fencing token as the fence
+    /// script would (`src/protocol/lua/acquire_fenced.lua`).
+    pub(crate) fn acquire_fenced_call(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        proposal: Option<u64>,
+    ) -> Call {
+        let script = &SCRIPTS.acquire_fenced;
+        let mut r = evalsha(script, 2, 4);
+        self.arg(&mut r, name, LOCK);
+        self.fence_arg(&mut r, name);
+        let proposal = proposal.map_or_else(|| "0".to_owned(), id_of_token);
+        r.arg(owner.encoded().as_bytes())
+            .arg_u64(millis(ttl))
+            .arg(proposal.as_bytes())
+            .arg_u64(self.fence_ttl_ms);
         Call::new(r, Shape::Script(script))
     }
 

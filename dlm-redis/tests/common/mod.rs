@@ -72,6 +72,10 @@ impl dlm_testkit::Fixture for Single {
         Some(fence_keys(&self.server).len())
     }
 
+    fn keys_without_expiry(&self) -> Option<usize> {
+        Some(keys_without_expiry_on([&self.server], "dlm:*"))
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::builder(&self.server.url())
@@ -123,6 +127,32 @@ impl dlm_testkit::Fixture for Cluster {
     fn fencing_keys(&self) -> Option<usize> {
         Some(fence_keys_on(self.nodes.iter()))
     }
+
+    fn keys_without_expiry(&self) -> Option<usize> {
+        Some(keys_without_expiry_on(self.nodes.iter(), "dlm:*"))
+    }
+}
+
+/// How many keys matching `pattern` on `servers` have no expiry (`PTTL` -1).
+pub fn keys_without_expiry_on<'a>(
+    servers: impl IntoIterator<Item = &'a RedisServer>,
+    pattern: &str,
+) -> usize {
+    servers
+        .into_iter()
+        .map(|s| {
+            let mut con = s.connection();
+            let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut con).unwrap();
+            keys.iter()
+                .filter(|k| {
+                    // A cluster replica answers MOVED for its master's keys: the master
+                    // counts them.
+                    let ttl: redis::RedisResult<i64> = redis::cmd("PTTL").arg(k).query(&mut con);
+                    matches!(ttl, Ok(-1))
+                })
+                .count()
+        })
+        .sum()
 }
 
 /// How many fencing streams (`dlm:fence:*`) `servers` hold together.
@@ -213,6 +243,10 @@ impl dlm_testkit::Fixture for TlsSingle {
         Some(fence_keys(&self.server).len())
     }
 
+    fn keys_without_expiry(&self) -> Option<usize> {
+        Some(keys_without_expiry_on([&self.server], "dlm:*"))
+    }
+
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::builder(&self.server.tls_url())
@@ -260,6 +294,10 @@ impl MutualTlsCluster {
 impl dlm_testkit::Fixture for MutualTlsCluster {
     fn fencing_keys(&self) -> Option<usize> {
         Some(fence_keys_on(self.nodes.iter()))
+    }
+
+    fn keys_without_expiry(&self) -> Option<usize> {
+        Some(keys_without_expiry_on(self.nodes.iter(), "dlm:*"))
     }
 
     fn backend(&self) -> Arc<dyn LockBackend> {
