@@ -90,10 +90,6 @@ fn etcd_usage_errors_and_an_unreachable_member() {
     let _serial = SERIAL.lock();
     for (args, why) in [
         (
-            vec!["--etcd", "https://127.0.0.1:2379"],
-            "https:// is not supported yet",
-        ),
-        (
             vec!["--etcd", "redis://127.0.0.1:6379"],
             "must start with http://",
         ),
