@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use dlm_core::{
     BackendErrorKind, DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, Lock, LockGuard, LockName,
-    RetryPolicy,
+    RetryPolicy, TokenDraw,
 };
 
 use super::{LockArgs, Signals};
@@ -22,7 +22,9 @@ pub(crate) fn lock_for(
     name: &LockName,
     args: &LockArgs,
 ) -> Result<(DistributedLock, Duration), Failure> {
-    let mut builder = conn.client();
+    // The command gets the token in its environment: drawn with the acquisition, one
+    // round trip instead of two (a one-shot run has no earlier hold to predict from).
+    let mut builder = conn.client().token_draw(TokenDraw::AtAcquisition);
     let lease = args
         .lease
         .or(args.watchdog)
