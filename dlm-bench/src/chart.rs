@@ -6,7 +6,7 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::{Row, minimal_of, round_range};
+use crate::{Row, minimal_name, minimal_of, round_range};
 
 const WIDTH: u32 = 1000;
 /// Room for the system names left of the bars.
@@ -34,8 +34,8 @@ struct Group {
 /// minimal client row, holding every other system of it.
 fn groups(rows: &[Row]) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
-    let mut keys: Vec<(&str, usize, usize)> = Vec::new();
-    for r in rows.iter().filter(|r| r.system != "minimal") {
+    let mut keys: Vec<(&str, &str, usize, usize)> = Vec::new();
+    for r in rows.iter().filter(|r| r.system != minimal_name(&r.system)) {
         let Some(min) = minimal_of(rows, r) else {
             continue;
         };
@@ -45,14 +45,19 @@ fn groups(rows: &[Row]) -> Vec<Group> {
         if b <= 0.0 {
             continue;
         }
-        let key = (r.scenario, r.nodes, r.threads);
+        let key = (min.system.as_str(), r.scenario, r.nodes, r.threads);
         let k = match keys.iter().position(|k| *k == key) {
             Some(k) => k,
             None => {
                 keys.push(key);
                 groups.push(Group {
                     title: format!(
-                        "{}, {} node{}, {} thread{}",
+                        "{}{}, {} node{}, {} thread{}",
+                        if min.system == "minimal" {
+                            ""
+                        } else {
+                            "etcd: "
+                        },
                         r.scenario,
                         r.nodes,
                         if r.nodes == 1 { "" } else { "s" },

@@ -950,10 +950,26 @@ fn round_ratios(rates: &[f64], base: &[f64]) -> String {
     round_range(rates, base).map_or_else(|| "-".into(), |(lo, hi)| format!("{lo:.2}-{hi:.2}"))
 }
 
-/// The minimal client's row of the same scenario, nodes and threads as `r`.
+/// The minimal client etcd's rows are compared with (a put-if-absent transaction and a
+/// delete over the gateway).
+pub(crate) const MINIMAL_ETCD: &str = "minimal (etcd gateway)";
+
+/// The name of the minimal client `system` is compared with: the etcd gateway client for
+/// etcd's rows, the Redis one for the others.
+pub(crate) fn minimal_name(system: &str) -> &'static str {
+    if system.contains("etcd") {
+        MINIMAL_ETCD
+    } else {
+        "minimal"
+    }
+}
+
+/// The row of the minimal client of `r`'s kind ([`minimal_name`]) with the same
+/// scenario, nodes and threads as `r`.
 fn minimal_of<'a>(rows: &'a [Row], r: &Row) -> Option<&'a Row> {
+    let minimal = minimal_name(&r.system);
     rows.iter().find(|b| {
-        b.system == "minimal"
+        b.system == minimal
             && b.scenario == r.scenario
             && b.nodes == r.nodes
             && b.threads == r.threads
@@ -992,7 +1008,7 @@ fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> String 
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT; the (metrics) rows, with a recorder installed: to the same system without one); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip); server us: the servers' CPU time (INFO cpu, user + system) per node per cycle, over 2,000 cycles of one client.\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (for etcd's rows: the minimal etcd gateway client; paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT; the (metrics) rows, with a recorder installed: to the same system without one); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip); server us: the servers' CPU time (INFO cpu, user + system) per node per cycle, over 2,000 cycles of one client.\n"
     );
     let _ = writeln!(
         out,
@@ -1072,4 +1088,46 @@ fn json(rows: &[Row]) -> String {
     }
     out.push_str("]\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(system: &str, cps: f64) -> Row {
+        Row {
+            system: system.to_owned(),
+            scenario: "uncontended",
+            nodes: 1,
+            threads: 1,
+            cycles_per_sec: Some(cps),
+            round_rates: vec![cps, cps],
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn etcd_rows_are_compared_with_the_minimal_gateway_client_not_with_redis() {
+        let rows = [
+            row("minimal", 10_000.0),
+            row("dlm", 9_000.0),
+            row(MINIMAL_ETCD, 400.0),
+            row("dlm (etcd)", 380.0),
+            row("etcd /v3/lock", 200.0),
+        ];
+        for (system, base) in [
+            ("dlm", "minimal"),
+            ("dlm (etcd)", MINIMAL_ETCD),
+            ("etcd /v3/lock", MINIMAL_ETCD),
+        ] {
+            let r = rows.iter().find(|r| r.system == system).unwrap();
+            assert_eq!(base_of(&rows, r).unwrap().system, base, "{system}");
+        }
+        let table = markdown(&rows, 50.0, 2, Duration::from_millis(500));
+        let etcd = table
+            .lines()
+            .find(|l| l.starts_with("| dlm (etcd) "))
+            .unwrap();
+        assert!(etcd.contains("| 380 (0.95x) |"), "{etcd}");
+    }
 }

@@ -17,7 +17,7 @@ pub(crate) const ETCD_VAR: &str = "DLM_ETCD_ENDPOINTS";
 pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
 
 /// dlm's environment variables that hold a secret, which the command does not get: the
-/// password, and the URLs when one of them carries a password (as `user:pw@` or, for a
+/// password, and the URLs (Redis or etcd) when one of them carries a password (as `user:pw@` or, for a
 /// unix socket, `?pass=`). A URL list without one stays, for a nested `dlm`.
 pub(crate) fn secret_vars() -> Vec<&'static str> {
     let mut vars = vec![PASSWORD_VAR];
@@ -27,8 +27,10 @@ pub(crate) fn secret_vars() -> Vec<&'static str> {
                 || u.query_pairs().any(|(k, _)| k.eq_ignore_ascii_case("pass"))
         })
     };
-    if std::env::var(URL_VAR).is_ok_and(|urls| urls.split(',').any(has_password)) {
-        vars.push(URL_VAR);
+    for var in [URL_VAR, ETCD_VAR] {
+        if std::env::var(var).is_ok_and(|urls| urls.split(',').any(has_password)) {
+            vars.push(var);
+        }
     }
     vars
 }
@@ -179,17 +181,27 @@ impl Connection {
 /// An etcd backend on the members `list` (comma-separated client URLs) from `source`.
 /// The Redis-only options were refused by the argument parser.
 fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Failure> {
-    if args.password_file.is_some() {
-        return Err(Failure::usage(
-            "--password-file is not supported with etcd yet (dlm-etcd has no authentication yet)",
-        ));
-    }
     let urls: Vec<&str> = list
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .collect();
     let mut b = dlm_etcd::EtcdBackend::builder(&urls);
+    // The password of --password-file or $DLM_REDIS_PASSWORD is for URLs that name a
+    // user and have no password (etcd has no default user, so it needs one).
+    let parsed: Vec<Option<url::Url>> = urls.iter().map(|u| url::Url::parse(u).ok()).collect();
+    let has_user = parsed.iter().flatten().any(|u| !u.username().is_empty());
+    let has_password = parsed.iter().flatten().any(|u| u.password().is_some());
+    if let Some(password) = password(args)? {
+        if !has_user && args.password_file.is_some() {
+            return Err(Failure::usage(format!(
+                "--password-file with etcd needs a user: name it in the URL of {source} (http://USER@host:port)"
+            )));
+        }
+        if has_user && !has_password {
+            b = b.password(&password);
+        }
+    }
     if let Some(prefix) = &args.prefix {
         b = b.prefix(prefix);
     }

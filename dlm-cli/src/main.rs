@@ -113,7 +113,9 @@ struct BackendArgs {
     redis: Option<String>,
     /// etcd member client URL(s), comma-separated (http://host:2379; one is enough,
     /// more give failover): the locks live in etcd's Raft log. Default, when neither
-    /// --redis nor $DLM_REDIS_URL is given: $DLM_ETCD_ENDPOINTS.
+    /// --redis nor $DLM_REDIS_URL is given: $DLM_ETCD_ENDPOINTS. With etcd auth, the
+    /// user goes in the URL (http://USER@host:2379) and the password comes from
+    /// --password-file, $DLM_REDIS_PASSWORD or the URL.
     #[arg(long, value_name = "URL[,URL...]", conflicts_with_all = [
         "redis", "cluster", "sentinel", "wait_replicas",
     ])]

@@ -166,3 +166,63 @@ fn mutual_tls_on_etcd_takes_the_same_tls_flags_as_redis() {
     done.expect(2);
     assert!(done.stderr.contains("https://"), "{}", done.stderr);
 }
+
+#[test]
+fn etcd_auth_takes_the_password_as_on_redis_and_never_shows_it() {
+    let _serial = SERIAL.lock();
+    let server = EtcdServer::spawn();
+    server.add_user("alice", "alice-pw", Some("dlm/"));
+    server.enable_auth("root-pw");
+    let port = server.client_port();
+    let user_url = format!("http://alice@127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("password");
+    std::fs::write(&file, "alice-pw\n").unwrap();
+
+    // --password-file, for a URL that names the user.
+    run(dlm()
+        .args(["run", "--etcd", &user_url, "--password-file"])
+        .arg(&file)
+        .args(["job", "--", "true"]))
+    .expect(0);
+    // $DLM_REDIS_PASSWORD, the same variable as for Redis.
+    run(dlm()
+        .env("DLM_REDIS_PASSWORD", "alice-pw")
+        .args(["run", "--etcd", &user_url, "job", "--", "true"]))
+    .expect(0);
+    // The URL's userinfo, from $DLM_ETCD_ENDPOINTS: the command does not get that
+    // variable (it holds a password).
+    run(dlm()
+        .env(
+            "DLM_ETCD_ENDPOINTS",
+            format!("http://alice:alice-pw@127.0.0.1:{port}"),
+        )
+        .args([
+            "run",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "test -z \"$DLM_ETCD_ENDPOINTS\"",
+        ]))
+    .expect(0);
+
+    // A wrong password: refused, said, never shown.
+    let done = run(dlm()
+        .env("DLM_REDIS_PASSWORD", "wrong-pw")
+        .args(["run", "--etcd", &user_url, "job", "--", "true"]));
+    assert_ne!(done.status.code(), Some(0), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("authenticating as user"),
+        "{}",
+        done.stderr
+    );
+    assert!(!done.stderr.contains("wrong-pw"), "{}", done.stderr);
+    // --password-file without a user to go with it: a usage error before any request.
+    let done = run(dlm()
+        .args(["run", "--etcd", &server.url(), "--password-file"])
+        .arg(&file)
+        .args(["job", "--", "true"]));
+    assert!(done.stderr.contains("needs a user"), "{}", done.stderr);
+    assert!(!done.stderr.contains("alice-pw"), "{}", done.stderr);
+}

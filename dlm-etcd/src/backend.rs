@@ -78,6 +78,8 @@ impl EtcdBackend {
             drift_factor: 0.01,
             pool_size: 16,
             tls: None,
+            user: None,
+            password: None,
         }
     }
 

@@ -7,7 +7,7 @@ use dlm_core::InvalidArgument;
 use parking_lot::Mutex;
 
 use crate::backend::{EtcdBackend, Inner};
-use crate::gateway::{Gateway, Timeouts};
+use crate::gateway::{Credentials, Gateway, Secret, Timeouts};
 use crate::leases::Leases;
 use crate::tls::TlsOptions;
 
@@ -21,6 +21,9 @@ pub struct EtcdBackendBuilder {
     pub(crate) drift_factor: f64,
     pub(crate) pool_size: usize,
     pub(crate) tls: Option<TlsOptions>,
+    pub(crate) user: Option<String>,
+    /// Never shown: its `Debug` is `"***"`.
+    pub(crate) password: Option<Secret>,
 }
 
 impl EtcdBackendBuilder {
@@ -65,12 +68,28 @@ impl EtcdBackendBuilder {
         self
     }
 
+    /// The etcd user to authenticate as (etcd's `/v3/auth/authenticate`), with
+    /// [`password`](Self::password). A URL's userinfo (`http://user:pass@host:port`,
+    /// percent-encoded) gives them too; these take precedence over it.
+    pub fn user(mut self, name: &str) -> Self {
+        self.user = Some(name.to_owned());
+        self
+    }
+
+    /// The password of [`user`](Self::user). It is never shown: not in `Debug` output,
+    /// logs or error messages.
+    pub fn password(mut self, secret: &str) -> Self {
+        self.password = Some(Secret(secret.to_owned()));
+        self
+    }
+
     /// Checks the settings and builds the backend. No I/O.
     ///
     /// # Errors
     /// `InvalidArgument` for no URL, a URL that is not `http://host:port` or
     /// `https://host:port`, the same URL twice, a bad prefix or timeout, TLS options
-    /// without an `https://` member, or TLS files that cannot be read.
+    /// without an `https://` member, TLS files that cannot be read, URLs naming different
+    /// users or passwords, or a user without a password (or a password without a user).
     pub fn build(self) -> Result<EtcdBackend, InvalidArgument> {
         if self.urls.is_empty() {
             return Err(InvalidArgument::new(
@@ -79,13 +98,49 @@ impl EtcdBackendBuilder {
             ));
         }
         let mut members = Vec::new();
+        let mut from_urls: Option<(String, Option<String>)> = None;
         for u in &self.urls {
-            let m = parse_member(u)?;
+            let (m, userinfo) = parse_member(u)?;
             if members.contains(&m) {
                 return Err(InvalidArgument::new("urls", format!("{m} is listed twice")));
             }
+            if let Some(info) = userinfo {
+                match &from_urls {
+                    Some(known) if *known != info => {
+                        return Err(InvalidArgument::new(
+                            "urls",
+                            format!("{m} names another user or password than an earlier URL"),
+                        ));
+                    }
+                    _ => from_urls = Some(info),
+                }
+            }
             members.push(m);
         }
+        let (url_user, url_password) = from_urls.unzip();
+        let user = self.user.clone().or(url_user);
+        let password = self.password.clone().or(url_password.flatten().map(Secret));
+        let credentials = match (user, password) {
+            (None, None) => None,
+            (Some(user), Some(password)) if !user.is_empty() => {
+                Some(Credentials { user, password })
+            }
+            (Some(_), Some(_)) => {
+                return Err(InvalidArgument::new("user", "must not be empty"));
+            }
+            (Some(_), None) => {
+                return Err(InvalidArgument::new(
+                    "password",
+                    "a user was given without a password",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(InvalidArgument::new(
+                    "user",
+                    "a password was given without a user (etcd has no default user)",
+                ));
+            }
+        };
         if self.prefix.is_empty()
             || self.prefix.len() > 64
             || self.prefix.chars().any(char::is_control)
@@ -122,7 +177,7 @@ impl EtcdBackendBuilder {
         key_prefix.extend_from_slice(b"lock/");
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                gateway: Gateway::new(members, timeouts, self.pool_size, tls),
+                gateway: Gateway::new(members, timeouts, self.pool_size, tls, credentials),
                 key_prefix,
                 drift_factor: self.drift_factor,
                 leases: Mutex::new(Leases::default()),
@@ -132,10 +187,19 @@ impl EtcdBackendBuilder {
     }
 }
 
-/// `http://host:port` or `https://host:port` (a trailing `/` allowed), checked in plain
-/// words.
-fn parse_member(url: &str) -> Result<String, InvalidArgument> {
-    let bad = |why: &str| InvalidArgument::new("urls", format!("{url:?}: {why}"));
+/// A user and a password from a URL's userinfo (the password may be absent).
+type UserInfo = (String, Option<String>);
+
+/// `http://[user[:password]@]host:port` or `https://...` (a trailing `/` allowed),
+/// checked in plain words: the member's URL without its userinfo, and the userinfo
+/// percent-decoded. Errors never echo a URL that has userinfo (it may hold a password).
+fn parse_member(url: &str) -> Result<(String, Option<UserInfo>), InvalidArgument> {
+    let shown = if url.contains('@') {
+        "a URL with credentials".to_owned()
+    } else {
+        format!("{url:?}")
+    };
+    let bad = |why: &str| InvalidArgument::new("urls", format!("{shown}: {why}"));
     let (scheme, rest) = if let Some(rest) = url.strip_prefix("http://") {
         ("http", rest)
     } else if let Some(rest) = url.strip_prefix("https://") {
@@ -144,9 +208,27 @@ fn parse_member(url: &str) -> Result<String, InvalidArgument> {
         return Err(bad("must start with http:// or https://"));
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains('@') {
-        return Err(bad("credentials in the URL are not supported"));
-    }
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        None => (None, rest),
+        Some((info, rest)) => {
+            let (user, password) = match info.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (info, None),
+            };
+            let decode = |s: &str| {
+                percent_decode(s)
+                    .ok_or_else(|| bad("its user or password is badly percent-encoded"))
+            };
+            let user = decode(user)?;
+            if user.is_empty() {
+                return Err(bad(
+                    "names a password without a user (etcd has no default user)",
+                ));
+            }
+            let password = password.map(decode).transpose()?;
+            (Some((user, password)), rest)
+        }
+    };
     if rest.contains('/') || rest.contains('?') || rest.contains('#') {
         return Err(bad("must be http(s)://host:port, without a path"));
     }
@@ -158,7 +240,22 @@ fn parse_member(url: &str) -> Result<String, InvalidArgument> {
         .ok()
         .filter(|&p| p != 0)
         .ok_or_else(|| bad("has a bad port"))?;
-    Ok(format!("{scheme}://{rest}"))
+    Ok((format!("{scheme}://{rest}"), userinfo))
+}
+
+/// `%XX` escapes decoded; `None` for a bad escape or bytes that are not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -169,22 +266,71 @@ mod tests {
     fn member_urls_are_checked_in_plain_words() {
         assert_eq!(
             parse_member("http://127.0.0.1:2379/").unwrap(),
-            "http://127.0.0.1:2379"
+            ("http://127.0.0.1:2379".to_owned(), None)
         );
         assert_eq!(
             parse_member("https://etcd-1:2379").unwrap(),
-            "https://etcd-1:2379"
+            ("https://etcd-1:2379".to_owned(), None)
+        );
+        assert_eq!(
+            parse_member("http://al%40ice:p%3As@h:1").unwrap(),
+            (
+                "http://h:1".to_owned(),
+                Some(("al@ice".to_owned(), Some("p:s".to_owned())))
+            )
+        );
+        assert_eq!(
+            parse_member("http://bob@h:1").unwrap().1,
+            Some(("bob".to_owned(), None))
         );
         for (bad, why) in [
             ("127.0.0.1:2379", "must start with http:// or https://"),
             ("ftp://h:2379", "must start with http://"),
             ("http://h", "has no port"),
             ("http://h:0", "bad port"),
-            ("http://u:p@h:1", "credentials"),
+            ("http://:secret@h:1", "without a user"),
+            ("http://u:%zz@h:1", "percent-encoded"),
             ("http://h:1/v3", "without a path"),
         ] {
             let e = parse_member(bad).unwrap_err();
             assert!(e.reason().contains(why), "{bad}: {e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+    }
+
+    #[test]
+    fn credentials_come_from_the_builder_or_the_urls_and_are_never_shown() {
+        let b = EtcdBackend::builder(&["http://h:1"])
+            .user("u")
+            .password("hunter2");
+        assert!(!format!("{b:?}").contains("hunter2"), "{b:?}");
+        let backend = b.build().unwrap();
+        assert!(!format!("{backend:?}").contains("hunter2"));
+        let built = EtcdBackend::new(&["http://u:hunter2@h:1"]).unwrap();
+        assert!(!format!("{built:?}").contains("hunter2"));
+        assert_eq!(built.members(), ["http://h:1"]);
+        // The builder's password completes a URL's user.
+        EtcdBackend::builder(&["http://u@h:1"])
+            .password("p")
+            .build()
+            .unwrap();
+        for (b, why) in [
+            (
+                EtcdBackend::builder(&["http://u@h:1"]),
+                "without a password",
+            ),
+            (
+                EtcdBackend::builder(&["http://h:1"]).password("hunter2"),
+                "without a user",
+            ),
+            (
+                EtcdBackend::builder(&["http://u:hunter2@h:1", "http://v:hunter2@h:2"]),
+                "another user",
+            ),
+        ] {
+            let e = b.build().unwrap_err();
+            assert!(e.to_string().contains(why), "{e}");
+            assert!(!e.to_string().contains("hunter2"), "{e}");
         }
     }
 }

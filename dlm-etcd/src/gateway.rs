@@ -25,6 +25,33 @@ pub(crate) struct Timeouts {
     pub(crate) io: Duration,
 }
 
+/// A password: its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// The user and password a backend authenticates with.
+#[derive(Debug)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: Secret,
+}
+
+/// Credentials and the token etcd gave for them.
+#[derive(Debug)]
+struct Auth {
+    credentials: Credentials,
+    /// The current token; `Some("")` when etcd said authentication is not enabled (no
+    /// header is sent). Held while a new one is asked for, so that threads that find it
+    /// stale at once ask etcd once.
+    token: parking_lot::Mutex<Option<Arc<str>>>,
+}
+
 /// The members and a pooled HTTP agent.
 #[derive(Debug)]
 pub(crate) struct Gateway {
@@ -41,6 +68,8 @@ pub(crate) struct Gateway {
     /// The TLS configuration of `https://` members (the agent has it too; the watch
     /// stream uses it).
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// User/password authentication, when configured.
+    auth: Option<Auth>,
 }
 
 /// A byte stream both ways (a TCP or TLS connection).
@@ -63,6 +92,7 @@ impl Gateway {
         timeouts: Timeouts,
         max_idle: usize,
         tls: Option<Arc<rustls::ClientConfig>>,
+        credentials: Option<Credentials>,
     ) -> Self {
         let mut agent = ureq::AgentBuilder::new();
         if let Some(config) = &tls {
@@ -85,6 +115,10 @@ impl Gateway {
             cluster_id: AtomicU64::new(0),
             members_checked: OnceLock::new(),
             tls,
+            auth: credentials.map(|credentials| Auth {
+                credentials,
+                token: parking_lot::Mutex::new(None),
+            }),
         }
     }
 
@@ -200,7 +234,8 @@ impl Gateway {
                 let asks: Vec<_> = (0..self.members.len())
                     .map(|i| {
                         scope.spawn(move || {
-                            let body = self.send(i, "/v3/maintenance/status", "{}").ok()?;
+                            let body =
+                                self.send_as(i, "/v3/maintenance/status", "{}", None).ok()?;
                             let v: Value = serde_json::from_str(&body).ok()?;
                             cluster_id(&v)
                         })
@@ -262,20 +297,111 @@ impl Gateway {
         }
     }
 
+    /// The token to send to member `i` (asked of it when there is none yet); `None`
+    /// without credentials or when etcd has authentication disabled.
+    pub(crate) fn token(&self, i: usize) -> Result<Option<Arc<str>>, BackendError> {
+        self.token_or_outcome(i).map_err(|o| match o {
+            Outcome::TryNext(e) | Outcome::Fail(e) => e,
+            Outcome::Reply(_) => unreachable!("no reply as an error"),
+        })
+    }
+
+    /// Forgets `used` if it is still the current token (etcd refused it): the next
+    /// request asks for a new one.
+    pub(crate) fn forget_token(&self, used: Option<&Arc<str>>) {
+        if let (Some(auth), Some(used)) = (&self.auth, used) {
+            let mut token = auth.token.lock();
+            if token.as_ref().is_some_and(|t| Arc::ptr_eq(t, used)) {
+                *token = None;
+            }
+        }
+    }
+
+    fn token_or_outcome(&self, i: usize) -> Result<Option<Arc<str>>, Outcome> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        let mut token = auth.token.lock();
+        if token.is_none() {
+            let body = serde_json::json!({
+                "name": auth.credentials.user,
+                "password": auth.credentials.password.0,
+            })
+            .to_string();
+            let who = &auth.credentials.user;
+            let got = match self.send_as(i, "/v3/auth/authenticate", &body, None) {
+                Ok(reply) => serde_json::from_str::<Value>(&reply)
+                    .ok()
+                    .and_then(|v| v.get("token")?.as_str().map(Arc::<str>::from))
+                    .ok_or_else(|| {
+                        Outcome::Fail(not_etcd(
+                            &self.members[i],
+                            "/v3/auth/authenticate",
+                            "its reply has no token",
+                        ))
+                    })?,
+                Err(Outcome::Fail(e)) if e.message().ends_with("authentication is not enabled") => {
+                    Arc::from("")
+                }
+                Err(Outcome::Fail(e)) if e.kind() == BackendErrorKind::Auth => {
+                    return Err(Outcome::Fail(BackendError::new(
+                        BackendErrorKind::Auth,
+                        format!("{} (authenticating as user {who:?})", e.message()),
+                    )));
+                }
+                Err(other) => return Err(other),
+            };
+            *token = Some(got);
+        }
+        Ok(token.clone().filter(|t| !t.is_empty()))
+    }
+
+    /// Sends with the current token; when etcd says the token is invalid or stale (it
+    /// expired, the user's password changed, the auth store moved on), asks for a new
+    /// one and sends once more.
     fn send(&self, i: usize, path: &str, text: &str) -> Result<String, Outcome> {
+        if self.auth.is_none() {
+            return self.send_as(i, path, text, None);
+        }
+        let token = self.token_or_outcome(i)?;
+        match self.send_as(i, path, text, token.as_deref()) {
+            Err(Outcome::Fail(e)) if stale_token(&e) => {
+                log::debug!("dlm-etcd: {}: getting a new auth token", self.members[i]);
+                self.forget_token(token.as_ref());
+                let token = self.token_or_outcome(i)?;
+                self.send_as(i, path, text, token.as_deref())
+            }
+            other => other,
+        }
+    }
+
+    fn send_as(
+        &self,
+        i: usize,
+        path: &str,
+        text: &str,
+        token: Option<&str>,
+    ) -> Result<String, Outcome> {
         let member = &self.members[i];
         let url = format!("{member}{path}");
-        let reply = self
+        let mut request = self
             .agent
             .post(&url)
-            .set("Content-Type", "application/json")
-            .send_string(text);
+            .set("Content-Type", "application/json");
+        if let Some(token) = token {
+            request = request.set("Authorization", token);
+        }
+        let reply = request.send_string(text);
         match reply {
             Ok(resp) => resp
                 .into_string()
                 .map_err(|e| Outcome::Fail(io_error(member, &e))),
             Err(ureq::Error::Status(code, resp)) => {
-                let body = resp.into_string().unwrap_or_default();
+                // What could be read: etcd's error replies end with a gRPC trailer that
+                // ureq's chunked reader refuses after the JSON.
+                let mut bytes = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut resp.into_reader(), &mut bytes);
+                let body = String::from_utf8_lossy(&bytes);
                 Err(status_error(member, path, code, &body))
             }
             Err(ureq::Error::Transport(t))
@@ -474,7 +600,13 @@ fn transport_error(member: &str, t: &ureq::Transport) -> Outcome {
 
 /// An HTTP error status: etcd's JSON error (a gRPC code), or not etcd at all.
 fn status_error(member: &str, path: &str, http: u16, body: &str) -> Outcome {
-    let Some((code, message)) = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+    // The first JSON value: an error reply may be followed by the gateway's gRPC
+    // trailer (`Grpc-Trailer-Content-Type: ...`) in the body as read.
+    let first = serde_json::Deserializer::from_str(body)
+        .into_iter::<Value>()
+        .next()
+        .and_then(Result::ok);
+    let Some((code, message)) = first.and_then(|v| {
         let code = v.get("code")?.as_i64()?;
         let message = v
             .get("message")
@@ -493,6 +625,17 @@ fn status_error(member: &str, path: &str, http: u16, body: &str) -> Outcome {
         return Outcome::Fail(not_etcd(member, path, &format!("HTTP {http}")));
     };
     let msg = format!("{member}: {message}");
+    if message.ends_with("user name is empty") {
+        return Outcome::Fail(BackendError::new(
+            BackendErrorKind::Auth,
+            format!("{msg} (etcd has authentication enabled: give a user and a password)"),
+        ));
+    }
+    if message.contains("authentication failed")
+        || message.ends_with("revision of auth store is old")
+    {
+        return Outcome::Fail(BackendError::new(BackendErrorKind::Auth, msg));
+    }
     let kind = match code {
         // UNAVAILABLE: no leader, not ready, ...; the request was not applied.
         14 => return Outcome::TryNext(BackendError::new(BackendErrorKind::Unavailable, msg)),
@@ -517,6 +660,15 @@ pub(crate) fn b64(bytes: &[u8]) -> String {
 /// The bytes of a base64 field.
 pub(crate) fn unb64(v: &Value) -> Option<Vec<u8>> {
     STANDARD.decode(v.as_str()?).ok()
+}
+
+/// Whether etcd refused the token a request carried (not the credentials): a new token
+/// may do.
+fn stale_token(e: &BackendError) -> bool {
+    let m = e.message();
+    m.ends_with("invalid auth token")
+        || m.ends_with("revision of auth store is old")
+        || m.ends_with("user name is empty")
 }
 
 /// A 64-bit integer field (a string in the gateway's JSON; a missing field is 0).
@@ -579,6 +731,15 @@ mod tests {
         assert_eq!(kind(4), BackendErrorKind::Timeout);
         assert_eq!(kind(16), BackendErrorKind::Auth);
         assert_eq!(kind(7), BackendErrorKind::Permission);
+        let with_trailer = status_error(
+            "m",
+            "/v3/kv/txn",
+            403,
+            "{\"error\":\"etcdserver: permission denied\",\"message\":\"etcdserver: permission denied\",\"code\":7}Grpc-Trailer-Content-Type: application/grpc\r\n",
+        );
+        assert!(
+            matches!(with_trailer, Outcome::Fail(e) if e.kind() == BackendErrorKind::Permission)
+        );
         assert!(matches!(
             status_error("m", "/v3/kv/txn", 404, "404 page not found"),
             Outcome::Fail(e) if e.kind() == BackendErrorKind::Protocol

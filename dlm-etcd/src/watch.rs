@@ -178,6 +178,10 @@ impl Reader {
     fn stream(&mut self, i: usize) -> End {
         let inner = self.inner.clone();
         let timeouts = inner.gateway.timeouts;
+        let token = match inner.gateway.token(i) {
+            Ok(t) => t,
+            Err(e) => return End::Broken(e.to_string()),
+        };
         let (mut s, tcp, host) = match inner.gateway.connect(i) {
             Ok(c) => c,
             Err(e) => return End::Broken(e.to_string()),
@@ -203,8 +207,12 @@ impl Reader {
             "filters": ["NOPUT"],
         }})
         .to_string();
+        let authorization = token
+            .as_deref()
+            .map(|t| format!("Authorization: {t}\r\n"))
+            .unwrap_or_default();
         let request = format!(
-            "POST /v3/watch HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v3/watch HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         if let Err(e) = s.write_all(request.as_bytes()).and_then(|()| s.flush()) {
@@ -269,6 +277,11 @@ impl Reader {
             while let Some(nl) = payload.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = payload.drain(..=nl).collect();
                 if let Some(why) = self.message(&line) {
+                    if why == "canceled" {
+                        // etcd cancels a watch whose token it refused (it says
+                        // "permission denied" either way): the next stream gets a new one.
+                        inner.gateway.forget_token(token.as_ref());
+                    }
                     return End::Broken(why);
                 }
             }
