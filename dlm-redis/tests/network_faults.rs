@@ -316,9 +316,10 @@ fn the_validity_of_a_slow_round_counts_from_its_start() {
             .lock()
             .unwrap();
         let took = before.elapsed();
+        // One round of 60 ms (the token is not read, so no fencing round follows).
         assert!(
-            took >= Duration::from_millis(120),
-            "two rounds of 60 ms: {took:?}"
+            took >= Duration::from_millis(60),
+            "a round of 60 ms: {took:?}"
         );
         // Counted from the start: well under what counting from the end would give.
         assert!(
