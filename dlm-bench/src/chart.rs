@@ -6,7 +6,7 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::{Row, minimal_name, minimal_of, round_range};
+use crate::report::{Row, minimal_name, minimal_of, round_range};
 
 const WIDTH: u32 = 1000;
 /// Room for the system names left of the bars.

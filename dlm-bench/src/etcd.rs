@@ -55,7 +55,7 @@ pub struct MinimalEtcd {
 
 impl LockSystem for MinimalEtcd {
     fn name(&self) -> String {
-        crate::MINIMAL_ETCD.into()
+        crate::report::MINIMAL_ETCD.into()
     }
 
     fn handle(&self) -> Box<dyn LockHandle> {

@@ -172,11 +172,19 @@ Re-entrancy (the front counts re-entry; these check it over your backend):
   by the holding thread is contention.
 - `reentry_does_no_io`: re-entry sends no request to the backend.
 
-Fencing (with `Fixture::fencing` false, both check that no token is issued):
+Fencing (with `Fixture::fencing` false, the first two check that no token is issued, and
+the others skip what needs one):
 - `fencing_tokens_strictly_increase`: tokens increase over successive acquisitions,
   across clients and threads.
 - `a_paused_holder_is_fenced_off`: a holder paused past its lease has its write refused
   by a [`FencedResource`](dlm_core::FencedResource) once the next holder has written.
+- `a_token_read_after_the_lock_was_lost_is_an_error`: a holder whose lease ran out (and
+  the lock was taken since) reads `LockLost`, never a token.
+- `the_token_is_stable_within_a_hold`: one token per hold, however and wherever it is
+  read (the later reads make no request); the next hold gets a larger one.
+- `an_unread_token_writes_no_fencing_key`: acquisitions whose tokens are never read
+  write no fencing key; the first read writes one (skipped when `Fixture::fencing_keys`
+  is `None`).
 - `a_read_token_comes_with_the_next_acquisition`, `a_mispredicted_draw_is_released_with_the_lock`,
   `token_draw_settings_are_followed`: after a hold that read its token the next
   acquisition carries one (no other request), tokens still increase across holders, an

@@ -1,0 +1,128 @@
+//! What a backend fixture provides to the conformance cases ([`Fixture`]), and the
+//! [`conformance_tests!`](crate::conformance_tests) macro that stamps one `#[test]` per case.
+
+use std::sync::Arc;
+
+use dlm_core::backend::LockBackend;
+
+/// What a conformance case needs from the backend under test.
+pub trait Fixture {
+    /// A backend over the store under test. Every call must reach the same store (the
+    /// same servers); a case builds one client per simulated process.
+    fn backend(&self) -> Arc<dyn LockBackend>;
+
+    /// Whether the backend issues fencing tokens.
+    fn fencing(&self) -> bool {
+        true
+    }
+
+    /// How many fencing keys the store holds now (the Redis fencing streams under the
+    /// backend's prefix), or `None` for a store without such keys, or one the fixture
+    /// cannot count. An acquisition whose token is never read must not write one.
+    fn fencing_keys(&self) -> Option<usize> {
+        None
+    }
+
+    /// How many keys of the backend the store holds now that have no expiry, or `None`
+    /// for a store without expiring keys, or one the fixture cannot count. dlm never
+    /// leaves a key without one.
+    fn keys_without_expiry(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether the backend supports release hints ([`LockBackend::watch`]).
+    fn watch(&self) -> bool {
+        true
+    }
+}
+
+/// Stamps one `#[test]` per conformance case. The argument is an expression that builds
+/// a [`Fixture`]; it is evaluated once per test, so each test gets a fresh fixture (and,
+/// for Redis, its own servers).
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use dlm_core::backend::LockBackend;
+/// struct Memory(dlm_memory::MemoryBackend);
+/// impl dlm_testkit::Fixture for Memory {
+///     fn backend(&self) -> Arc<dyn LockBackend> { Arc::new(self.0.clone()) }
+/// }
+/// dlm_testkit::conformance_tests!(Memory(dlm_memory::MemoryBackend::new()));
+/// # fn main() {}
+/// ```
+///
+/// `conformance_tests!(ignore = "why", EXPR)` marks every test `#[ignore = "why"]`, for
+/// fixtures that need something a developer's machine may lack (a test that cannot run
+/// must say so, never pass without running): `cargo test -- --ignored` runs them, and
+/// the fixture should then fail loudly if what it needs is missing.
+#[macro_export]
+macro_rules! conformance_tests {
+    (ignore = $why:literal, $fixture:expr) => {
+        $crate::conformance_tests!(@all (all(), $why) $fixture);
+    };
+    ($fixture:expr) => {
+        $crate::conformance_tests!(@all (any(), "") $fixture);
+    };
+    // `($pred, $why)`: the tests are `#[ignore = $why]` when the cfg predicate holds
+    // (`all()` always does, `any()` never).
+    (@all ($pred:meta, $why:literal) $fixture:expr) => {
+        $crate::conformance_tests!(@cases read ($pred, $why) $fixture;
+            mutual_exclusion_no_lost_updates,
+            try_lock_never_blocks,
+            try_lock_timeout_honours_its_timeout,
+            zero_timeout_is_exactly_one_attempt,
+            unbounded_timeout_waits_without_overflow,
+            lock_again_after_unlock,
+            extend_after_expiry_fails_and_does_not_recreate,
+            release_by_non_owner_is_refused,
+            double_unlock_is_not_held,
+            reentrant_same_thread,
+            reentrant_other_thread_blocks,
+            reentrant_partial_unlock_keeps_the_lock,
+            non_reentrant_mode_refuses_second_hold,
+            guard_dropped_during_panic_releases,
+            leaked_guard_expires,
+            guard_moves_to_another_thread,
+            force_unlock_frees_and_the_holder_learns,
+            introspection,
+            fencing_tokens_strictly_increase,
+            bad_input_is_rejected_before_io,
+            id_generator_has_no_duplicates,
+            a_paused_holder_is_fenced_off,
+            acquire_is_idempotent_for_its_owner,
+            release_gives_back_every_hold,
+            reentry_does_no_io,
+            a_token_read_after_the_lock_was_lost_is_an_error,
+            the_token_is_stable_within_a_hold,
+            an_unread_token_writes_no_fencing_key,
+            a_read_token_comes_with_the_next_acquisition,
+            a_mispredicted_draw_is_released_with_the_lock,
+            token_draw_settings_are_followed
+        );
+        $crate::conformance_tests!(@cases write ($pred, $why) $fixture;
+            expiry_frees_the_lock,
+            extend_prolongs_the_lease,
+            interrupt_wakes_a_waiter,
+            release_wakes_a_waiter,
+            watchdog_keeps_the_lock_while_held,
+            watchdog_respects_max_hold,
+            a_lost_lock_is_signalled,
+            a_released_lock_is_not_reported_lost,
+            release_between_failed_try_and_wait_is_not_lost,
+            one_release_wakes_one_of_sixteen_waiters,
+            local_waiters_are_served_in_turn,
+            try_lock_never_queues
+        );
+    };
+    (@cases $mode:ident ($pred:meta, $why:literal) $fixture:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[cfg_attr($pred, ignore = $why)]
+            #[test]
+            fn $case() {
+                let _slot = $crate::TIMING.$mode();
+                let fixture = $fixture;
+                $crate::conformance::$case(&fixture);
+            }
+        )*
+    };
+}

@@ -1,0 +1,74 @@
+//! The conformance suite: what every backend must do, as one `pub fn` per case.
+//!
+//! Each case takes a [`Fixture`] and panics on a violation. Timing assertions use wide
+//! margins (they run on loaded 2-core machines); where a case must know that a thread is
+//! blocked, it checks that the thread has not finished within a bounded wait instead of
+//! sleeping.
+//!
+//! The cases are grouped by theme, one file each: the basics, waiting (hints and
+//! hand-over), leases (the watchdog and the lost signal), fencing; the [`Fixture`] trait
+//! and the [`conformance_tests!`](crate::conformance_tests) macro are in `fixture.rs`.
+
+mod basics;
+mod fencing;
+pub(crate) mod fixture;
+mod leases;
+mod waiting;
+
+pub use basics::{
+    acquire_is_idempotent_for_its_owner, bad_input_is_rejected_before_io,
+    double_unlock_is_not_held, force_unlock_frees_and_the_holder_learns,
+    guard_dropped_during_panic_releases, guard_moves_to_another_thread,
+    id_generator_has_no_duplicates, introspection, lock_again_after_unlock,
+    mutual_exclusion_no_lost_updates, non_reentrant_mode_refuses_second_hold,
+    reentrant_other_thread_blocks, reentrant_partial_unlock_keeps_the_lock, reentrant_same_thread,
+    reentry_does_no_io, release_by_non_owner_is_refused, release_gives_back_every_hold,
+    try_lock_never_blocks, try_lock_timeout_honours_its_timeout,
+    unbounded_timeout_waits_without_overflow, zero_timeout_is_exactly_one_attempt,
+};
+pub use fencing::{
+    a_mispredicted_draw_is_released_with_the_lock, a_paused_holder_is_fenced_off,
+    a_read_token_comes_with_the_next_acquisition, a_token_read_after_the_lock_was_lost_is_an_error,
+    an_unread_token_writes_no_fencing_key, fencing_tokens_strictly_increase,
+    the_token_is_stable_within_a_hold, token_draw_settings_are_followed,
+};
+pub use leases::{
+    a_lost_lock_is_signalled, a_released_lock_is_not_reported_lost, expiry_frees_the_lock,
+    extend_after_expiry_fails_and_does_not_recreate, extend_prolongs_the_lease,
+    leaked_guard_expires, watchdog_keeps_the_lock_while_held, watchdog_respects_max_hold,
+};
+pub use waiting::{
+    interrupt_wakes_a_waiter, local_waiters_are_served_in_turn,
+    one_release_wakes_one_of_sixteen_waiters, release_between_failed_try_and_wait_is_not_lost,
+    release_wakes_a_waiter, try_lock_never_queues,
+};
+
+use std::time::Duration;
+
+use crossbeam_channel::RecvTimeoutError;
+use dlm_core::LockClient;
+
+use crate::Fixture;
+
+/// Generous bound for "returns promptly" on a loaded CI machine.
+const PROMPT: Duration = Duration::from_secs(2);
+
+fn client(f: &dyn Fixture) -> LockClient {
+    LockClient::builder(f.backend()).build().unwrap()
+}
+
+fn client_with_lease(f: &dyn Fixture, lease: Duration) -> LockClient {
+    LockClient::builder(f.backend())
+        .lease(lease)
+        .build()
+        .unwrap()
+}
+
+/// Asserts that `rx` receives nothing for `within`: the thread behind it is blocked.
+fn assert_still_blocked<T>(rx: &crossbeam_channel::Receiver<T>, within: Duration, what: &str) {
+    match rx.recv_timeout(within) {
+        Err(RecvTimeoutError::Timeout) => {}
+        Ok(_) => panic!("{what}: finished while it should still be blocked"),
+        Err(RecvTimeoutError::Disconnected) => panic!("{what}: thread died"),
+    }
+}
