@@ -64,11 +64,15 @@ enum Fence {
 }
 
 /// Runs warm-up cycles, then `CYCLES` cycles on fresh names, and checks each server's
-/// counters exactly: round trips (`total_reads_processed`: one read event per request
-/// the server receives, pipelined commands included) and every command, those run
-/// inside scripts included (`INFO commandstats`). Any further request (a PING, an
-/// EXISTS, a retry) or a new connection would show.
-fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
+/// counters: round trips (`total_reads_processed`: one read event per request the server
+/// receives, pipelined commands included) and every command, those run inside scripts
+/// included (`INFO commandstats`), each within `slack` of the expected count per node.
+/// Any further request per cycle (a PING, an EXISTS, a retry: `CYCLES` more) or a new
+/// connection would show. One server: `slack` 0, exact. Redlock: a round returns once a
+/// quorum decided it, and a node that answers later is released in the background (or,
+/// for a token, the commit round follows): on a busy machine a few cycles cost a request
+/// more or less on one node, so `slack` is 5% of the cycles there.
+fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence, slack: u64) {
     let read = fencing != Fence::Unread;
     // The warm-up takes the names of the measured cycles (with fencing, their slots'
     // streams exist afterwards, as in a system that has run for a while).
@@ -126,10 +130,9 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
     for (n, admin) in admins.iter_mut().enumerate() {
         // This INFO's own request is one read too.
         let reads = stat(admin, "total_reads_processed") - reads_before[n] - 1;
-        assert_eq!(
-            reads,
-            round_trips * CYCLES,
-            "node {n}: not {round_trips} round trips per cycle"
+        assert!(
+            reads.abs_diff(round_trips * CYCLES) <= slack,
+            "node {n}: not {round_trips} round trips per cycle: {reads} in {CYCLES} cycles"
         );
         let stats: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
         let calls = parse_commandstats(&stats);
@@ -137,7 +140,11 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence) {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), v * CYCLES))
             .collect();
-        assert_eq!(calls, expected, "node {n}: unexpected commands");
+        assert!(
+            calls.keys().eq(expected.keys())
+                && calls.iter().all(|(k, v)| v.abs_diff(expected[k]) <= slack),
+            "node {n}: unexpected commands: {calls:?}, expected {expected:?}"
+        );
         assert_eq!(
             stat(admin, "total_connections_received"),
             0,
@@ -164,7 +171,7 @@ fn single_instance_costs_two_requests_and_no_connection_per_cycle() {
     let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture))
         .build()
         .unwrap();
-    check(&client, &[&fixture.server], Fence::Unread);
+    check(&client, &[&fixture.server], Fence::Unread, 0);
 }
 
 #[test]
@@ -173,7 +180,7 @@ fn single_instance_reading_the_token_every_cycle_costs_two_requests() {
     let client = LockClient::builder(dlm_testkit::Fixture::backend(&fixture))
         .build()
         .unwrap();
-    check(&client, &[&fixture.server], Fence::Read);
+    check(&client, &[&fixture.server], Fence::Read, 0);
 }
 
 #[test]
@@ -183,7 +190,7 @@ fn single_instance_drawing_the_token_when_read_costs_one_more_request() {
         .token_draw(TokenDraw::WhenRead)
         .build()
         .unwrap();
-    check(&client, &[&fixture.server], Fence::ReadWhenRead);
+    check(&client, &[&fixture.server], Fence::ReadWhenRead, 0);
 }
 
 #[test]
@@ -196,7 +203,7 @@ fn redlock_costs_two_requests_per_node_and_no_connection_per_cycle() {
             .unwrap();
         let client = LockClient::new(redlock);
         let servers: Vec<&RedisServer> = (0..3).map(|i| cluster.nodes.get(i)).collect();
-        check(&client, &servers, Fence::Unread);
+        check(&client, &servers, Fence::Unread, CYCLES / 20);
     }
 }
 
@@ -209,7 +216,7 @@ fn redlock_reading_the_token_every_cycle_costs_two_requests_per_node() {
     let cluster = common::Cluster::new(3);
     let client = LockClient::new(cluster.redlock());
     let servers: Vec<&RedisServer> = (0..3).map(|i| cluster.nodes.get(i)).collect();
-    check(&client, &servers, Fence::Read);
+    check(&client, &servers, Fence::Read, CYCLES / 20);
 }
 
 #[test]
@@ -220,7 +227,7 @@ fn redlock_drawing_the_token_when_read_costs_one_more_request_per_node() {
         .build()
         .unwrap();
     let servers: Vec<&RedisServer> = (0..3).map(|i| cluster.nodes.get(i)).collect();
-    check(&client, &servers, Fence::ReadWhenRead);
+    check(&client, &servers, Fence::ReadWhenRead, CYCLES / 20);
 }
 
 #[test]
