@@ -8,6 +8,8 @@ use crate::backend::{IntoBackend, LockBackend, LockName, random_client_id};
 use crate::error::{InvalidArgument, Result};
 use crate::lock::DistributedLock;
 use crate::retry::RetryPolicy;
+use crate::token_draw::TokenDraw;
+
 use crate::shared::{ClientShared, Settings, check_lease};
 use crate::watchdog::{self, KeepAlive, Watchdog};
 
@@ -16,35 +18,6 @@ use crate::watchdog::{self, KeepAlive, Watchdog};
 pub const DEFAULT_WATCHDOG_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest lease accepted unless raised with [`LockClientBuilder::max_lease`]: 24 h.
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
-
-/// When a hold's fencing token is drawn: set with [`LockClientBuilder::token_draw`].
-///
-/// A token read with [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) is
-/// drawn either with the acquisition (in the same request, on the backends where a token
-/// costs a write: [`LockBackend::try_acquire_fenced`](crate::backend::LockBackend::try_acquire_fenced))
-/// or on its first read (one more request). Which one costs less depends on whether the
-/// token will be read, which the client predicts from the last hold of the same lock.
-/// Every choice gives the same tokens and the same guarantees; only the cost moves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TokenDraw {
-    /// With the acquisition when the last hold of this lock by this client read its
-    /// token, else on the first read (the default). A lock whose tokens are read every
-    /// time pays no request for them after the first hold; one whose tokens are never
-    /// read pays nothing; a change costs one request (the first read after unread holds)
-    /// or one unused draw on the server (the first unread hold after a read). The
-    /// prediction is a bit per lock name in a small table per client (4,096 bits, by a
-    /// hash of the name): names that share a bit share a prediction.
-    #[default]
-    Predicted,
-    /// Always with the acquisition: for a program that reads every token, and for a
-    /// short-lived one (such as a command-line run) that has no earlier hold to predict
-    /// from.
-    AtAcquisition,
-    /// Always on the first read: an acquisition never writes a token (the cost of
-    /// fencing before this setting existed).
-    WhenRead,
-}
 
 /// Hands out named locks over one backend; the entry point of the library.
 ///

@@ -52,12 +52,12 @@ mod observe;
 mod retry;
 mod shared;
 mod signal;
+mod token_draw;
+pub use token_draw::TokenDraw;
 mod watchdog;
 
 pub use backend::{FencingToken, LockName, MAX_NAME_LEN};
-pub use client::{
-    DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder, TokenDraw,
-};
+pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;

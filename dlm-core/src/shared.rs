@@ -16,11 +16,11 @@ use parking_lot::Mutex;
 use crate::backend::{
     Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken,
 };
-use crate::client::TokenDraw;
 use crate::error::{Error, InvalidArgument, Result};
 use crate::observe::Metrics;
 use crate::retry::RetryPolicy;
 use crate::signal::Signal;
+use crate::token_draw::TokenDraw;
 use crate::watchdog::{Renewable, RenewedHold, Started, Ticket, Watchdog};
 
 /// The settings and registry of one client, shared by its handles.
