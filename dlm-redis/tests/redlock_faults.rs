@@ -556,7 +556,13 @@ fn a_waiter_gets_the_lock_once_foreign_keys_on_a_majority_expire() {
         "lease validity {remaining:?}, expected close to {LEASE:?}"
     );
     // A quorum has our key; a node whose foreign key expired a moment too late for the
-    // acquisition may have none (the foreign keys are gone everywhere by now).
+    // acquisition may have none. The foreign keys end by their own TTL, the second one set
+    // a moment after the first, so it may outlive the acquisition that the first one's end
+    // allowed (seen in CI: our key on two nodes, the foreign one still on the third):
+    // wait for that TTL, then look.
+    common::wait_until(Duration::from_secs(2), "the foreign keys to expire", || {
+        (0..3).all(|i| value(cluster.nodes.get(i), &name).as_deref() != Some(FOREIGN))
+    });
     let values: Vec<Option<String>> = (0..3).map(|i| value(cluster.nodes.get(i), &name)).collect();
     let ours = values.iter().filter(|v| v.is_some()).count();
     assert!(
