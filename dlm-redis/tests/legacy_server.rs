@@ -93,37 +93,43 @@ fn a_fenced_single_redis_6_is_detected_once_and_its_tokens_increase() {
             "tokens of one name must increase: {own:?}"
         );
     }
-    // A fenced acquisition is the acquire script from the start: no SET ... NX GET is
-    // sent, so none is refused.
+    // Since tokens are drawn when read, a fenced acquisition whose token is not
+    // predicted to be read (each name's first) is the plain SET ... NX GET, as an
+    // unfenced one: refused once (the detection), then scripts only.
     assert_eq!(
         calls(server, "set").1,
-        0,
-        "a SET ... NX GET was sent and refused"
+        1,
+        "not exactly one SET ... NX GET refused"
     );
 
-    // The script's answer for a fencing stream that is not a stream: reported, and the
-    // lock it had just taken is not kept.
+    // A fencing stream that is not a stream: the lock is taken (tokens are drawn when
+    // read), reading its token is the typed error, and the foreign key is left as it was.
     let mut admin = server.connection();
     let name = "legacy-badfence";
     let backend = dlm_redis::RedisBackend::builder(&server.url())
         .io_timeout(common::CALM)
         .build()
         .unwrap();
+    let stream = backend.keys(name).unwrap().fencing_stream;
     let _: () = redis::cmd("SET")
-        .arg(backend.keys(name).unwrap().fencing_stream)
+        .arg(&stream)
         .arg("not-a-stream")
         .query(&mut admin)
         .unwrap();
     let client = LockClient::new(backend);
-    let e = client.get_lock(name).unwrap().try_lock().unwrap_err();
+    let guard = client
+        .get_lock(name)
+        .unwrap()
+        .try_lock()
+        .unwrap()
+        .expect("free");
+    let e = guard.fencing_token().unwrap_err();
     assert_eq!(
         e.backend_kind(),
         Some(dlm_core::BackendErrorKind::UnexpectedKey),
         "{e}"
     );
-    let exists: bool = redis::cmd("EXISTS")
-        .arg(format!("dlm:{{{name}}}"))
-        .query(&mut admin)
-        .unwrap();
-    assert!(!exists, "a lock without a token was kept");
+    let foreign: String = redis::cmd("GET").arg(&stream).query(&mut admin).unwrap();
+    assert_eq!(foreign, "not-a-stream", "the foreign key was changed");
+    guard.unlock().unwrap();
 }
