@@ -143,9 +143,16 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence, slack: u
             .iter()
             .map(|(k, v)| ((*k).to_owned(), v * CYCLES))
             .collect();
+        // Every command either side names, within `slack` (a PING of the pool's idle
+        // check, say, on a busy machine); exact for one server.
         assert!(
-            calls.keys().eq(expected.keys())
-                && calls.iter().all(|(k, v)| v.abs_diff(expected[k]) <= slack),
+            calls.keys().chain(expected.keys()).all(|k| {
+                let (got, want) = (
+                    calls.get(k).copied().unwrap_or(0),
+                    expected.get(k).copied().unwrap_or(0),
+                );
+                got.abs_diff(want) <= slack
+            }),
             "node {n}: unexpected commands: {calls:?}, expected {expected:?}"
         );
         assert_eq!(
