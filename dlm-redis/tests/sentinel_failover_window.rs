@@ -48,8 +48,11 @@ fn con(url: &str) -> Option<redis::Connection> {
 }
 
 /// What the old master has done so far, from `INFO commandstats` (commands run inside
-/// scripts count): dlm's grants (`XADD`, one per grant with fencing), releases that
-/// deleted a key (`DEL`), and script calls refused or failed (e.g. `NOREPLICAS`).
+/// scripts count): dlm's grants (the acquire script's `SET NX` that ran: each load thread
+/// locks a name of its own, so every one is a grant but for a retry on a key left behind,
+/// which makes this an upper bound), releases that deleted a key (`DEL`), and writes
+/// refused (e.g. `NOREPLICAS`: Redis counts it against the `SET` or `DEL` a script
+/// called, and only sometimes against the script's `EVALSHA`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Stats {
     grants: u64,
@@ -73,9 +76,11 @@ impl Stats {
                 .map_or(0, |v| v.parse().unwrap())
         };
         Some(Stats {
-            grants: field("xadd", "calls"),
+            grants: field("set", "calls"),
             releases: field("del", "calls"),
-            refused: field("evalsha", "failed_calls") + field("evalsha", "rejected_calls"),
+            refused: field("set", "rejected_calls")
+                + field("del", "rejected_calls")
+                + field("evalsha", "rejected_calls"),
         })
     }
 
