@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, select};
 
-use crate::backend::{Acquire, Lease, OwnerToken, Watch};
-use crate::error::{Error, InvalidArgument, Result};
+use crate::backend::{Acquire, Claim, Lease, OwnerToken, Watch};
+use crate::error::{Deadlock, Error, InvalidArgument, Result};
 use crate::guard::LockGuard;
 use crate::interrupt::Interrupt;
 use crate::observe::Outcome;
@@ -56,7 +56,11 @@ impl Acquisition<'_> {
             metrics.not_acquired(Outcome::Interrupted);
             return Err(Error::Interrupted);
         }
-        if self.shared.client.reentrant
+        // Permits and reads are looked up whatever the client's re-entrancy: a second
+        // permit is refused, a second read counted on the first (a thread's read holds of
+        // a name share one backend hold).
+        let shared_kind = matches!(self.shared.claim, Claim::Permit { .. } | Claim::Read);
+        if (self.shared.client.reentrant || shared_kind)
             && let Some(guard) = self.reenter()?
         {
             return Ok(Some(guard));
@@ -109,13 +113,11 @@ impl Acquisition<'_> {
             // FIFO order) or its backoff instead, so local waiters are served in turn.
             // `try_lock`, and the last look before a deadline, always attempt.
             let (our_turn, forced) = (std::mem::take(&mut woken), std::mem::take(&mut force));
-            let hold_back = !our_turn
-                && !forced
-                && !matches!(wait, Wait::No)
-                && client.backend.wake_pending(&shared.name);
+            let hold_back =
+                !our_turn && !forced && !matches!(wait, Wait::No) && shared.wake_pending();
             if hold_back && !subscribed {
                 subscribed = true;
-                watch = client.backend.watch(&shared.name);
+                watch = shared.watch();
             }
             let outcome = if hold_back && watch.is_some() {
                 Ok(Acquire::Held { retry_after: None })
@@ -185,7 +187,7 @@ impl Acquisition<'_> {
             // uncontended acquisition pays nothing for the subscription.
             if !subscribed {
                 subscribed = true;
-                watch = client.backend.watch(&shared.name);
+                watch = shared.watch();
                 if watch.is_some() && error.is_none() {
                     continue;
                 }
@@ -226,12 +228,19 @@ impl Acquisition<'_> {
     }
 
     /// The re-entrant fast path: a further hold of a lock the calling thread holds.
-    fn reenter(&self) -> Result<Option<LockGuard>> {
+    pub(crate) fn reenter(&self) -> Result<Option<LockGuard>> {
         let mut state = self.shared.state.lock();
         let me = thread_no();
         let Some(h) = state.holding.as_mut().filter(|h| h.thread == me) else {
             return Ok(None);
         };
+        if matches!(self.shared.claim, Claim::Permit { .. })
+            && h.is_valid(self.shared.client.backend.now())
+        {
+            // A permit is not re-entrant: a thread that took every permit would wait for
+            // itself.
+            return Err(Error::WouldDeadlock(Deadlock::SecondPermit));
+        }
         if !h.is_valid(self.shared.client.backend.now()) {
             // The earlier hold's lease is gone; its guards will report it. This
             // acquisition starts afresh.
@@ -261,7 +270,7 @@ impl Acquisition<'_> {
         )))
     }
 
-    fn install(
+    pub(crate) fn install(
         &self,
         token: OwnerToken,
         lease: Lease,
@@ -323,7 +332,7 @@ impl Acquisition<'_> {
     /// Best effort: undoes an acquisition that may have landed (an attempt that failed
     /// after the request was sent, or one that won after an interrupt).
     fn abandon(&self, token: &OwnerToken) {
-        let released = self.shared.client.backend.release(&self.shared.name, token);
+        let released = self.shared.release_at_backend(token);
         if let Err(e) = self.shared.metrics.check(released) {
             log::debug!(
                 "lock {:?}: clean-up after a failed acquisition failed: {e}",

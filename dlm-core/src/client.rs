@@ -4,10 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{IntoBackend, LockBackend, LockName, random_client_id};
+use crate::backend::{Claim, IntoBackend, LockBackend, LockName, random_client_id};
 use crate::error::{InvalidArgument, Result};
+use crate::handle::Handle;
 use crate::lock::DistributedLock;
 use crate::retry::RetryPolicy;
+use crate::rwlock::ReadWriteLock;
+use crate::semaphore::Semaphore;
 use crate::token_draw::TokenDraw;
 
 use crate::shared::{ClientShared, Settings, check_lease};
@@ -118,6 +121,46 @@ impl LockClient {
             self.shared.lease,
             self.keep_alive.clone(),
         ))
+    }
+
+    /// The semaphore called `name` with `permits` permits: at most `permits` holders at
+    /// once across every client of the store (see [`Semaphore`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name or
+    /// `permits` of 0; a [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
+    /// backend error when the backend keeps no semaphores. No I/O happens here.
+    pub fn get_semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        let name = LockName::new(name)?;
+        if permits == 0 {
+            return Err(
+                InvalidArgument::new("permits", "a semaphore needs at least 1 permit").into(),
+            );
+        }
+        let handle = Handle::new(
+            self.shared.clone(),
+            name,
+            Claim::Permit { permits },
+            self.keep_alive.clone(),
+        )?;
+        Ok(Semaphore::new(handle, permits))
+    }
+
+    /// The read-write lock called `name` (see [`ReadWriteLock`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name; a
+    /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported) backend
+    /// error when the backend keeps no read-write locks. No I/O happens here.
+    pub fn get_rw_lock(&self, name: &str) -> Result<ReadWriteLock> {
+        let name = LockName::new(name)?;
+        let handle = Handle::new(
+            self.shared.clone(),
+            name,
+            Claim::Write,
+            self.keep_alive.clone(),
+        )?;
+        Ok(ReadWriteLock::new(handle))
     }
 
     /// The backend this client uses.

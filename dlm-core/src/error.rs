@@ -50,6 +50,40 @@ pub enum Error {
     InvalidArgument(InvalidArgument),
     /// The backend failed.
     Backend(BackendError),
+    /// The calling thread asked for a hold that could only wait for itself, refused at
+    /// once (no I/O): see [`Deadlock`].
+    WouldDeadlock(Deadlock),
+}
+
+/// Why a hold was refused as one that would wait for the calling thread's own hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Deadlock {
+    /// A write hold asked for by a thread that holds a read hold of the same read-write
+    /// lock. An upgrade cannot be granted safely: two readers upgrading at once would each
+    /// wait for the other to leave. Release the read hold first (and check again what you
+    /// read, since a writer may get in between), or take the write hold from the start and
+    /// [`downgrade`](crate::WriteGuard::downgrade) it.
+    Upgrade,
+    /// A second permit of a semaphore asked for by a thread that holds one of it. A
+    /// permit is not re-entrant (a thread that takes all of them would wait for itself):
+    /// pass the guard down, or acquire the permits from different threads.
+    SecondPermit,
+}
+
+impl fmt::Display for Deadlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Deadlock::Upgrade => {
+                "the calling thread holds a read hold of this read-write lock: \
+                 an upgrade to a write hold is refused (release the read hold first)"
+            }
+            Deadlock::SecondPermit => {
+                "the calling thread already holds a permit of this semaphore \
+                 (a permit is not re-entrant)"
+            }
+        })
+    }
 }
 
 impl Error {
@@ -89,6 +123,7 @@ impl fmt::Display for Error {
             Error::LockLost => f.write_str("the lock's lease was lost"),
             Error::InvalidArgument(e) => e.fmt(f),
             Error::Backend(e) => e.fmt(f),
+            Error::WouldDeadlock(d) => write!(f, "would deadlock: {d}"),
         }
     }
 }
@@ -189,6 +224,9 @@ pub enum BackendErrorKind {
     /// `wait_for_replicas`): an acquisition was undone, a renewal keeps the previous
     /// lease. Transient: the replicas may catch up.
     NotReplicated,
+    /// The name is in use with other settings: a semaphore's holders hold it with
+    /// another permit count (it is fixed while any permit is held). Never retried.
+    Conflict,
     /// Anything else.
     Other,
 }
@@ -223,6 +261,7 @@ impl BackendErrorKind {
             BackendErrorKind::Tls => "tls",
             BackendErrorKind::NotReplicated => "not_replicated",
             BackendErrorKind::Unsupported => "unsupported",
+            BackendErrorKind::Conflict => "conflict",
             BackendErrorKind::Other => "other",
         }
     }
@@ -242,6 +281,7 @@ impl BackendErrorKind {
             BackendErrorKind::Tls => "TLS failure",
             BackendErrorKind::NotReplicated => "not replicated",
             BackendErrorKind::Unsupported => "not supported",
+            BackendErrorKind::Conflict => "conflict",
             BackendErrorKind::Other => "backend error",
         }
     }

@@ -227,7 +227,7 @@ impl LockGuard {
             holding.token
         };
         // No state mutex across the request, as for extensions.
-        let drawn = backend.fence(&self.lock.name, &owner);
+        let drawn = self.lock.fence_at_backend(&owner);
         self.lock
             .with_current(self.generation, |holding| match drawn {
                 // A draw of another thread's guard of this hold that came first wins: one
@@ -270,7 +270,7 @@ impl LockGuard {
             .with_current(self.generation, |h| h.start_renewal())
             .ok_or(Error::LockLost)?;
         let metrics = &self.lock.metrics;
-        let result = metrics.check(client.backend.extend(&self.lock.name, &started.token, ttl));
+        let result = metrics.check(self.lock.extend_at_backend(&started.token, ttl));
         // Applied (and counted) only if the hold is still this acquisition and not found
         // lost meanwhile.
         self.lock
@@ -290,6 +290,16 @@ impl LockGuard {
                 }
             })
             .unwrap_or(Err(Error::LockLost))
+    }
+
+    /// The hold state this guard belongs to and its acquisition.
+    pub(crate) fn hold(&self) -> (&Arc<LockShared>, u64) {
+        (&self.lock, self.generation)
+    }
+
+    /// Consumes the guard without releasing anything: its hold ended another way.
+    pub(crate) fn forget(mut self) {
+        self.active = false;
     }
 
     fn with_holding<T>(&self, f: impl FnOnce(&Holding) -> T) -> Option<T> {

@@ -44,12 +44,15 @@ mod client;
 mod error;
 mod fenced;
 mod guard;
+mod handle;
 mod interrupt;
 mod lock;
 mod lost;
 pub mod metric_names;
 mod observe;
 mod retry;
+mod rwlock;
+mod semaphore;
 mod shared;
 mod signal;
 mod token_draw;
@@ -58,13 +61,15 @@ mod watchdog;
 
 pub use backend::{FencingToken, LockName, MAX_NAME_LEN};
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
-pub use error::{BackendError, BackendErrorKind, Error, InvalidArgument, Result};
+pub use error::{BackendError, BackendErrorKind, Deadlock, Error, InvalidArgument, Result};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;
 pub use interrupt::{Interrupt, InterruptOnDrop, Interrupter, interrupt_pair};
 pub use lock::{DistributedLock, Lock};
 pub use lost::{HoldState, LostSignal};
 pub use retry::RetryPolicy;
+pub use rwlock::{ReadWriteLock, WriteGuard};
+pub use semaphore::Semaphore;
 
 /// The README's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

@@ -138,7 +138,7 @@ pub trait Lock {
 /// during the work (found gone by a renewal or by this release, or its lease ran out):
 /// the work was not exclusive. Any other failure of the release is logged and the lock
 /// left to its lease, so that the result of work that ran exclusively reaches the caller.
-fn release_after_work(guard: LockGuard) -> Result<()> {
+pub(crate) fn release_after_work(guard: LockGuard) -> Result<()> {
     let name = guard.name().to_owned();
     let held = guard.is_held();
     match guard.unlock() {

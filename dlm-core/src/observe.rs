@@ -12,7 +12,7 @@ use crate::error::{BackendError, BackendErrorKind};
 use crate::metric_names as names;
 
 /// Every [`BackendErrorKind`], in the order of [`kind_index`].
-const KINDS: [BackendErrorKind; 14] = [
+const KINDS: [BackendErrorKind; 15] = [
     BackendErrorKind::Unavailable,
     BackendErrorKind::Timeout,
     BackendErrorKind::NoQuorum,
@@ -26,6 +26,7 @@ const KINDS: [BackendErrorKind; 14] = [
     BackendErrorKind::Tls,
     BackendErrorKind::NotReplicated,
     BackendErrorKind::Unsupported,
+    BackendErrorKind::Conflict,
     BackendErrorKind::Other,
 ];
 
@@ -44,7 +45,8 @@ fn kind_index(kind: BackendErrorKind) -> usize {
         BackendErrorKind::Tls => 10,
         BackendErrorKind::NotReplicated => 11,
         BackendErrorKind::Unsupported => 12,
-        BackendErrorKind::Other => 13,
+        BackendErrorKind::Conflict => 13,
+        BackendErrorKind::Other => 14,
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::backend::{
-    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken,
+    Acquire, BackendError, Claim, FencingToken, Lease, LockBackend, LockName, OwnerToken, Watch,
 };
 use crate::error::{Error, InvalidArgument, Result};
 use crate::observe::Metrics;
@@ -42,7 +42,33 @@ pub(crate) struct ClientShared {
     /// Per lock name (by a hash), whether its last hold read its fencing token.
     predictions: Predictions,
     seq: AtomicU64,
-    registry: Mutex<HashMap<LockName, Weak<LockShared>>>,
+    registry: Mutex<HashMap<HoldKey, Weak<LockShared>>>,
+}
+
+/// What one [`LockShared`] keeps the holds of: a name as a resource of one kind (the
+/// mutex, a semaphore with a permit count, a read-write lock's reads or writes) and, for
+/// the kinds that several threads of a process hold at once (permits, reads), the thread.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct HoldKey {
+    pub(crate) name: LockName,
+    pub(crate) claim: Claim,
+    /// The holding thread, for shared kinds; `None` for exclusive ones.
+    pub(crate) thread: Option<u64>,
+}
+
+impl HoldKey {
+    /// The key of `claim` on `name` for the calling thread.
+    pub(crate) fn new(name: LockName, claim: Claim) -> Self {
+        let thread = match claim {
+            Claim::Permit { .. } | Claim::Read => Some(thread_no()),
+            _ => None,
+        };
+        HoldKey {
+            name,
+            claim,
+            thread,
+        }
+    }
 }
 
 /// The settings of a client, for [`ClientShared::new`].
@@ -98,10 +124,16 @@ impl ClientShared {
     /// The shared state of the lock called `name`: the one every live handle to it
     /// shares, or a new one.
     pub(crate) fn lock_state(self: &Arc<Self>, name: LockName) -> Arc<LockShared> {
+        self.hold_state(HoldKey::new(name, Claim::Exclusive))
+    }
+
+    /// The shared state of the holds `key` names, as [`lock_state`](Self::lock_state).
+    pub(crate) fn hold_state(self: &Arc<Self>, key: HoldKey) -> Arc<LockShared> {
         let mut registry = self.registry.lock();
-        if let Some(shared) = registry.get(&name).and_then(Weak::upgrade) {
+        if let Some(shared) = registry.get(&key).and_then(Weak::upgrade) {
             return shared;
         }
+        let name = key.name.clone();
         let prediction = self.predictions.slot(&name);
         let metrics = if self.metrics_lock_names {
             Arc::new(Metrics::register(self.backend.kind(), Some(name.as_str())))
@@ -110,19 +142,24 @@ impl ClientShared {
         };
         let shared = Arc::new(LockShared::new(
             self.clone(),
-            name.clone(),
+            key.clone(),
             metrics,
             prediction,
         ));
-        registry.insert(name, Arc::downgrade(&shared));
+        registry.insert(key, Arc::downgrade(&shared));
         shared
     }
 
+    /// The shared state of `key` if a handle or guard keeps it alive (no new one).
+    pub(crate) fn existing_state(&self, key: &HoldKey) -> Option<Arc<LockShared>> {
+        self.registry.lock().get(key).and_then(Weak::upgrade)
+    }
+
     /// Forgets `lock` when its last handle is gone.
-    fn unregister(&self, name: &LockName, lock: *const LockShared) {
+    fn unregister(&self, key: &HoldKey, lock: *const LockShared) {
         let mut registry = self.registry.lock();
-        if registry.get(name).is_some_and(|w| w.as_ptr() == lock) {
-            registry.remove(name);
+        if registry.get(key).is_some_and(|w| w.as_ptr() == lock) {
+            registry.remove(key);
         }
     }
 
@@ -224,10 +261,24 @@ pub(crate) fn thread_no() -> u64 {
     NO.with(|n| *n)
 }
 
+/// What [`LockShared::end_hold`] hands to the release at the backend.
+pub(crate) struct Ended {
+    pub(crate) token: OwnerToken,
+    /// The hold's lost signal, if one was made: to be ended with the verdict.
+    pub(crate) signal: Option<Signal>,
+    pub(crate) was_valid: bool,
+    /// Its loss was already counted.
+    pub(crate) counted_lost: bool,
+}
+
 /// The hold state of one lock name of one client, shared by all its handles and guards.
 pub(crate) struct LockShared {
     pub(crate) client: Arc<ClientShared>,
     pub(crate) name: LockName,
+    /// The kind of hold kept here: every backend call of these holds says it.
+    pub(crate) claim: Claim,
+    /// The thread whose holds these are, for kinds held by several threads at once.
+    key_thread: Option<u64>,
     pub(crate) state: Mutex<State>,
     pub(crate) metrics: Arc<Metrics>,
     /// Its place in the client's predictions of token reads.
@@ -330,13 +381,15 @@ impl RenewedHold for Holding {
 impl LockShared {
     fn new(
         client: Arc<ClientShared>,
-        name: LockName,
+        key: HoldKey,
         metrics: Arc<Metrics>,
         prediction: PredictionSlot,
     ) -> Self {
         LockShared {
             client,
-            name,
+            name: key.name,
+            claim: key.claim,
+            key_thread: key.thread,
             state: Mutex::new(State::default()),
             metrics,
             prediction,
@@ -360,11 +413,63 @@ impl LockShared {
         fenced: bool,
     ) -> std::result::Result<Acquire, BackendError> {
         let backend = &self.client.backend;
-        if fenced {
-            backend.try_acquire_fenced(&self.name, owner, ttl)
-        } else {
-            backend.try_acquire(&self.name, owner, ttl)
+        match self.claim {
+            // The mutex's own calls: its hot path stays one virtual call.
+            Claim::Exclusive if fenced => backend.try_acquire_fenced(&self.name, owner, ttl),
+            Claim::Exclusive => backend.try_acquire(&self.name, owner, ttl),
+            claim => backend.try_acquire_claim(&self.name, claim, owner, ttl, fenced),
         }
+    }
+
+    /// Releases `owner`'s hold at the backend.
+    pub(crate) fn release_at_backend(
+        &self,
+        owner: &OwnerToken,
+    ) -> std::result::Result<bool, BackendError> {
+        match self.claim {
+            Claim::Exclusive => self.client.backend.release(&self.name, owner),
+            claim => self.client.backend.release_claim(&self.name, claim, owner),
+        }
+    }
+
+    /// Extends `owner`'s hold at the backend.
+    pub(crate) fn extend_at_backend(
+        &self,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> std::result::Result<Option<Lease>, BackendError> {
+        match self.claim {
+            Claim::Exclusive => self.client.backend.extend(&self.name, owner, ttl),
+            claim => self
+                .client
+                .backend
+                .extend_claim(&self.name, claim, owner, ttl),
+        }
+    }
+
+    /// Draws `owner`'s fencing token at the backend.
+    pub(crate) fn fence_at_backend(
+        &self,
+        owner: &OwnerToken,
+    ) -> std::result::Result<Option<FencingToken>, BackendError> {
+        match self.claim {
+            Claim::Exclusive => self.client.backend.fence(&self.name, owner),
+            claim => self.client.backend.fence_claim(&self.name, claim, owner),
+        }
+    }
+
+    /// Release hints for a waiter of these holds.
+    pub(crate) fn watch(&self) -> Option<Watch> {
+        match self.claim {
+            Claim::Exclusive => self.client.backend.watch(&self.name),
+            claim => self.client.backend.watch_claim(&self.name, claim),
+        }
+    }
+
+    /// Whether a waiter of this process was woken for these holds and has not tried yet
+    /// (the mutex only: holds of other kinds are not handed over one at a time).
+    pub(crate) fn wake_pending(&self) -> bool {
+        self.claim == Claim::Exclusive && self.client.backend.wake_pending(&self.name)
     }
 
     /// Gives back one hold of acquisition `generation`; the last one releases at the
@@ -376,29 +481,16 @@ impl LockShared {
     /// cannot join the ending hold: it is a fresh acquisition with an owner token of its
     /// own, which this release (of the old token) cannot touch at the backend.
     pub(crate) fn release_hold(&self, generation: u64, all: bool) -> Result<()> {
-        let mut state = self.state.lock();
-        let holding = match state.holding.as_mut() {
-            Some(h) if h.generation == generation => h,
-            _ => return Err(Error::NotHeld),
-        };
-        if !all && holding.count > 1 {
-            holding.count -= 1;
+        let Some(Ended {
+            token,
+            signal,
+            was_valid,
+            counted_lost,
+        }) = self.end_hold(generation, all)?
+        else {
             return Ok(());
-        }
-        let token = holding.token;
-        let signal = holding.signal.take();
-        let was_valid = holding.is_valid(self.client.backend.now());
-        let (since, counted_lost) = (holding.since, holding.lost);
-        self.client
-            .predictions
-            .record(self.prediction, holding.read, holding.drew_at_acquisition);
-        // Drops the hold's ticket under the state mutex: its renewals end.
-        state.holding = None;
-        drop(state);
-        self.metrics.released(since);
-        let released = self
-            .metrics
-            .check(self.client.backend.release(&self.name, &token));
+        };
+        let released = self.metrics.check(self.release_at_backend(&token));
         if !counted_lost && (!was_valid || matches!(released, Ok(false))) {
             self.metrics.lost();
         }
@@ -414,6 +506,46 @@ impl LockShared {
             Ok(false) => Err(Error::LockLost),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The local end of hold `generation` (or, unless `all`, of one re-entry of it:
+    /// `None`): the hold leaves the state, its renewals end, and what its release at the
+    /// backend needs is returned. `Err(NotHeld)` when it is not the current hold.
+    pub(crate) fn end_hold(&self, generation: u64, all: bool) -> Result<Option<Ended>> {
+        let mut state = self.state.lock();
+        let holding = match state.holding.as_mut() {
+            Some(h) if h.generation == generation => h,
+            _ => return Err(Error::NotHeld),
+        };
+        if !all && holding.count > 1 {
+            holding.count -= 1;
+            return Ok(None);
+        }
+        let ended = Ended {
+            token: holding.token,
+            signal: holding.signal.take(),
+            was_valid: holding.is_valid(self.client.backend.now()),
+            counted_lost: holding.lost,
+        };
+        let since = holding.since;
+        self.client
+            .predictions
+            .record(self.prediction, holding.read, holding.drew_at_acquisition);
+        // Drops the hold's ticket under the state mutex: its renewals end.
+        state.holding = None;
+        drop(state);
+        self.metrics.released(since);
+        Ok(Some(ended))
+    }
+
+    /// Whether the calling thread has a current hold here whose lease has not run out or
+    /// been found lost (local knowledge).
+    pub(crate) fn held_by_current_thread(&self) -> bool {
+        let state = self.state.lock();
+        state
+            .holding
+            .as_ref()
+            .is_some_and(|h| h.thread == thread_no() && h.is_valid(self.client.backend.now()))
     }
 
     /// Runs `f` on hold `generation` under the state mutex, if it is current and not lost.
@@ -436,6 +568,10 @@ impl Renewable for LockShared {
         &self.name
     }
 
+    fn claim(&self) -> Claim {
+        self.claim
+    }
+
     fn now(&self) -> Instant {
         self.client.backend.now()
     }
@@ -455,7 +591,11 @@ impl Renewable for LockShared {
 
 impl Drop for LockShared {
     fn drop(&mut self) {
-        self.client
-            .unregister(&self.name, self as *const LockShared);
+        let key = HoldKey {
+            name: self.name.clone(),
+            claim: self.claim,
+            thread: self.key_thread,
+        };
+        self.client.unregister(&key, self as *const LockShared);
     }
 }

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, select};
 use parking_lot::Mutex;
 
-use crate::backend::{Lease, LockBackend, LockName, OwnerToken, Renewal};
+use crate::backend::{Claim, Lease, LockBackend, LockName, OwnerToken, Renewal};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::observe::Metrics;
 
@@ -39,6 +39,10 @@ use crate::observe::Metrics;
 pub(crate) trait Renewable: Send + Sync {
     /// The lock's name.
     fn name(&self) -> &LockName;
+
+    /// The kind of hold: the mutex's are renewed together in one
+    /// [`LockBackend::extend_many`], the others one by one.
+    fn claim(&self) -> Claim;
 
     /// The clock the lock's leases are measured on ([`LockBackend::now`]).
     fn now(&self) -> Instant;
@@ -313,8 +317,11 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
     if live.is_empty() {
         return;
     }
+    // The mutex's holds in one batch; a semaphore's or read-write lock's (rarer) each on
+    // its own.
     let renewals: Vec<Renewal<'_>> = live
         .iter()
+        .filter(|d| d.lock.claim() == Claim::Exclusive)
         .map(|d| Renewal::new(d.lock.name(), &d.started.token, config.timeout))
         .collect();
     // No state lock across the requests: holders can release meanwhile; each result is
@@ -322,7 +329,24 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
     let started = Instant::now();
     // A panicking backend must not end the renewals for good.
     let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        w.backend.extend_many(&renewals)
+        let batch = if renewals.is_empty() {
+            Vec::new()
+        } else {
+            w.backend.extend_many(&renewals)
+        };
+        if batch.len() != renewals.len() || renewals.len() == live.len() {
+            return batch;
+        }
+        let mut batch = batch.into_iter();
+        live.iter()
+            .map(|d| match d.lock.claim() {
+                Claim::Exclusive => batch.next().expect("one result per renewal"),
+                claim => {
+                    w.backend
+                        .extend_claim(d.lock.name(), claim, &d.started.token, config.timeout)
+                }
+            })
+            .collect()
     }));
     let took = started.elapsed();
     let results = match results {

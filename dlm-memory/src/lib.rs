@@ -27,6 +27,7 @@
 #![deny(missing_docs)]
 
 mod clock;
+mod group;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -35,9 +36,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockBackend, LockName,
     OwnerToken, WaitList, Watch,
 };
+use group::{Group, GroupKind};
 use parking_lot::Mutex;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -59,6 +61,8 @@ struct Inner {
 struct Store {
     /// Names that are held or waited for (an entry is removed when neither).
     entries: HashMap<LockName, Entry>,
+    /// The names' semaphores and read-write locks (separate from their mutexes).
+    groups: HashMap<(LockName, GroupKind), Group>,
     /// The last fencing token issued, for any name: tokens of one name increase because
     /// all tokens do, and a name needs no state of its own once it is free.
     fence: u64,
@@ -80,9 +84,10 @@ impl Store {
         if self.entries.get_mut(name).is_some_and(|e| e.is_idle(now)) {
             self.entries.remove(name);
         }
-        if self.entries.len() > self.sweep_at {
+        if self.entries.len() + self.groups.len() > self.sweep_at {
             self.entries.retain(|_, e| !e.is_idle(now));
-            self.sweep_at = 2 * self.entries.len() + 64;
+            self.groups.retain(|_, g| !g.is_idle(now));
+            self.sweep_at = 2 * (self.entries.len() + self.groups.len()) + 64;
         }
     }
 }
@@ -162,7 +167,8 @@ impl MemoryBackend {
     /// How many lock names the store keeps state for: those held or waited for (and a few
     /// left by waiters that gave up, until the next sweep).
     pub fn names(&self) -> usize {
-        self.inner.store.lock().entries.len()
+        let store = self.inner.store.lock();
+        store.entries.len() + store.groups.len()
     }
 
     /// Runs the fault knobs, then `f` on the entry of `name` (and the store's last
@@ -182,6 +188,31 @@ impl MemoryBackend {
         };
         let out = f(entry, &mut store.fence, now);
         store.tidy(name, now);
+        Ok(out)
+    }
+
+    /// Runs `f` on the group of `claim`'s kind of `name`, its expired holds dropped, with
+    /// the store's fencing counter, after the injected faults.
+    fn with_group<T>(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        f: impl FnOnce(&mut Group, &mut u64, Instant) -> T,
+    ) -> Result<T, BackendError> {
+        let kind = GroupKind::of(claim).ok_or_else(|| {
+            BackendError::new(BackendErrorKind::Unsupported, format!("a {claim} hold"))
+        })?;
+        self.inner.faults.before_call()?;
+        let now = self.inner.clock.now();
+        let mut store = self.inner.store.lock();
+        let store = &mut *store;
+        let key = (name.clone(), kind);
+        let group = store.groups.entry(key.clone()).or_default();
+        group.expire(now);
+        let out = f(group, &mut store.fence, now);
+        if store.groups.get_mut(&key).is_some_and(|g| g.is_idle(now)) {
+            store.groups.remove(&key);
+        }
         Ok(out)
     }
 
@@ -324,6 +355,127 @@ impl LockBackend for MemoryBackend {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn supports(&self, claim: Claim) -> bool {
+        matches!(
+            claim,
+            Claim::Exclusive | Claim::Permit { .. } | Claim::Read | Claim::Write
+        )
+    }
+
+    fn try_acquire_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<Acquire, BackendError> {
+        if claim == Claim::Exclusive {
+            return self.try_acquire(name, owner, ttl);
+        }
+        let _ = fenced; // tokens are handed out with every lease
+        let started = self.inner.clock.now();
+        let fencing = self.inner.fencing;
+        let admitted = self.with_group(name, claim, |group, last_fence, now| {
+            group.try_admit(claim, owner, now, ttl, || {
+                fencing.then(|| {
+                    *last_fence += 1;
+                    FencingToken::new(*last_fence)
+                })
+            })
+        })??;
+        Ok(group::outcome(admitted, |fence| {
+            self.lease(started, ttl, fence)
+        }))
+    }
+
+    fn extend_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        if claim == Claim::Exclusive {
+            return self.extend(name, owner, ttl);
+        }
+        let started = self.inner.clock.now();
+        self.with_group(name, claim, |group, _, now| {
+            group.member(owner).map(|m| {
+                m.expires_at = now + ttl;
+                self.lease(started, ttl, m.fence)
+            })
+        })
+    }
+
+    fn release_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        if claim == Claim::Exclusive {
+            return self.release(name, owner);
+        }
+        self.with_group(name, claim, |group, _, _| group.release(owner))
+    }
+
+    fn fence_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        if claim == Claim::Exclusive || !self.inner.fencing {
+            return self.fence(name, owner);
+        }
+        self.with_group(name, claim, |group, _, _| {
+            group.member(owner).and_then(|m| m.fence)
+        })
+    }
+
+    fn watch_claim(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        let Some(kind) = GroupKind::of(claim) else {
+            return self.watch(name);
+        };
+        let mut store = self.inner.store.lock();
+        let group = store.groups.entry((name.clone(), kind)).or_default();
+        Some(group.waiters.subscribe())
+    }
+
+    fn downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let started = self.inner.clock.now();
+        self.with_group(name, Claim::Write, |group, _, now| {
+            group
+                .downgrade(writer, reader, now + ttl)
+                .map(|fence| self.lease(started, ttl, fence))
+        })
+    }
+
+    fn force_release_claim(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        if claim == Claim::Exclusive {
+            return self.force_release(name);
+        }
+        self.with_group(name, claim, |group, _, _| group.clear())
+    }
+
+    fn inspect_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Option<(u32, Duration)>, BackendError> {
+        if claim == Claim::Exclusive {
+            return Ok(self.inspect(name)?.map(|d| (1, d)));
+        }
+        self.with_group(name, claim, |group, _, now| group.inspect(now))
     }
 }
 

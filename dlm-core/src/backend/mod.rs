@@ -13,6 +13,7 @@
 //! dlm-core; a release of dlm-core that moves to an incompatible `crossbeam-channel` is
 //! an incompatible release of dlm-core. Nothing outside this module exposes it.
 
+mod claim;
 mod lease;
 mod name;
 mod owner;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 pub use crossbeam_channel as channel;
 
 pub use crate::error::{BackendError, BackendErrorKind};
+pub use claim::{Claim, WRITER_MARK, writer_mark};
 pub use lease::{FencingToken, Lease};
 pub use name::{LockName, MAX_NAME_LEN};
 pub(crate) use owner::random_client_id;
@@ -260,6 +262,158 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     fn kind(&self) -> &'static str {
         "custom"
     }
+
+    /// Whether this backend keeps holds of `claim`'s kind: a semaphore
+    /// ([`Claim::Permit`]) or a read-write lock ([`Claim::Read`], [`Claim::Write`]). The
+    /// front asks once, when a handle is made, and refuses one the backend cannot serve
+    /// with [`BackendErrorKind::Unsupported`] (no I/O). The default: the mutex only.
+    ///
+    /// A backend that answers `true` for a claim implements the `_claim` calls below for
+    /// it, with the mutex's rules (idempotent acquisition for the same owner, an expiry on
+    /// every entry, extensions and releases only by the holder, fencing tokens ordered
+    /// across the holders of a name), plus the claim's own: at most `permits` holders of
+    /// a semaphore, never a reader beside a writer, and no new reader while a writer waits.
+    fn supports(&self, claim: Claim) -> bool {
+        claim == Claim::Exclusive
+    }
+
+    /// [`try_acquire`](LockBackend::try_acquire) (or, when `fenced`,
+    /// [`try_acquire_fenced`](LockBackend::try_acquire_fenced)) of a hold of kind `claim`.
+    /// [`Acquire::Held`] when the claim's rule refuses it now.
+    ///
+    /// A [`Claim::Write`] attempt refused because readers hold the name leaves a mark that
+    /// a writer waits, which refuses new readers until the writer gets in or the mark
+    /// expires (the writer's next attempt renews it; a writer that gives up or dies leaves
+    /// it to expire within `ttl`). A [`Claim::Permit`] attempt whose `permits` differs from
+    /// the count of the semaphore's current holders fails with
+    /// [`BackendErrorKind::Conflict`].
+    ///
+    /// The default serves [`Claim::Exclusive`] with the mutex's calls and refuses the rest
+    /// ([`BackendErrorKind::Unsupported`]).
+    fn try_acquire_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<Acquire, BackendError> {
+        match claim {
+            Claim::Exclusive if fenced => self.try_acquire_fenced(name, owner, ttl),
+            Claim::Exclusive => self.try_acquire(name, owner, ttl),
+            _ => Err(unsupported(claim)),
+        }
+    }
+
+    /// [`extend`](LockBackend::extend) of a hold of kind `claim`. The default serves
+    /// [`Claim::Exclusive`] and refuses the rest.
+    fn extend_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        match claim {
+            Claim::Exclusive => self.extend(name, owner, ttl),
+            _ => Err(unsupported(claim)),
+        }
+    }
+
+    /// [`release`](LockBackend::release) of a hold of kind `claim`, waking a waiter. The
+    /// default serves [`Claim::Exclusive`] and refuses the rest.
+    fn release_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        match claim {
+            Claim::Exclusive => self.release(name, owner),
+            _ => Err(unsupported(claim)),
+        }
+    }
+
+    /// [`fence`](LockBackend::fence) of a hold of kind `claim`: a token larger than every
+    /// token issued to earlier holders of a permit (semaphore) or of a write hold
+    /// (read-write lock) of `name`; for a read hold, one larger than every earlier write
+    /// hold's, so that a store that accepts only increasing tokens refuses a writer that
+    /// came before the reader. The default serves [`Claim::Exclusive`] and refuses the
+    /// rest.
+    fn fence_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        match claim {
+            Claim::Exclusive => self.fence(name, owner),
+            _ => Err(unsupported(claim)),
+        }
+    }
+
+    /// [`watch`](LockBackend::watch) for waiters of a hold of kind `claim`: hints when a
+    /// holder of the semaphore or read-write lock `name` releases. The default serves
+    /// [`Claim::Exclusive`]; waiters of other claims poll.
+    fn watch_claim(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        match claim {
+            Claim::Exclusive => self.watch(name),
+            _ => None,
+        }
+    }
+
+    /// Turns `writer`'s write hold of the read-write lock `name` into a read hold of
+    /// `reader` for `ttl`, in one atomic step: no other writer can get in between.
+    /// `Ok(None)`: `writer` no longer holds it. The read hold's lease keeps the write
+    /// hold's fencing token, if it had one. The default refuses
+    /// ([`BackendErrorKind::Unsupported`]).
+    fn downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let _ = (name, writer, reader, ttl);
+        Err(unsupported(Claim::Write))
+    }
+
+    /// [`force_release`](LockBackend::force_release) of the `claim` resource `name`: ends
+    /// every hold of it (every permit; every read and write hold and a writer's waiting
+    /// mark) and wakes its waiters. Whether anything was held. The default serves
+    /// [`Claim::Exclusive`] and refuses the rest.
+    fn force_release_claim(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        match claim {
+            Claim::Exclusive => self.force_release(name),
+            _ => Err(unsupported(claim)),
+        }
+    }
+
+    /// Who holds `name` as a `claim` resource: the number of holders (for a read-write
+    /// lock, readers and writers; for the mutex 0 or 1) and the longest remaining lease
+    /// among them, `None` when free. For `dlm status`. The default serves
+    /// [`Claim::Exclusive`] with [`inspect`](LockBackend::inspect).
+    fn inspect_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Option<(u32, Duration)>, BackendError> {
+        match claim {
+            Claim::Exclusive => Ok(self.inspect(name)?.map(|d| (1, d))),
+            _ => Err(unsupported(claim)),
+        }
+    }
+}
+
+/// The error of a backend asked for a primitive it does not keep.
+fn unsupported(claim: Claim) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Unsupported,
+        format!(
+            "this backend keeps no {} holds ({claim})",
+            claim.primitive()
+        ),
+    )
 }
 
 /// What a [`LockClient`](crate::LockClient) runs on: any [`LockBackend`] by value (it is
