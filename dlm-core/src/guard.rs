@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::{FencingToken, Lease};
+use crate::backend::{Claim, FencingToken, Lease};
 use crate::error::{Error, Result};
 use crate::lost::LostSignal;
 use crate::shared::{Holding, LockShared};
@@ -82,6 +82,13 @@ impl LockGuard {
     /// The name of the lock.
     pub fn name(&self) -> &str {
         self.lock.name.as_str()
+    }
+
+    /// The kind of hold: [`Claim::Exclusive`] for a mutex's, [`Claim::Permit`] for a
+    /// semaphore's, [`Claim::Read`] or [`Claim::Write`] for a read-write lock's (a read
+    /// taken by a writer's thread is counted on its write hold: `Write`).
+    pub fn claim(&self) -> Claim {
+        self.lock.claim
     }
 
     /// Gives back this hold; the last hold releases the lock.

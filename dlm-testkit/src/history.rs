@@ -39,6 +39,7 @@ use std::fmt;
 use std::time::Instant;
 
 use dlm_core::LockGuard;
+use dlm_core::backend::Claim;
 use parking_lot::Mutex;
 
 /// One hold: who, which lock, when, and its fencing token.
@@ -55,6 +56,8 @@ pub struct Hold {
     pub until: Instant,
     /// The fencing token, if the backend issues them.
     pub token: Option<u64>,
+    /// The kind of hold: the mutex's, a semaphore permit, a read or a write hold.
+    pub claim: Claim,
 }
 
 impl Hold {
@@ -72,7 +75,14 @@ impl Hold {
             from,
             until: until.max(from),
             token,
+            claim: Claim::Exclusive,
         }
+    }
+
+    /// This hold as one of kind `claim` (a [`new`](Hold::new) one is the mutex's).
+    pub fn with_claim(mut self, claim: Claim) -> Self {
+        self.claim = claim;
+        self
     }
 }
 
@@ -84,6 +94,7 @@ pub struct OpenHold {
     owner: String,
     from: Instant,
     token: Option<u64>,
+    claim: Claim,
 }
 
 /// What [`History::check`] found wrong.
@@ -96,6 +107,13 @@ pub enum Violation {
         first: Hold,
         /// The hold that began while `first` was still held.
         second: Hold,
+    },
+    /// More holders of a semaphore at once than it has permits.
+    OverAdmission {
+        /// The semaphore's permit count.
+        permits: u32,
+        /// The holds at that instant (the last one began it).
+        holds: Vec<Hold>,
     },
     /// `later` began after `earlier` had ended, but its token is not larger.
     TokenOrder {
@@ -119,6 +137,17 @@ impl fmt::Display for Violation {
                 second.token,
                 first.until.min(second.until) - second.from
             ),
+            Violation::OverAdmission { permits, holds } => write!(
+                f,
+                "{:?}: {} holders of {permits} permits at once: {}",
+                holds[0].name,
+                holds.len(),
+                holds
+                    .iter()
+                    .map(|h| h.owner.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Violation::TokenOrder { earlier, later } => write!(
                 f,
                 "{:?}: {} took token {:?} after {} had held token {:?}",
@@ -141,11 +170,19 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether mutual exclusion was violated.
+    /// Whether mutual exclusion was violated (for a read-write lock: a writer beside
+    /// anyone).
     pub fn has_overlap(&self) -> bool {
         self.violations
             .iter()
             .any(|v| matches!(v, Violation::Overlap { .. }))
+    }
+
+    /// Whether a semaphore had more holders than permits.
+    pub fn has_over_admission(&self) -> bool {
+        self.violations
+            .iter()
+            .any(|v| matches!(v, Violation::OverAdmission { .. }))
     }
 
     /// Whether fencing order was violated.
@@ -198,6 +235,7 @@ impl History {
             owner: owner.into(),
             from: Instant::now(),
             token: guard.fencing_token().ok().map(|t| t.get()),
+            claim: guard.claim(),
         }
     }
 
@@ -205,9 +243,9 @@ impl History {
     /// window ends now or at the end of the guard's lease, whichever came first.
     pub fn end(&self, hold: OpenHold, guard: &LockGuard) {
         let until = Instant::now().min(guard.valid_until());
-        self.push(Hold::new(
-            hold.name, hold.owner, hold.from, until, hold.token,
-        ));
+        self.push(
+            Hold::new(hold.name, hold.owner, hold.from, until, hold.token).with_claim(hold.claim),
+        );
     }
 
     /// Adds a hold recorded some other way.
@@ -229,9 +267,18 @@ impl History {
     pub fn check(&self) -> Report {
         let holds = self.holds.lock().clone();
         let total = holds.len();
-        let mut by_name: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
+        // A name's mutex, semaphore and read-write lock are separate resources.
+        let mut by_name: BTreeMap<(String, u8), Vec<Hold>> = BTreeMap::new();
         for h in holds {
-            by_name.entry(h.name.clone()).or_default().push(h);
+            let resource = match h.claim {
+                Claim::Permit { .. } => 1,
+                Claim::Read | Claim::Write => 2,
+                _ => 0,
+            };
+            by_name
+                .entry((h.name.clone(), resource))
+                .or_default()
+                .push(h);
         }
         let mut violations = Vec::new();
         for holds in by_name.values_mut() {
@@ -247,21 +294,40 @@ impl History {
 
 /// One name's holds: an overlap sweep in order of start, then the token order against
 /// every hold that ended before each start (a second pass in order of end).
+///
+/// The mutex: no two holds overlap. A semaphore: at no instant more holds than permits. A
+/// read-write lock: no write hold overlaps another hold. Tokens: larger than every token
+/// of a hold that ended before this one began, except that a read hold is only ordered
+/// after the write holds before it (readers may share).
 fn check_name(holds: &mut [Hold], violations: &mut Vec<Violation>) {
     holds.sort_by_key(|h| (h.from, h.until));
-    // Mutual exclusion: each hold against the one reaching furthest so far.
-    let mut reach: Option<&Hold> = None;
-    for h in holds.iter() {
-        if let Some(r) = reach
-            && h.from < r.until
-        {
-            violations.push(Violation::Overlap {
-                first: r.clone(),
-                second: h.clone(),
-            });
-        }
-        if reach.is_none_or(|r| h.until > r.until) {
-            reach = Some(h);
+    if let Some(Claim::Permit { permits }) = holds.first().map(|h| h.claim) {
+        over_admissions(holds, permits, violations);
+    } else {
+        // Each hold against the one reaching furthest so far (of those it excludes: a
+        // read hold is only excluded by writes).
+        let mut reach: Option<&Hold> = None;
+        let mut write_reach: Option<&Hold> = None;
+        for h in holds.iter() {
+            let against = if h.claim == Claim::Read {
+                write_reach
+            } else {
+                reach
+            };
+            if let Some(r) = against
+                && h.from < r.until
+            {
+                violations.push(Violation::Overlap {
+                    first: r.clone(),
+                    second: h.clone(),
+                });
+            }
+            if reach.is_none_or(|r| h.until > r.until) {
+                reach = Some(h);
+            }
+            if h.claim != Claim::Read && write_reach.is_none_or(|r| h.until > r.until) {
+                write_reach = Some(h);
+            }
         }
     }
     // Fencing order: the largest token among holds ended by each start must be smaller.
@@ -269,18 +335,42 @@ fn check_name(holds: &mut [Hold], violations: &mut Vec<Violation>) {
     ends.sort_by_key(|h| h.until);
     let mut ended = ends.into_iter().peekable();
     let mut largest: Option<&Hold> = None;
+    let mut largest_write: Option<&Hold> = None;
     for h in holds.iter() {
         while let Some(e) = ended.next_if(|e| e.until <= h.from) {
             if largest.is_none_or(|l| e.token > l.token) {
                 largest = Some(e);
             }
+            if e.claim != Claim::Read && largest_write.is_none_or(|l| e.token > l.token) {
+                largest_write = Some(e);
+            }
         }
-        if let (Some(l), Some(token)) = (largest, h.token)
+        let before = if h.claim == Claim::Read {
+            largest_write
+        } else {
+            largest
+        };
+        if let (Some(l), Some(token)) = (before, h.token)
             && l.token >= Some(token)
         {
             violations.push(Violation::TokenOrder {
                 earlier: l.clone(),
                 later: h.clone(),
+            });
+        }
+    }
+}
+
+/// A semaphore's holds (sorted by start): each start against the holds still open then.
+fn over_admissions(holds: &[Hold], permits: u32, violations: &mut Vec<Violation>) {
+    let mut open: Vec<&Hold> = Vec::new();
+    for h in holds {
+        open.retain(|o| o.until > h.from);
+        open.push(h);
+        if open.len() > permits as usize {
+            violations.push(Violation::OverAdmission {
+                permits,
+                holds: open.iter().map(|&o| o.clone()).collect(),
             });
         }
     }
@@ -389,5 +479,46 @@ mod tests {
         h.push(hold(base, "a", 0, 10, 1));
         h.push(hold(base, "b", 5, 15, 2));
         h.check().assert_clean();
+    }
+
+    fn as_claim(h: Hold, claim: Claim) -> Hold {
+        h.with_claim(claim)
+    }
+
+    #[test]
+    fn a_semaphore_over_its_permits_is_found_and_within_them_is_clean() {
+        let base = Instant::now();
+        let two = Claim::Permit { permits: 2 };
+        let h = History::new();
+        h.push(as_claim(hold(base, "a", 0, 10, 1), two));
+        h.push(as_claim(hold(base, "b", 5, 15, 2), two));
+        h.push(as_claim(hold(base, "c", 10, 20, 3), two)); // a ended at 10
+        h.check().assert_clean();
+        h.push(as_claim(hold(base, "d", 12, 14, 4), two)); // b, c and d at 12
+        let report = h.check();
+        assert!(report.has_over_admission());
+        assert_eq!(report.violations.len(), 1);
+        // The mutex of the same name is another resource.
+        h.push(hold(base, "m", 0, 20, 9));
+        assert_eq!(h.check().names, 2);
+    }
+
+    #[test]
+    fn readers_share_but_a_writer_beside_anyone_is_an_overlap() {
+        let base = Instant::now();
+        let h = History::new();
+        h.push(as_claim(hold(base, "r1", 0, 10, 1), Claim::Read));
+        h.push(as_claim(hold(base, "r2", 5, 15, 2), Claim::Read));
+        h.push(as_claim(hold(base, "w", 15, 20, 3), Claim::Write));
+        // A read after the write: larger than the write's token; readers may share one.
+        h.push(as_claim(hold(base, "r3", 21, 30, 4), Claim::Read));
+        h.push(as_claim(hold(base, "r4", 22, 30, 4), Claim::Read));
+        h.check().assert_clean();
+        h.push(as_claim(hold(base, "w2", 25, 26, 5), Claim::Write));
+        assert!(h.check().has_overlap());
+        let h = History::new();
+        h.push(as_claim(hold(base, "w", 0, 10, 7), Claim::Write));
+        h.push(as_claim(hold(base, "r", 11, 12, 6), Claim::Read));
+        assert!(h.check().has_token_disorder());
     }
 }

@@ -55,13 +55,82 @@ pub trait Fixture {
 /// fixtures that need something a developer's machine may lack (a test that cannot run
 /// must say so, never pass without running): `cargo test -- --ignored` runs them, and
 /// the fixture should then fail loudly if what it needs is missing.
+///
+/// The cases of the semaphore and the read-write lock run too. For a backend that keeps
+/// neither, `conformance_tests!(mutex_only = "why", EXPR)` lists them as ignored with that
+/// reason in every run (run anyway, each checks that the backend refuses them) and checks
+/// that the backend refuses both with a typed error;
+/// `conformance_tests!(ignore = "why", mutex_only = "why", EXPR)` combines the two.
 #[macro_export]
 macro_rules! conformance_tests {
     (ignore = $why:literal, $fixture:expr) => {
         $crate::conformance_tests!(@all (all(), $why) $fixture);
+        $crate::conformance_tests!(@primitives (all(), $why) $fixture);
+    };
+    (mutex_only = $why:literal, $fixture:expr) => {
+        $crate::conformance_tests!(@all (any(), "") $fixture);
+        $crate::conformance_tests!(@skipped $why, $fixture);
+        $crate::conformance_tests!(@cases read (any(), "") $fixture;
+            unsupported_primitives_are_refused_at_the_call
+        );
+    };
+    (ignore = $why:literal, mutex_only = $why2:literal, $fixture:expr) => {
+        $crate::conformance_tests!(@all (all(), $why) $fixture);
+        $crate::conformance_tests!(@skipped $why2, $fixture);
+    };
+    // The primitives' cases of a backend that keeps neither: listed as ignored with the
+    // reason; run anyway (`--ignored`), each checks that the backend refuses them.
+    (@skipped $why:literal, $fixture:expr) => {
+        $crate::conformance_tests!(@skip $why, $fixture;
+            primitives_refuse_bad_input,
+            semaphore_admits_at_most_its_permits,
+            semaphore_permit_count_is_fixed_while_held,
+            semaphore_second_permit_on_a_thread_is_refused,
+            semaphore_leaked_permit_comes_back_with_its_lease,
+            rw_readers_share_and_a_writer_is_alone,
+            rw_upgrade_is_refused_and_downgrade_keeps_the_hold,
+            primitive_tokens_increase,
+            primitives_leave_no_key_without_expiry,
+            semaphore_watchdog_keeps_a_permit,
+            semaphore_release_wakes_a_waiter,
+            rw_a_writer_is_not_starved_by_readers,
+            rw_a_writer_that_gave_up_holds_readers_back_briefly,
+            rw_release_wakes_readers_and_writers
+        );
+    };
+    (@skip $why:literal, $fixture:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[ignore = $why]
+            #[test]
+            fn $case() {
+                let fixture = $fixture;
+                $crate::conformance::unsupported_primitives_are_refused_at_the_call(&fixture);
+            }
+        )*
     };
     ($fixture:expr) => {
         $crate::conformance_tests!(@all (any(), "") $fixture);
+        $crate::conformance_tests!(@primitives (any(), "") $fixture);
+    };
+    (@primitives ($pred:meta, $why:literal) $fixture:expr) => {
+        $crate::conformance_tests!(@cases read ($pred, $why) $fixture;
+            primitives_refuse_bad_input,
+            semaphore_admits_at_most_its_permits,
+            semaphore_permit_count_is_fixed_while_held,
+            semaphore_second_permit_on_a_thread_is_refused,
+            semaphore_leaked_permit_comes_back_with_its_lease,
+            rw_readers_share_and_a_writer_is_alone,
+            rw_upgrade_is_refused_and_downgrade_keeps_the_hold,
+            primitive_tokens_increase,
+            primitives_leave_no_key_without_expiry
+        );
+        $crate::conformance_tests!(@cases write ($pred, $why) $fixture;
+            semaphore_watchdog_keeps_a_permit,
+            semaphore_release_wakes_a_waiter,
+            rw_a_writer_is_not_starved_by_readers,
+            rw_a_writer_that_gave_up_holds_readers_back_briefly,
+            rw_release_wakes_readers_and_writers
+        );
     };
     // `($pred, $why)`: the tests are `#[ignore = $why]` when the cfg predicate holds
     // (`all()` always does, `any()` never).

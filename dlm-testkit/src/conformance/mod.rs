@@ -13,6 +13,7 @@ mod basics;
 mod fencing;
 pub(crate) mod fixture;
 mod leases;
+mod primitives;
 mod waiting;
 
 pub use basics::{
@@ -36,6 +37,15 @@ pub use leases::{
     a_lost_lock_is_signalled, a_released_lock_is_not_reported_lost, expiry_frees_the_lock,
     extend_after_expiry_fails_and_does_not_recreate, extend_prolongs_the_lease,
     leaked_guard_expires, watchdog_keeps_the_lock_while_held, watchdog_respects_max_hold,
+};
+pub use primitives::{
+    primitive_tokens_increase, primitives_leave_no_key_without_expiry, primitives_refuse_bad_input,
+    rw_a_writer_is_not_starved_by_readers, rw_a_writer_that_gave_up_holds_readers_back_briefly,
+    rw_readers_share_and_a_writer_is_alone, rw_release_wakes_readers_and_writers,
+    rw_upgrade_is_refused_and_downgrade_keeps_the_hold, semaphore_admits_at_most_its_permits,
+    semaphore_leaked_permit_comes_back_with_its_lease, semaphore_permit_count_is_fixed_while_held,
+    semaphore_release_wakes_a_waiter, semaphore_second_permit_on_a_thread_is_refused,
+    semaphore_watchdog_keeps_a_permit, unsupported_primitives_are_refused_at_the_call,
 };
 pub use waiting::{
     interrupt_wakes_a_waiter, local_waiters_are_served_in_turn,
