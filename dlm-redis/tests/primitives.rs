@@ -427,3 +427,24 @@ fn on_a_cluster_a_semaphore_and_a_read_write_lock_admit_as_on_one_server() {
         drop(w);
     }
 }
+
+#[test]
+fn an_uncontended_acquire_and_release_are_one_script_call_each() {
+    let single = common::Single::new();
+    let c = client(&single);
+    let name = unique_name("one-trip");
+    let sem = c.get_semaphore(&name, 2).unwrap();
+    let rw = c.get_rw_lock(&name).unwrap();
+    drop(sem.acquire().unwrap()); // the script loaded
+    let calls = |cmd: &str| common::command_stat(&single.server, cmd, "calls");
+    let (evalsha, others) = (calls("evalsha"), calls("eval") + calls("script|load"));
+    drop(sem.acquire().unwrap());
+    drop(rw.read().unwrap());
+    drop(rw.write().unwrap());
+    assert_eq!(
+        calls("evalsha") - evalsha,
+        6,
+        "three acquisitions, three releases"
+    );
+    assert_eq!(calls("eval") + calls("script|load"), others);
+}
