@@ -38,6 +38,9 @@ struct Heard {
 struct Channel {
     waiters: WaitList,
     recent: VecDeque<Heard>,
+    /// A release wakes every waiter, not one: the channel of a semaphore or a read-write
+    /// lock, where several waiters may get in at once (set by [`Hints::watch_all`]).
+    all: bool,
 }
 
 struct Shared {
@@ -58,9 +61,10 @@ struct Shared {
 }
 
 impl Shared {
-    /// Wakes one waiter of `channel` for the release `id` heard from one more node (or
-    /// made here, `local`), once it counts (see [`ReleaseId`]) and unless it woke one
-    /// already. A message without an id (not dlm's) wakes one waiter.
+    /// Wakes one waiter of `channel` (every waiter of a channel watched with
+    /// [`Hints::watch_all`]) for the release `id` heard from one more node (or made here,
+    /// `local`), once it counts (see [`ReleaseId`]) and unless it woke them already. A
+    /// message without an id (not dlm's) wakes them too.
     fn route(&self, channel: &str, id: Option<u64>, local: bool) {
         // While fewer listeners than the quorum are up, as many as are up must do.
         let up = self.up.load(Ordering::Acquire).max(1);
@@ -97,7 +101,11 @@ impl Shared {
             }
             heard.woke = true;
         }
-        ch.waiters.notify_one();
+        if ch.all {
+            ch.waiters.notify_all();
+        } else {
+            ch.waiters.notify_one();
+        }
     }
 
     /// See [`Hints::released`].
@@ -200,6 +208,20 @@ impl Hints {
         }
         let mut channels = self.shared.channels.lock();
         Some(channels.entry(channel).or_default().waiters.subscribe())
+    }
+
+    /// [`watch`](Self::watch) of a channel whose every release wakes every waiter (a
+    /// semaphore's or a read-write lock's: a release may let several in).
+    pub(crate) fn watch_all(&self, channel: String) -> Option<Watch> {
+        self.start();
+        if self.shared.up.load(Ordering::Acquire) == 0 && !self.shared.deaf.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        let mut channels = self.shared.channels.lock();
+        let ch = channels.entry(channel).or_default();
+        ch.all = true;
+        Some(ch.waiters.subscribe())
     }
 
     /// A release made through this backend (the script deleted the key and published
@@ -425,6 +447,31 @@ mod tests {
         // Another release (from another process) wakes the next one.
         s.route("dlm:{x}:released", Some(8), false);
         assert!(b.receiver().try_recv().is_ok());
+    }
+
+    #[test]
+    fn a_release_on_a_channel_watched_by_all_wakes_every_waiter_once() {
+        let s = shared();
+        let subscribe_all = |s: &Shared| {
+            let mut channels = s.channels.lock();
+            let ch = channels
+                .entry("dlm:{x}:sem:released".to_owned())
+                .or_default();
+            ch.all = true;
+            ch.waiters.subscribe()
+        };
+        let (a, b) = (subscribe_all(&s), subscribe_all(&s));
+        s.released(|| "dlm:{x}:sem:released".into(), 4);
+        assert!(a.receiver().try_recv().is_ok());
+        assert!(
+            b.receiver().try_recv().is_ok(),
+            "a permit's release wakes all"
+        );
+        a.trying(false);
+        b.trying(false);
+        s.route("dlm:{x}:sem:released", Some(4), false);
+        assert!(a.receiver().try_recv().is_err(), "its echo wakes no one");
+        assert!(b.receiver().try_recv().is_err());
     }
 
     #[test]

@@ -70,7 +70,4 @@ impl dlm_testkit::Fixture for Cluster {
     }
 }
 
-dlm_testkit::conformance_tests!(
-    mutex_only = "dlm-redis keeps no semaphores or read-write locks yet",
-    Cluster::new()
-);
+dlm_testkit::conformance_tests!(Cluster::new());

@@ -36,7 +36,4 @@ impl dlm_testkit::Fixture for Sentinel {
     }
 }
 
-dlm_testkit::conformance_tests!(
-    mutex_only = "dlm-redis keeps no semaphores or read-write locks yet",
-    Sentinel::new()
-);
+dlm_testkit::conformance_tests!(Sentinel::new());

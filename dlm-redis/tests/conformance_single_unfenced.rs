@@ -1,7 +1,4 @@
 //! The conformance suite on one server without fencing: every acquisition starts with the
 //! plain `SET ... NX GET`, and only contention or a retry by the owner runs the script.
 mod common;
-dlm_testkit::conformance_tests!(
-    mutex_only = "dlm-redis keeps no semaphores or read-write locks yet",
-    common::Single::unfenced()
-);
+dlm_testkit::conformance_tests!(common::Single::unfenced());

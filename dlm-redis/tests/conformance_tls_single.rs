@@ -1,7 +1,4 @@
 //! The shared conformance suite against one real redis-server over TLS (`rediss://`, a
 //! test CA): lock connections and the release-hint listener both speak TLS.
 mod common;
-dlm_testkit::conformance_tests!(
-    mutex_only = "dlm-redis keeps no semaphores or read-write locks yet",
-    common::TlsSingle::new()
-);
+dlm_testkit::conformance_tests!(common::TlsSingle::new());

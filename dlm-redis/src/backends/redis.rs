@@ -1,12 +1,14 @@
 //! The single-instance backend.
 
+mod claims;
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockBackend, LockName,
     OwnerToken, Renewal, Watch,
 };
 
@@ -597,6 +599,108 @@ impl LockBackend for RedisBackend {
 
     fn kind(&self) -> &'static str {
         self.inner.target.kind()
+    }
+
+    /// Semaphores and read-write locks: one hash per resource (`prefix:{name}:sem`,
+    /// `prefix:{name}:rw`) that the claim script reads and writes in one step.
+    fn supports(&self, claim: Claim) -> bool {
+        matches!(
+            claim,
+            Claim::Exclusive | Claim::Permit { .. } | Claim::Read | Claim::Write
+        )
+    }
+
+    fn try_acquire_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<Acquire, BackendError> {
+        match claim {
+            Claim::Exclusive if fenced => self.try_acquire_fenced(name, owner, ttl),
+            Claim::Exclusive => self.try_acquire(name, owner, ttl),
+            _ => self.claim_acquire(name, claim, owner, ttl, fenced),
+        }
+    }
+
+    fn extend_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        match claim {
+            Claim::Exclusive => self.extend(name, owner, ttl),
+            _ => self.claim_extend(name, claim, owner, ttl),
+        }
+    }
+
+    fn release_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        match claim {
+            Claim::Exclusive => self.release(name, owner),
+            _ => self.claim_release(name, claim, owner),
+        }
+    }
+
+    fn fence_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        match claim {
+            Claim::Exclusive => self.fence(name, owner),
+            _ => self.claim_fence(name, claim, owner),
+        }
+    }
+
+    /// A release of a semaphore's permit or of a read-write lock's hold wakes every
+    /// waiter of it (several may get in), not one.
+    fn watch_claim(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        match claim {
+            Claim::Exclusive => self.watch(name),
+            _ => self
+                .inner
+                .hints
+                .as_ref()?
+                .watch_all(self.inner.keys.claim_channel(name, claim)),
+        }
+    }
+
+    fn downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        self.claim_downgrade(name, writer, reader, ttl)
+    }
+
+    fn force_release_claim(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        match claim {
+            Claim::Exclusive => self.force_release(name),
+            _ => self.claim_force_release(name, claim),
+        }
+    }
+
+    fn inspect_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Option<(u32, Duration)>, BackendError> {
+        match claim {
+            Claim::Exclusive => Ok(self.inspect(name)?.map(|d| (1, d))),
+            _ => self.claim_inspect(name, claim),
+        }
     }
 }
 

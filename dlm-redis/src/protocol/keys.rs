@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlm_core::backend::LockName;
+use dlm_core::backend::{Claim, LockName};
 
 use crate::transport::Resp;
 
@@ -19,6 +19,16 @@ pub(crate) struct Keys {
 pub(crate) const LOCK: &str = "";
 
 pub(crate) const CHANNEL: &str = ":released";
+
+/// The hash of a name's semaphore (`prefix:{name}:sem`) or read-write lock
+/// (`prefix:{name}:rw`): separate from the mutex's key, in the same slot (the `{name}`
+/// hash tag; see [`Keys::claim_slot`] for the one exception).
+pub(crate) fn claim_suffix(claim: Claim) -> &'static str {
+    match claim {
+        Claim::Read | Claim::Write => ":rw",
+        _ => ":sem",
+    }
+}
 
 impl Keys {
     pub(crate) fn new(prefix: String, fence_ttl: Duration) -> Self {
@@ -71,6 +81,36 @@ impl Keys {
     /// `prefix:{name}:released`
     pub(crate) fn channel(&self, name: &LockName) -> String {
         self.key(name, CHANNEL)
+    }
+
+    /// `prefix:{name}:sem` or `prefix:{name}:rw`: the hash of the `claim` resource `name`.
+    pub(crate) fn claim(&self, name: &LockName, claim: Claim) -> String {
+        self.key(name, claim_suffix(claim))
+    }
+
+    /// `prefix:{name}:sem:released` or `prefix:{name}:rw:released`: where a release of
+    /// the `claim` resource `name` is announced (matched by the release-hint listeners'
+    /// pattern `prefix:*:released`; no lock channel ends so, since a lock's ends in
+    /// `}:released`).
+    pub(crate) fn claim_channel(&self, name: &LockName, claim: Claim) -> String {
+        format!("{}{CHANNEL}", self.claim(name, claim))
+    }
+
+    /// The hash slot of the `claim` resource `name`'s hash: the name's slot, except for a
+    /// name that starts with `}` (an empty hash tag: the whole key is hashed), so it is
+    /// always computed from the key itself.
+    pub(crate) fn claim_slot(&self, name: &LockName, claim: Claim) -> u16 {
+        crate::slot::key_slot(self.claim(name, claim).as_bytes())
+    }
+
+    /// Writes the fencing stream's key of the slot `slot` as one argument.
+    pub(crate) fn fence_arg_of_slot(&self, r: &mut Resp, slot: u16) {
+        r.arg_parts(&[
+            self.prefix.as_bytes(),
+            b":fence:{",
+            crate::slot::tag(slot).as_bytes(),
+            b"}",
+        ]);
     }
 
     /// Every key and the channel of `name`.

@@ -11,8 +11,10 @@ mod replies;
 mod requests;
 
 pub(crate) use call::{Call, ReplicaWait, Shape};
+pub(crate) use fencing::token_of_id;
 pub use keys::LockKeys;
 pub(crate) use keys::{Keys, millis};
 pub(crate) use redirect::Redirect;
 pub(crate) use release_id::ReleaseId;
 pub(crate) use replies::{NodeAcquire, NodeFence, Reader, Step};
+pub(crate) use requests::claim_member;

@@ -4,12 +4,12 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use dlm_core::backend::{LockName, OwnerToken};
+use dlm_core::backend::{Claim, LockName, OwnerToken};
 use redis::Script;
 
 use super::call::{Call, Shape, evalsha};
 use super::fencing::id_of_token;
-use super::keys::{CHANNEL, Keys, LOCK, millis};
+use super::keys::{CHANNEL, Keys, LOCK, claim_suffix, millis};
 use crate::transport::Resp;
 
 struct Scripts {
@@ -21,6 +21,7 @@ struct Scripts {
     commit: Script,
     fence: Script,
     acquire_fenced: Script,
+    claim: Script,
 }
 
 /// Loaded once per process; each `Script` knows its SHA1 (EVALSHA, reloaded on NOSCRIPT).
@@ -41,7 +42,22 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("lua/draw.lua"),
         include_str!("lua/acquire_fenced.lua")
     )),
+    claim: Script::new(concat!(
+        include_str!("lua/draw.lua"),
+        include_str!("lua/claim.lua")
+    )),
 });
+
+/// The member of `owner`'s hold of kind `claim` in the resource's hash: `p:` (a permit),
+/// `r:` (a read hold) or `w:` (a write hold), then the owner token.
+pub(crate) fn claim_member(claim: Claim, owner: &OwnerToken) -> Vec<u8> {
+    let class: &[u8] = match claim {
+        Claim::Read => b"r:",
+        Claim::Write => b"w:",
+        _ => b"p:",
+    };
+    [class, owner.encoded().as_bytes()].concat()
+}
 
 impl Keys {
     /// `SET key token NX PX ms GET`: takes a free lock without running a script (Redis 7.0
@@ -189,5 +205,26 @@ impl Keys {
 
     pub(crate) fn inspect_call(&self, name: &LockName) -> Call {
         self.script_call(&SCRIPTS.inspect, name, false, &[])
+    }
+
+    /// The claim script (`src/protocol/lua/claim.lua`): operation `op` on `member`'s hold
+    /// of the `claim` resource `name`, with `args` after the member.
+    pub(crate) fn claim_call(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        op: &str,
+        member: &[u8],
+        args: &[&[u8]],
+    ) -> Call {
+        let script = &SCRIPTS.claim;
+        let mut r = evalsha(script, 2, 2 + args.len());
+        self.arg(&mut r, name, claim_suffix(claim));
+        self.fence_arg_of_slot(&mut r, self.claim_slot(name, claim));
+        r.arg(op.as_bytes()).arg(member);
+        for a in args {
+            r.arg(a);
+        }
+        Call::new(r, Shape::Script(script))
     }
 }

@@ -41,6 +41,12 @@ pub fn quorum(n: usize) -> usize {
 /// Its assumptions (bounded clock drift between the nodes, no node that restarts without
 /// its data inside a lease) are in the README's "Semantics and caveats".
 ///
+/// Semaphores and read-write locks are refused (`Unsupported`): a majority of nodes per
+/// permit does not bound the holders at N. With 3 nodes and 2 permits, A takes nodes 1
+/// and 2, B nodes 2 and 3, C nodes 1 and 3: every node has 2 holders, yet 3 clients each
+/// hold a majority. Use [`RedisBackend`](crate::RedisBackend) (one server, Sentinel or
+/// Cluster) for them.
+///
 /// ```no_run
 /// use dlm_core::{Lock, LockClient};
 /// use dlm_redis::Redlock;

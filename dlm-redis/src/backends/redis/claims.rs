@@ -1,0 +1,372 @@
+//! The semaphore and the read-write lock on [`RedisBackend`]: every call is one run of
+//! the claim script (`src/protocol/lua/claim.lua`) on the node of the resource's hash,
+//! so single instance, Sentinel and Cluster share them.
+
+use std::time::{Duration, Instant};
+
+use dlm_core::backend::{
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockName, OwnerToken,
+    writer_mark,
+};
+
+use super::RedisBackend;
+use crate::node::Node;
+use crate::protocol::{ReleaseId, claim_member, millis, token_of_id};
+
+/// What the claim script answered: its code and its second value.
+struct Answer {
+    code: i64,
+    value: redis::Value,
+}
+
+impl RedisBackend {
+    /// Runs the claim script's `op` on `member`'s hold of the `claim` resource `name` on
+    /// the node of its hash (in a cluster, the master of that slot).
+    fn claim_run<T>(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        f: impl Fn(&Node) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let keys = &self.inner.keys;
+        self.on_slot(|| keys.claim_slot(name, claim), f)
+    }
+
+    /// The claim script's reply read: a foreign key is `UnexpectedKey`.
+    fn claim_answer(
+        &self,
+        node: &Node,
+        name: &LockName,
+        claim: Claim,
+        reply: redis::Value,
+    ) -> Result<Answer, BackendError> {
+        let (code, value): (i64, redis::Value) = node.reader().parse(reply)?;
+        let what = match code {
+            -1 => "is not a hash",
+            -2 => "is a hash without an expiry or with fields dlm does not write",
+            _ => return Ok(Answer { code, value }),
+        };
+        Err(BackendError::new(
+            BackendErrorKind::UnexpectedKey,
+            format!(
+                "{}: the key {} {what}; it was not written by dlm",
+                node.endpoint,
+                self.inner.keys.claim(name, claim)
+            ),
+        ))
+    }
+
+    /// The token in a script's answer (a stream ID; empty: none).
+    fn claim_token(
+        node: &Node,
+        value: &redis::Value,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        match value {
+            redis::Value::BulkString(id) if id.is_empty() => Ok(None),
+            redis::Value::BulkString(id) => token_of_id(id)
+                .map(|t| Some(FencingToken::new(t)))
+                .ok_or_else(|| {
+                    BackendError::new(
+                        BackendErrorKind::Protocol,
+                        format!(
+                            "{}: the fencing stream gave the ID {:?}, which makes no token",
+                            node.endpoint,
+                            String::from_utf8_lossy(id)
+                        ),
+                    )
+                }),
+            other => Err(node.reader().protocol("the claim script", other)),
+        }
+    }
+
+    pub(super) fn claim_acquire(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<Acquire, BackendError> {
+        let member = claim_member(claim, owner);
+        let permits = match claim {
+            Claim::Permit { permits } => permits,
+            _ => 0,
+        };
+        let fenced = fenced && self.inner.options.fencing;
+        let (mut ttl_ms, mut permits_s, mut mark_ms, mut stream_ttl) = (
+            itoa::Buffer::new(),
+            itoa::Buffer::new(),
+            itoa::Buffer::new(),
+            itoa::Buffer::new(),
+        );
+        let call = self.inner.keys.claim_call(
+            name,
+            claim,
+            "acquire",
+            &member,
+            &[
+                ttl_ms.format(millis(ttl)).as_bytes(),
+                permits_s.format(permits).as_bytes(),
+                if fenced { b"1" } else { b"0" },
+                mark_ms.format(millis(writer_mark(ttl))).as_bytes(),
+                stream_ttl.format(self.inner.keys.fence_ttl_ms).as_bytes(),
+            ],
+        );
+        self.claim_run(name, claim, |node| {
+            let start = Instant::now();
+            let wait = self.inner.options.replica_wait;
+            let (reply, acked) = node.execute_acked(&call, wait)?;
+            let answer = self.claim_answer(node, name, claim, reply)?;
+            match answer.code {
+                1 => {}
+                0 => {
+                    let ms: i64 = node.reader().parse(answer.value)?;
+                    return Ok(Acquire::Held {
+                        retry_after: Some(Duration::from_millis(ms.max(0) as u64)),
+                    });
+                }
+                -4 => {
+                    let held: i64 = node.reader().parse(answer.value)?;
+                    return Err(BackendError::new(
+                        BackendErrorKind::Conflict,
+                        format!("the semaphore {name} is held with {held} permits, not {permits}"),
+                    ));
+                }
+                other => {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Protocol,
+                        format!("{}: claim script returned {other}", node.endpoint),
+                    ));
+                }
+            }
+            let token = Self::claim_token(node, &answer.value)?;
+            if let Some(w) = wait
+                && acked.unwrap_or(0) < w.replicas
+            {
+                // Not on enough replicas: a failover could lose it. Undone, as if never
+                // granted (if the release fails too, the hold ends with its lease).
+                let _ = self.claim_release_on(node, name, claim, owner, ReleaseId::Undo.random());
+                return Err(node.not_replicated(w, acked, "the grant"));
+            }
+            match self.lease(start, ttl) {
+                Some(lease) => Ok(Acquire::Acquired(match token {
+                    Some(t) => lease.with_fence(t),
+                    None => lease,
+                })),
+                None => {
+                    let _ =
+                        self.claim_release_on(node, name, claim, owner, ReleaseId::Undo.random());
+                    Err(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!(
+                            "{}: acquiring took {:?}, more than the lease's validity",
+                            node.endpoint,
+                            start.elapsed()
+                        ),
+                    ))
+                }
+            }
+        })
+    }
+
+    pub(super) fn claim_extend(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let member = claim_member(claim, owner);
+        let mut ms = itoa::Buffer::new();
+        let call = self.inner.keys.claim_call(
+            name,
+            claim,
+            "extend",
+            &member,
+            &[ms.format(millis(ttl)).as_bytes()],
+        );
+        self.claim_run(name, claim, |node| {
+            let start = Instant::now();
+            let wait = self.inner.options.replica_wait;
+            let (reply, acked) = node.execute_acked(&call, wait)?;
+            if self.claim_answer(node, name, claim, reply)?.code != 1 {
+                return Ok(None);
+            }
+            if let Some(w) = wait.filter(|w| acked.unwrap_or(0) < w.replicas) {
+                return Err(node.not_replicated(w, acked, "the renewal"));
+            }
+            Ok(self.lease(start, ttl))
+        })
+    }
+
+    /// The release on `node`, announced as `id` when someone waits.
+    fn claim_release_on(
+        &self,
+        node: &Node,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        id: u64,
+    ) -> Result<bool, BackendError> {
+        let member = claim_member(claim, owner);
+        let channel = self.inner.keys.claim_channel(name, claim);
+        let mut id_s = itoa::Buffer::new();
+        let call = self.inner.keys.claim_call(
+            name,
+            claim,
+            "release",
+            &member,
+            &[channel.as_bytes(), id_s.format(id).as_bytes()],
+        );
+        let reply = node.execute(&call)?;
+        Ok(self.claim_answer(node, name, claim, reply)?.code == 1)
+    }
+
+    pub(super) fn claim_release(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        let id = ReleaseId::Release.random();
+        let released = self.claim_run(name, claim, |node| {
+            self.claim_release_on(node, name, claim, owner, id)
+        })?;
+        if released {
+            self.claim_released_here(name, claim, id);
+        }
+        Ok(released)
+    }
+
+    /// Wakes the waiters of this process for the release `id` at once.
+    fn claim_released_here(&self, name: &LockName, claim: Claim, id: u64) {
+        if let Some(hints) = &self.inner.hints {
+            hints.released(|| self.inner.keys.claim_channel(name, claim), id);
+        }
+    }
+
+    pub(super) fn claim_fence(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        if !self.inner.options.fencing {
+            return Err(super::fencing_off());
+        }
+        let member = claim_member(claim, owner);
+        let mut ttl = itoa::Buffer::new();
+        let call = self.inner.keys.claim_call(
+            name,
+            claim,
+            "fence",
+            &member,
+            &[ttl.format(self.inner.keys.fence_ttl_ms).as_bytes()],
+        );
+        self.claim_run(name, claim, |node| {
+            let wait = self.inner.options.replica_wait;
+            let (reply, acked) = node.execute_acked(&call, wait)?;
+            let answer = self.claim_answer(node, name, claim, reply)?;
+            let reply = redis::Value::Array(vec![redis::Value::Int(answer.code), answer.value]);
+            let Some(token) = node.reader().fence(name, reply)?.stream() else {
+                return Ok(None);
+            };
+            if let Some(w) = wait.filter(|w| acked.unwrap_or(0) < w.replicas) {
+                return Err(node.not_replicated(w, acked, "the fencing token's draw"));
+            }
+            Ok(Some(FencingToken::new(token)))
+        })
+    }
+
+    pub(super) fn claim_downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let claim = Claim::Write;
+        let (w, r) = (
+            claim_member(Claim::Write, writer),
+            claim_member(Claim::Read, reader),
+        );
+        let channel = self.inner.keys.claim_channel(name, claim);
+        let id = ReleaseId::Release.random();
+        let (mut ms, mut id_s) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let call = self.inner.keys.claim_call(
+            name,
+            claim,
+            "downgrade",
+            &w,
+            &[
+                ms.format(millis(ttl)).as_bytes(),
+                &r,
+                channel.as_bytes(),
+                id_s.format(id).as_bytes(),
+            ],
+        );
+        let lease = self.claim_run(name, claim, |node| {
+            let start = Instant::now();
+            let wait = self.inner.options.replica_wait;
+            let (reply, acked) = node.execute_acked(&call, wait)?;
+            let answer = self.claim_answer(node, name, claim, reply)?;
+            if answer.code != 1 {
+                return Ok(None);
+            }
+            if let Some(w) = wait.filter(|w| acked.unwrap_or(0) < w.replicas) {
+                return Err(node.not_replicated(w, acked, "the downgrade"));
+            }
+            let token = Self::claim_token(node, &answer.value)?;
+            Ok(self.lease(start, ttl).map(|lease| match token {
+                Some(t) => lease.with_fence(t),
+                None => lease,
+            }))
+        })?;
+        if lease.is_some() {
+            self.claim_released_here(name, claim, id);
+        }
+        Ok(lease)
+    }
+
+    pub(super) fn claim_force_release(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<bool, BackendError> {
+        let channel = self.inner.keys.claim_channel(name, claim);
+        let id = ReleaseId::Release.random();
+        let mut id_s = itoa::Buffer::new();
+        let call = self.inner.keys.claim_call(
+            name,
+            claim,
+            "force",
+            b"",
+            &[channel.as_bytes(), id_s.format(id).as_bytes()],
+        );
+        let held = self.claim_run(name, claim, |node| {
+            let reply = node.execute(&call)?;
+            Ok(self.claim_answer(node, name, claim, reply)?.code == 1)
+        })?;
+        self.claim_released_here(name, claim, id);
+        Ok(held)
+    }
+
+    pub(super) fn claim_inspect(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Option<(u32, Duration)>, BackendError> {
+        let call = self.inner.keys.claim_call(name, claim, "inspect", b"", &[]);
+        self.claim_run(name, claim, |node| {
+            let reply = node.execute(&call)?;
+            let answer = self.claim_answer(node, name, claim, reply)?;
+            let longest: i64 = node.reader().parse(answer.value)?;
+            Ok((answer.code > 0).then(|| {
+                (
+                    u32::try_from(answer.code).unwrap_or(u32::MAX),
+                    Duration::from_millis(longest.max(0) as u64),
+                )
+            }))
+        })
+    }
+}
