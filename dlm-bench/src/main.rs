@@ -36,7 +36,7 @@ use crate::recorder::Atomics;
 use crate::report::{Row, json, markdown};
 use crate::scenario::{Counts, Scenario, measure, ping_rtt, request_counts};
 use crate::system::LockSystem;
-use crate::systems::{Dlm, Minimal};
+use crate::systems::{Dlm, Minimal, Primitive};
 
 const TTL: Duration = Duration::from_secs(30);
 /// The rows with metrics on and a recorder installed (uncontended only), and the row
@@ -217,6 +217,19 @@ fn main() {
                     .unwrap();
                 timed.push(Box::new(Dlm::new(name, Arc::new(backend), TTL)));
             }
+            // The semaphore and the read-write lock beside the mutex (issue #23): a
+            // permit and a read hold uncontended; 8 threads on 3 permits, and 1 writer
+            // with the other contenders reading, contended (4 threads, as every contended row).
+            for (name, primitive) in [
+                ("dlm semaphore (3 permits)", Primitive::Permit(3)),
+                ("dlm read hold", Primitive::Read),
+                ("dlm rw (1 writer, 3 readers)", Primitive::OneWriter),
+            ] {
+                let backend = dlm_redis::RedisBackend::new(&single.url()).unwrap();
+                timed.push(Box::new(
+                    Dlm::new(name, Arc::new(backend), TTL).primitive(primitive),
+                ));
+            }
         }
         let mut counts = Vec::new();
         for (system, counted) in timed.iter().zip(&counted) {
@@ -235,6 +248,15 @@ fn main() {
                 .filter(|s| {
                     matches!(scenario, Scenario::Uncontended { .. })
                         || !(s.name().contains("TLS") || s.name().contains("metrics"))
+                })
+                // Contended only: with a key per cycle it would be the read hold's row.
+                .filter(|s| {
+                    !(matches!(scenario, Scenario::Uncontended { .. })
+                        && s.name().contains("1 writer"))
+                })
+                // Uncontended only: 8 readers never wait for each other.
+                .filter(|s| {
+                    !(matches!(scenario, Scenario::Contended { .. }) && s.name() == "dlm read hold")
                 })
                 .filter(|s| {
                     nodes == 1

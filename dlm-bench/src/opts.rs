@@ -26,6 +26,11 @@ pub struct Opts {
     rounds: Option<usize>,
 }
 
+const USAGE: &str = "usage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE] \
+[--only SYSTEM] [--scenario uncontended|contended|handoff|paused-minority|fenced-use] [--nodes 1|5] \
+[--rounds N]
+--only SYSTEM runs the systems whose name contains SYSTEM (e.g. \"dlm\", \"semaphore\", \"minimal\").";
+
 impl Opts {
     pub fn parse() -> Opts {
         let mut opts = Opts {
@@ -65,11 +70,12 @@ impl Opts {
                     }
                 }
                 "--bench" => {} // passed by `cargo bench`
+                "--help" | "-h" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
                 other => {
-                    eprintln!(
-                        "unknown argument {other:?}
-usage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE] [--only SYSTEM] [--scenario uncontended|contended|handoff|paused-minority|fenced-use] [--nodes 1|5] [--rounds N]"
-                    );
+                    eprintln!("unknown argument {other:?}\n{USAGE}");
                     std::process::exit(2);
                 }
             }

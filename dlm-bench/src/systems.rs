@@ -1,6 +1,7 @@
 //! dlm and the minimal hand-written client, as bench systems.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlm_core::backend::LockBackend;
@@ -8,6 +9,19 @@ use dlm_core::{FencedResource, Lock, LockClient, LockGuard, TokenDraw};
 
 use crate::recorder::Atomics;
 use crate::system::{LockHandle, LockSystem};
+
+/// What a dlm system's handles take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Primitive {
+    /// The mutex.
+    Mutex,
+    /// A permit of a semaphore with this many permits.
+    Permit(u32),
+    /// A read hold of a read-write lock.
+    Read,
+    /// The first handle takes write holds of a read-write lock, the others read holds.
+    OneWriter,
+}
 
 /// dlm over any backend; each handle is its own client (a separate owner).
 pub struct Dlm {
@@ -17,6 +31,9 @@ pub struct Dlm {
     /// The recorder its clients report to (`None`: the facade's no-op).
     recorder: Option<Arc<Atomics>>,
     token_draw: TokenDraw,
+    primitive: Primitive,
+    /// Handles made so far (the first is `OneWriter`'s writer).
+    handles: AtomicUsize,
 }
 
 impl Dlm {
@@ -28,7 +45,15 @@ impl Dlm {
             ttl,
             recorder: None,
             token_draw: TokenDraw::default(),
+            primitive: Primitive::Mutex,
+            handles: AtomicUsize::new(0),
         }
+    }
+
+    /// The same taking `primitive` instead of the mutex.
+    pub fn primitive(mut self, primitive: Primitive) -> Self {
+        self.primitive = primitive;
+        self
     }
 
     /// The same, with each client's metrics registered with `recorder` (build the
@@ -62,16 +87,35 @@ impl LockSystem for Dlm {
             Some(r) => metrics::with_local_recorder(r.as_ref(), build),
             None => build(),
         };
+        let primitive = match self.primitive {
+            Primitive::OneWriter if self.handles.fetch_add(1, Ordering::Relaxed) == 0 => {
+                Take::Write
+            }
+            Primitive::OneWriter | Primitive::Read => Take::Read,
+            Primitive::Permit(n) => Take::Permit(n),
+            Primitive::Mutex => Take::Mutex,
+        };
         Box::new(DlmHandle {
             client,
+            primitive,
             guard: None,
             resource: FencedResource::new(0),
         })
     }
 }
 
+/// What one handle takes.
+#[derive(Clone, Copy)]
+enum Take {
+    Mutex,
+    Permit(u32),
+    Read,
+    Write,
+}
+
 struct DlmHandle {
     client: LockClient,
+    primitive: Take,
     guard: Option<LockGuard>,
     /// What `fenced-use` writes to (one per handle: its thread locks one name).
     resource: FencedResource<u64>,
@@ -79,16 +123,26 @@ struct DlmHandle {
 
 impl LockHandle for DlmHandle {
     fn try_lock(&mut self, key: &str) -> bool {
-        let lock = self.client.get_lock(key).expect("valid name");
-        self.guard = lock.try_lock().unwrap_or(None);
-        self.guard.is_some()
+        self.lock(key, 0)
     }
 
     fn lock(&mut self, key: &str, max_wait_ms: u64) -> bool {
-        let lock = self.client.get_lock(key).expect("valid name");
-        self.guard = lock
-            .try_lock_timeout(Duration::from_millis(max_wait_ms))
-            .unwrap_or(None);
+        let wait = Duration::from_millis(max_wait_ms);
+        let c = &self.client;
+        self.guard = match self.primitive {
+            Take::Mutex => c.get_lock(key).and_then(|l| l.try_lock_timeout(wait)),
+            Take::Permit(n) => c
+                .get_semaphore(key, n)
+                .and_then(|s| s.try_acquire_timeout(wait)),
+            Take::Read => c.get_rw_lock(key).and_then(|l| l.try_read_timeout(wait)),
+            // The write hold as a plain guard: `WriteGuard` derefs to one, and `unlock`
+            // is all the bench does with it.
+            Take::Write => c
+                .get_rw_lock(key)
+                .and_then(|l| l.try_write_timeout(wait))
+                .map(|w| w.map(dlm_core::WriteGuard::into_guard)),
+        }
+        .unwrap_or(None);
         self.guard.is_some()
     }
 

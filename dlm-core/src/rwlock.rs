@@ -239,6 +239,13 @@ impl WriteGuard {
         self.guard.unlock()
     }
 
+    /// The write hold as a plain [`LockGuard`] (released on its drop or
+    /// [`unlock`](LockGuard::unlock)), for code that treats every hold alike; it can no
+    /// longer be downgraded.
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
     /// The write hold turned into a read hold of the calling thread in one atomic step at
     /// the backend: no other writer gets in between, and readers may join at once. The
     /// read hold keeps the write hold's fencing token.
