@@ -218,8 +218,8 @@ fn main() {
                 timed.push(Box::new(Dlm::new(name, Arc::new(backend), TTL)));
             }
             // The semaphore and the read-write lock beside the mutex (issue #23): a
-            // permit and a read hold uncontended; 8 threads on 3 permits, and 1 writer
-            // with the other contenders reading, contended (4 threads, as every contended row).
+            // permit and a read hold uncontended; contended (4 threads, as every
+            // contended row): 3 permits, and 1 writer with 3 readers.
             for (name, primitive) in [
                 ("dlm semaphore (3 permits)", Primitive::Permit(3)),
                 ("dlm read hold", Primitive::Read),
