@@ -58,6 +58,12 @@ pub struct Hold {
     pub token: Option<u64>,
     /// The kind of hold: the mutex's, a semaphore permit, a read or a write hold.
     pub claim: Claim,
+    /// When the holder asked for it (at most `from`): its token is ordered after every
+    /// hold that ended before then. For the mutex it is `from` (no one else holds between
+    /// the grant and `from`); for a permit or a read hold, which others hold beside it,
+    /// the token may be drawn with the grant, before `from`, so a recorder passes the
+    /// instant before the acquisition call ([`History::begin_asked`]).
+    pub asked: Instant,
 }
 
 impl Hold {
@@ -76,7 +82,14 @@ impl Hold {
             until: until.max(from),
             token,
             claim: Claim::Exclusive,
+            asked: from,
         }
+    }
+
+    /// This hold as one asked for at `asked` (see [`Hold::asked`]).
+    pub fn with_asked(mut self, asked: Instant) -> Self {
+        self.asked = asked.min(self.from);
+        self
     }
 
     /// This hold as one of kind `claim` (a [`new`](Hold::new) one is the mutex's).
@@ -95,6 +108,7 @@ pub struct OpenHold {
     from: Instant,
     token: Option<u64>,
     claim: Claim,
+    asked: Option<Instant>,
 }
 
 /// What [`History::check`] found wrong.
@@ -236,6 +250,21 @@ impl History {
             from: Instant::now(),
             token: guard.fencing_token().ok().map(|t| t.get()),
             claim: guard.claim(),
+            asked: None,
+        }
+    }
+
+    /// [`begin`](History::begin) for a hold asked for at `asked`: the instant before the
+    /// acquisition call. Needed for permits and read holds (see [`Hold::asked`]).
+    pub fn begin_asked(
+        &self,
+        owner: impl Into<String>,
+        guard: &LockGuard,
+        asked: Instant,
+    ) -> OpenHold {
+        OpenHold {
+            asked: Some(asked),
+            ..self.begin(owner, guard)
         }
     }
 
@@ -243,8 +272,11 @@ impl History {
     /// window ends now or at the end of the guard's lease, whichever came first.
     pub fn end(&self, hold: OpenHold, guard: &LockGuard) {
         let until = Instant::now().min(guard.valid_until());
+        let asked = hold.asked.unwrap_or(hold.from);
         self.push(
-            Hold::new(hold.name, hold.owner, hold.from, until, hold.token).with_claim(hold.claim),
+            Hold::new(hold.name, hold.owner, hold.from, until, hold.token)
+                .with_claim(hold.claim)
+                .with_asked(asked),
         );
     }
 
@@ -336,8 +368,10 @@ fn check_name(holds: &mut [Hold], violations: &mut Vec<Violation>) {
     let mut ended = ends.into_iter().peekable();
     let mut largest: Option<&Hold> = None;
     let mut largest_write: Option<&Hold> = None;
-    for h in holds.iter() {
-        while let Some(e) = ended.next_if(|e| e.until <= h.from) {
+    let mut by_asked: Vec<&Hold> = holds.iter().collect();
+    by_asked.sort_by_key(|h| h.asked);
+    for h in by_asked {
+        while let Some(e) = ended.next_if(|e| e.until <= h.asked) {
             if largest.is_none_or(|l| e.token > l.token) {
                 largest = Some(e);
             }
@@ -498,6 +532,16 @@ mod tests {
         let report = h.check();
         assert!(report.has_over_admission());
         assert_eq!(report.violations.len(), 1);
+        // A permit whose token came with its grant, recorded late: ordered by when it
+        // was asked for.
+        let late = History::new();
+        late.push(as_claim(hold(base, "y", 2, 4, 5), two));
+        late.push(as_claim(hold(base, "x", 5, 9, 3), two));
+        assert!(late.check().has_token_disorder());
+        let late = History::new();
+        late.push(as_claim(hold(base, "y", 2, 4, 5), two));
+        late.push(as_claim(hold(base, "x", 5, 9, 3), two).with_asked(at(base, 1)));
+        late.check().assert_clean();
         // The mutex of the same name is another resource.
         h.push(hold(base, "m", 0, 20, 9));
         assert_eq!(h.check().names, 2);

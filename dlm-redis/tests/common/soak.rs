@@ -23,6 +23,18 @@ pub struct Soak {
     workers: Vec<thread::JoinHandle<()>>,
 }
 
+/// What the soak's threads take.
+#[derive(Clone, Copy, Debug)]
+#[allow(dead_code)] // each soak binary uses some
+pub enum Take {
+    /// The mutex.
+    Mutex,
+    /// Permits of a semaphore with this many.
+    Permits(u32),
+    /// A read-write lock: one hold in four a write, the others reads.
+    ReadWrite,
+}
+
 /// What a finished soak did.
 pub struct Outcome {
     pub holds: u64,
@@ -34,6 +46,19 @@ impl Soak {
     /// `lease`) with `threads` threads each. A failed call must be transient (it may only
     /// happen while a fault lasts); a panic in a worker fails [`Soak::finish`].
     pub fn start(
+        clients: usize,
+        threads: usize,
+        locks: u64,
+        lease: Duration,
+        backend: impl Fn() -> Arc<dyn LockBackend>,
+    ) -> Soak {
+        Soak::start_taking(Take::Mutex, clients, threads, locks, lease, backend)
+    }
+
+    /// [`Soak::start`] with the threads taking `take`'s holds (their checks by the
+    /// history checker: at most N permit holders, no writer beside anyone).
+    pub fn start_taking(
+        take: Take,
         clients: usize,
         threads: usize,
         locks: u64,
@@ -71,8 +96,25 @@ impl Soak {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let lock = client.get_lock(&format!("soak-{}", x % locks)).unwrap();
-                        let guard = match lock.try_lock_timeout(Duration::from_secs(3)) {
+                        let name = format!("soak-{}", x % locks);
+                        let asked = Instant::now();
+                        let wait = Duration::from_secs(3);
+                        let taken = match take {
+                            Take::Mutex => client.get_lock(&name).unwrap().try_lock_timeout(wait),
+                            Take::Permits(n) => client
+                                .get_semaphore(&name, n)
+                                .unwrap()
+                                .try_acquire_timeout(wait),
+                            Take::ReadWrite if x.is_multiple_of(4) => client
+                                .get_rw_lock(&name)
+                                .unwrap()
+                                .try_write_timeout(wait)
+                                .map(|w| w.map(dlm_core::WriteGuard::into_guard)),
+                            Take::ReadWrite => {
+                                client.get_rw_lock(&name).unwrap().try_read_timeout(wait)
+                            }
+                        };
+                        let guard = match taken {
                             Ok(Some(guard)) => guard,
                             Ok(None) => continue,
                             Err(e) => {
@@ -81,7 +123,8 @@ impl Soak {
                                 continue;
                             }
                         };
-                        let hold = history.begin(format!("client {c} thread {t}"), &guard);
+                        let hold =
+                            history.begin_asked(format!("client {c} thread {t}"), &guard, asked);
                         let began = Instant::now();
                         thread::yield_now();
                         history.end(hold, &guard);

@@ -80,8 +80,9 @@ pub fn semaphore_admits_at_most_its_permits(f: &dyn Fixture) {
             let (history, inside, most) = (history.clone(), inside.clone(), most.clone());
             thread::spawn(move || {
                 for _ in 0..15 {
+                    let asked = Instant::now();
                     let g = sem.acquire().unwrap();
-                    let hold = history.begin(format!("thread {i}"), &g);
+                    let hold = history.begin_asked(format!("thread {i}"), &g, asked);
                     let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     thread::sleep(WORK);
@@ -265,8 +266,9 @@ pub fn rw_readers_share_and_a_writer_is_alone(f: &dyn Fixture) {
                         history.end(hold, &g);
                         g.unlock().unwrap();
                     } else {
+                        let asked = Instant::now();
                         let g = rw.read().unwrap();
-                        let hold = history.begin(format!("reader {i}"), &g);
+                        let hold = history.begin_asked(format!("reader {i}"), &g, asked);
                         let now = readers.fetch_add(1, Ordering::SeqCst) + 1;
                         most.fetch_max(now, Ordering::SeqCst);
                         thread::sleep(WORK * 2);
