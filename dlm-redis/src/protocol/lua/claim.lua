@@ -83,8 +83,14 @@ if #gone > 0 then
   redis.call('HDEL', key, unpack(gone))
 end
 
-local function put(m, exp, id)
-  redis.call('HSET', key, 'h:' .. m, string.format('%.0f,%s', exp, id))
+-- Sets holder m's field (and, for a new permit holder, the permit count in the same
+-- call: `extra` is {'p', count} or nil).
+local function put(m, exp, id, extra)
+  if extra then
+    redis.call('HSET', key, 'h:' .. m, string.format('%.0f,%s', exp, id), extra[1], extra[2])
+  else
+    redis.call('HSET', key, 'h:' .. m, string.format('%.0f,%s', exp, id))
+  end
   if not holders[m] then
     count = count + 1
   end
@@ -92,9 +98,11 @@ local function put(m, exp, id)
 end
 
 local function drop(m)
-  redis.call('HDEL', key, 'h:' .. m)
   holders[m] = nil
   count = count - 1
+  if count > 0 or mark or op ~= 'release' then
+    redis.call('HDEL', key, 'h:' .. m)
+  end -- else the release's settle() deletes the key
 end
 
 -- The key's expiry: the latest of its holders' and of the writer's mark; no key once
@@ -188,8 +196,9 @@ if op == 'acquire' then
     settle()
     return {0, retry}
   end
-  if class == 'p:' then
-    redis.call('HSET', key, 'p', want)
+  local extra
+  if class == 'p:' and permits ~= want then
+    extra = {'p', want}
   elseif class == 'w:' and mark then
     redis.call('HDEL', key, 'm')
     mark = nil
@@ -198,7 +207,7 @@ if op == 'acquire' then
   if fenced then
     id = token(ARGV[7])
   end
-  put(member, now + ttl, id)
+  put(member, now + ttl, id, extra)
   settle()
   return {1, id}
 elseif op == 'extend' then
