@@ -23,20 +23,50 @@
 -- Every operation answers {-1, 0} for a key of another type and {-2, 0} for a hash that
 -- dlm did not write (no expiry, or fields of another shape), and leaves such a key as it was.
 local key, op, member = KEYS[1], ARGV[1], ARGV[2]
-local kind = redis.call('TYPE', key)
-kind = kind.ok or kind
-if kind ~= 'hash' and kind ~= 'none' then
-  return {-1, 0}
+-- One read for the type and the fields: HGETALL refuses a key of another type, and an
+-- existing hash is never empty.
+local flat = redis.pcall('HGETALL', key)
+if flat.err then
+  if string.find(flat.err, 'WRONGTYPE', 1, true) then
+    return {-1, 0}
+  end
+  return flat -- any other error (e.g. an ACL denial) is raised to the client
+end
+local exists = #flat > 0
+
+-- The common release: the caller is the only holder and no writer waits. The key expires
+-- with its latest holder, so ours is live if it is there; the key goes, with no clock
+-- read (a waiter that was refused is woken).
+if op == 'release' and exists then
+  local mine, only, someone_waits = 'h:' .. member, true, false
+  local found = false
+  for i = 1, #flat, 2 do
+    local f = flat[i]
+    if f == mine then
+      found = true
+    elseif f == 'x' then
+      someone_waits = true
+    elseif f ~= 'p' then
+      only = false
+      break
+    end
+  end
+  if found and only then
+    redis.call('DEL', key)
+    if someone_waits then
+      redis.pcall('PUBLISH', ARGV[3], ARGV[4])
+    end
+    return {1, ''}
+  end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holders, count, gone = {}, 0, {}
 local permits, mark, waited
-if kind == 'hash' then
+if exists then
   if redis.call('PTTL', key) < 0 then
     return {-2, 0}
   end
-  local flat = redis.call('HGETALL', key)
   for i = 1, #flat, 2 do
     local f, v = flat[i], flat[i + 1]
     if string.sub(f, 1, 2) == 'h:' then
@@ -245,7 +275,7 @@ elseif op == 'fence' then
   put(member, mine[1], r[2])
   return r
 elseif op == 'force' then
-  if kind == 'none' then
+  if not exists then
     return {0, ''}
   end
   redis.call('DEL', key)
