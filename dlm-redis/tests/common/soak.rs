@@ -215,3 +215,51 @@ pub fn assert_nothing_left(admin: &mut redis::Connection, lease: Duration) {
         list.lines().count() == 1
     });
 }
+
+/// The single-server soak, run by `soak.rs`, `soak_semaphore.rs` and `soak_rwlock.rs`
+/// (each the only test of its binary, for the thread count): two clients x four threads
+/// taking `take`'s holds of four hot names over one Redis with AOF always and watchdog
+/// leases of 2 s, through a server pause longer than the lease (renewals and releases
+/// fail, keys expire) and a kill + restart. Every hold is checked by the history checker,
+/// every thread gets holds again once the faults have healed, and nothing is left behind:
+/// no key but the fencing streams once the lease is over, no connection, no thread.
+pub fn through_a_pause_and_a_restart(take: Take) {
+    const LEASE: Duration = Duration::from_secs(2);
+    super::require();
+    let mut server = dlm_testkit::redis_server::RedisServer::builder()
+        .appendonly(true)
+        .spawn();
+    // After the first server: the testkit's spawner thread lives as long as the process.
+    let baseline = threads();
+    let url = server.url();
+    let soak = Soak::start_taking(take, 2, 4, 4, LEASE, || {
+        Arc::new(
+            dlm_redis::RedisBackend::builder(&url)
+                .io_timeout(Duration::from_millis(300))
+                .build()
+                .unwrap(),
+        )
+    });
+    soak.progress(300, "holds before the pause");
+    server.pause();
+    thread::sleep(LEASE + Duration::from_secs(1));
+    server.resume();
+    soak.progress(300, "holds after the pause");
+    // With AOF always, keys and fence counters survive.
+    server.kill();
+    server.restart();
+    soak.healed();
+    let outcome = soak.finish(20);
+    eprintln!(
+        "{take:?}: {} holds, {} errors during the faults",
+        outcome.holds, outcome.errors
+    );
+    assert!(outcome.holds >= 600 + 8 * 20);
+    assert!(
+        outcome.errors > 0,
+        "the faults caused no error: were they injected?"
+    );
+    assert_nothing_left(&mut server.connection(), LEASE);
+    drop(server);
+    assert_threads_back_to(baseline);
+}
