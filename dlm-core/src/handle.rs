@@ -89,7 +89,7 @@ impl Handle {
     /// The number of holders and the longest remaining lease among them (asks the
     /// backend).
     pub(crate) fn inspect(&self, claim: Claim) -> Result<Option<(u32, Duration)>> {
-        Ok(self.client.backend.inspect_claim(&self.name, claim)?)
+        Ok(self.client.backend.inspect_group(&self.name, claim)?)
     }
 
     /// `lease` checked against the client's limits.

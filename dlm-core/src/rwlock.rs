@@ -210,7 +210,7 @@ impl ReadWriteLock {
             .handle
             .client
             .backend
-            .force_release_claim(&self.handle.name, Claim::Write)?)
+            .force_release_group(&self.handle.name, Claim::Write)?)
     }
 }
 

@@ -179,7 +179,7 @@ impl Semaphore {
             .handle
             .client
             .backend
-            .force_release_claim(&self.handle.name, self.claim())?)
+            .force_release_group(&self.handle.name, self.claim())?)
     }
 }
 

@@ -417,7 +417,7 @@ impl LockShared {
             // The mutex's own calls: its hot path stays one virtual call.
             Claim::Exclusive if fenced => backend.try_acquire_fenced(&self.name, owner, ttl),
             Claim::Exclusive => backend.try_acquire(&self.name, owner, ttl),
-            claim => backend.try_acquire_claim(&self.name, claim, owner, ttl, fenced),
+            claim => backend.try_acquire_group(&self.name, claim, owner, ttl, fenced),
         }
     }
 
@@ -428,7 +428,7 @@ impl LockShared {
     ) -> std::result::Result<bool, BackendError> {
         match self.claim {
             Claim::Exclusive => self.client.backend.release(&self.name, owner),
-            claim => self.client.backend.release_claim(&self.name, claim, owner),
+            claim => self.client.backend.release_group(&self.name, claim, owner),
         }
     }
 
@@ -443,7 +443,7 @@ impl LockShared {
             claim => self
                 .client
                 .backend
-                .extend_claim(&self.name, claim, owner, ttl),
+                .extend_group(&self.name, claim, owner, ttl),
         }
     }
 
@@ -454,7 +454,7 @@ impl LockShared {
     ) -> std::result::Result<Option<FencingToken>, BackendError> {
         match self.claim {
             Claim::Exclusive => self.client.backend.fence(&self.name, owner),
-            claim => self.client.backend.fence_claim(&self.name, claim, owner),
+            claim => self.client.backend.fence_group(&self.name, claim, owner),
         }
     }
 
@@ -462,7 +462,7 @@ impl LockShared {
     pub(crate) fn watch(&self) -> Option<Watch> {
         match self.claim {
             Claim::Exclusive => self.client.backend.watch(&self.name),
-            claim => self.client.backend.watch_claim(&self.name, claim),
+            claim => self.client.backend.watch_group(&self.name, claim),
         }
     }
 

@@ -343,7 +343,7 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
                 Claim::Exclusive => batch.next().expect("one result per renewal"),
                 claim => {
                     w.backend
-                        .extend_claim(d.lock.name(), claim, &d.started.token, config.timeout)
+                        .extend_group(d.lock.name(), claim, &d.started.token, config.timeout)
                 }
             })
             .collect()

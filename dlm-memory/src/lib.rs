@@ -364,7 +364,7 @@ impl LockBackend for MemoryBackend {
         )
     }
 
-    fn try_acquire_claim(
+    fn try_acquire_group(
         &self,
         name: &LockName,
         claim: Claim,
@@ -372,9 +372,6 @@ impl LockBackend for MemoryBackend {
         ttl: Duration,
         fenced: bool,
     ) -> Result<Acquire, BackendError> {
-        if claim == Claim::Exclusive {
-            return self.try_acquire(name, owner, ttl);
-        }
         let _ = fenced; // tokens are handed out with every lease
         let started = self.inner.clock.now();
         let fencing = self.inner.fencing;
@@ -391,16 +388,13 @@ impl LockBackend for MemoryBackend {
         }))
     }
 
-    fn extend_claim(
+    fn extend_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        if claim == Claim::Exclusive {
-            return self.extend(name, owner, ttl);
-        }
         let started = self.inner.clock.now();
         self.with_group(name, claim, |group, _, now| {
             group.member(owner).map(|m| {
@@ -410,36 +404,31 @@ impl LockBackend for MemoryBackend {
         })
     }
 
-    fn release_claim(
+    fn release_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
-        if claim == Claim::Exclusive {
-            return self.release(name, owner);
-        }
         self.with_group(name, claim, |group, _, _| group.release(owner))
     }
 
-    fn fence_claim(
+    fn fence_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<Option<FencingToken>, BackendError> {
-        if claim == Claim::Exclusive || !self.inner.fencing {
-            return self.fence(name, owner);
+        if !self.inner.fencing {
+            return self.fence(name, owner); // the error that says fencing is off
         }
         self.with_group(name, claim, |group, _, _| {
             group.member(owner).and_then(|m| m.fence)
         })
     }
 
-    fn watch_claim(&self, name: &LockName, claim: Claim) -> Option<Watch> {
-        let Some(kind) = GroupKind::of(claim) else {
-            return self.watch(name);
-        };
+    fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        let kind = GroupKind::of(claim)?;
         let mut store = self.inner.store.lock();
         let group = store.groups.entry((name.clone(), kind)).or_default();
         Some(group.waiters.subscribe())
@@ -460,21 +449,15 @@ impl LockBackend for MemoryBackend {
         })
     }
 
-    fn force_release_claim(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
-        if claim == Claim::Exclusive {
-            return self.force_release(name);
-        }
+    fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
         self.with_group(name, claim, |group, _, _| group.clear())
     }
 
-    fn inspect_claim(
+    fn inspect_group(
         &self,
         name: &LockName,
         claim: Claim,
     ) -> Result<Option<(u32, Duration)>, BackendError> {
-        if claim == Claim::Exclusive {
-            return Ok(self.inspect(name)?.map(|d| (1, d)));
-        }
         self.with_group(name, claim, |group, _, now| group.inspect(now))
     }
 }

@@ -26,7 +26,7 @@ pub fn writer_mark(ttl: Duration) -> Duration {
 #[non_exhaustive]
 pub enum Claim {
     /// The mutex: one holder at a time ([`LockBackend::try_acquire`](super::LockBackend::try_acquire)
-    /// and the other calls without `_claim`).
+    /// and the other calls without `_group`).
     Exclusive,
     /// One permit of a semaphore with `permits` permits: at most `permits` holders at
     /// once. The count is fixed by the first holder while any permit is held; an

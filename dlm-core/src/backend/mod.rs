@@ -268,29 +268,31 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// front asks once, when a handle is made, and refuses one the backend cannot serve
     /// with [`BackendErrorKind::Unsupported`] (no I/O). The default: the mutex only.
     ///
-    /// A backend that answers `true` for a claim implements the `_claim` calls below for
-    /// it, with the mutex's rules (idempotent acquisition for the same owner, an expiry on
-    /// every entry, extensions and releases only by the holder, fencing tokens ordered
-    /// across the holders of a name), plus the claim's own: at most `permits` holders of
-    /// a semaphore, never a reader beside a writer, and no new reader while a writer waits.
+    /// A backend that answers `true` implements the `_group` calls below: the holds of a
+    /// *group resource* (a semaphore or a read-write lock of a name, held by a group of
+    /// holders; separate from the name's mutex). The front calls them only with those
+    /// claims, never with [`Claim::Exclusive`] (the mutex has its own calls). Their rules
+    /// are the mutex's (idempotent acquisition for the same owner, an expiry on every
+    /// entry, extensions and releases only by the holder, fencing tokens ordered across
+    /// holders) plus the claim's: at most `permits` holders of a semaphore, never a reader
+    /// beside a writer, no new reader while a writer waits. dlm-memory's `group.rs` is the
+    /// reference; the conformance suite checks them.
     fn supports(&self, claim: Claim) -> bool {
         claim == Claim::Exclusive
     }
 
-    /// [`try_acquire`](LockBackend::try_acquire) (or, when `fenced`,
-    /// [`try_acquire_fenced`](LockBackend::try_acquire_fenced)) of a hold of kind `claim`.
+    /// [`try_acquire`](LockBackend::try_acquire) of a group hold (drawing its token with
+    /// it when `fenced`, as [`try_acquire_fenced`](LockBackend::try_acquire_fenced)).
     /// [`Acquire::Held`] when the claim's rule refuses it now.
     ///
-    /// A [`Claim::Write`] attempt refused because readers hold the name leaves a mark that
-    /// a writer waits, which refuses new readers until the writer gets in or the mark
-    /// expires (the writer's next attempt renews it; a writer that gives up or dies leaves
-    /// it to expire within `ttl`). A [`Claim::Permit`] attempt whose `permits` differs from
-    /// the count of the semaphore's current holders fails with
-    /// [`BackendErrorKind::Conflict`].
-    ///
-    /// The default serves [`Claim::Exclusive`] with the mutex's calls and refuses the rest
+    /// A [`Claim::Write`] attempt refused because others hold the lock marks it as awaited
+    /// by a writer for [`writer_mark`]`(ttl)`, which refuses new readers meanwhile, and
+    /// answers a `retry_after` of at most a third of the mark (the writer then renews the
+    /// mark while it waits); a granted write clears the mark. A [`Claim::Permit`] attempt
+    /// whose `permits` differs from the count the semaphore's current holders hold it with
+    /// fails with [`BackendErrorKind::Conflict`]. The default refuses
     /// ([`BackendErrorKind::Unsupported`]).
-    fn try_acquire_claim(
+    fn try_acquire_group(
         &self,
         name: &LockName,
         claim: Claim,
@@ -298,75 +300,60 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
         fenced: bool,
     ) -> Result<Acquire, BackendError> {
-        match claim {
-            Claim::Exclusive if fenced => self.try_acquire_fenced(name, owner, ttl),
-            Claim::Exclusive => self.try_acquire(name, owner, ttl),
-            _ => Err(unsupported(claim)),
-        }
+        let _ = (name, owner, ttl, fenced);
+        Err(unsupported(claim))
     }
 
-    /// [`extend`](LockBackend::extend) of a hold of kind `claim`. The default serves
-    /// [`Claim::Exclusive`] and refuses the rest.
-    fn extend_claim(
+    /// [`extend`](LockBackend::extend) of a group hold. The default refuses.
+    fn extend_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        match claim {
-            Claim::Exclusive => self.extend(name, owner, ttl),
-            _ => Err(unsupported(claim)),
-        }
+        let _ = (name, owner, ttl);
+        Err(unsupported(claim))
     }
 
-    /// [`release`](LockBackend::release) of a hold of kind `claim`, waking a waiter. The
-    /// default serves [`Claim::Exclusive`] and refuses the rest.
-    fn release_claim(
+    /// [`release`](LockBackend::release) of a group hold; wakes the resource's waiters
+    /// (all of them: several may get in). The default refuses.
+    fn release_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
-        match claim {
-            Claim::Exclusive => self.release(name, owner),
-            _ => Err(unsupported(claim)),
-        }
+        let _ = (name, owner);
+        Err(unsupported(claim))
     }
 
-    /// [`fence`](LockBackend::fence) of a hold of kind `claim`: a token larger than every
-    /// token issued to earlier holders of a permit (semaphore) or of a write hold
-    /// (read-write lock) of `name`; for a read hold, one larger than every earlier write
-    /// hold's, so that a store that accepts only increasing tokens refuses a writer that
-    /// came before the reader. The default serves [`Claim::Exclusive`] and refuses the
-    /// rest.
-    fn fence_claim(
+    /// [`fence`](LockBackend::fence) of a group hold: a token larger than every token
+    /// issued to earlier permit holders (semaphore) or write holders (read-write lock) of
+    /// `name`; for a read hold, one larger than every earlier write hold's, so that a
+    /// store that accepts only increasing tokens refuses a writer that came before the
+    /// reader. The default refuses.
+    fn fence_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<Option<FencingToken>, BackendError> {
-        match claim {
-            Claim::Exclusive => self.fence(name, owner),
-            _ => Err(unsupported(claim)),
-        }
+        let _ = (name, owner);
+        Err(unsupported(claim))
     }
 
-    /// [`watch`](LockBackend::watch) for waiters of a hold of kind `claim`: hints when a
-    /// holder of the semaphore or read-write lock `name` releases. The default serves
-    /// [`Claim::Exclusive`]; waiters of other claims poll.
-    fn watch_claim(&self, name: &LockName, claim: Claim) -> Option<Watch> {
-        match claim {
-            Claim::Exclusive => self.watch(name),
-            _ => None,
-        }
+    /// [`watch`](LockBackend::watch) for a waiter of a group hold: hints when a holder of
+    /// the resource releases. `None` (the default): waiters poll.
+    fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        let _ = (name, claim);
+        None
     }
 
     /// Turns `writer`'s write hold of the read-write lock `name` into a read hold of
     /// `reader` for `ttl`, in one atomic step: no other writer can get in between.
     /// `Ok(None)`: `writer` no longer holds it. The read hold's lease keeps the write
-    /// hold's fencing token, if it had one. The default refuses
-    /// ([`BackendErrorKind::Unsupported`]).
+    /// hold's fencing token, if it had one. The default refuses.
     fn downgrade(
         &self,
         name: &LockName,
@@ -378,30 +365,24 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Err(unsupported(Claim::Write))
     }
 
-    /// [`force_release`](LockBackend::force_release) of the `claim` resource `name`: ends
-    /// every hold of it (every permit; every read and write hold and a writer's waiting
-    /// mark) and wakes its waiters. Whether anything was held. The default serves
-    /// [`Claim::Exclusive`] and refuses the rest.
-    fn force_release_claim(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
-        match claim {
-            Claim::Exclusive => self.force_release(name),
-            _ => Err(unsupported(claim)),
-        }
+    /// [`force_release`](LockBackend::force_release) of a group resource: ends every hold
+    /// of it (every permit; every read and write hold, and a writer's mark) and wakes its
+    /// waiters. Whether anything was held. The default refuses.
+    fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        let _ = name;
+        Err(unsupported(claim))
     }
 
-    /// Who holds `name` as a `claim` resource: the number of holders (for a read-write
-    /// lock, readers and writers; for the mutex 0 or 1) and the longest remaining lease
-    /// among them, `None` when free. For `dlm status`. The default serves
-    /// [`Claim::Exclusive`] with [`inspect`](LockBackend::inspect).
-    fn inspect_claim(
+    /// Who holds the group resource `name`: the number of holders (for a read-write lock,
+    /// readers and writer) and the longest remaining lease among them, `None` when free.
+    /// The default refuses.
+    fn inspect_group(
         &self,
         name: &LockName,
         claim: Claim,
     ) -> Result<Option<(u32, Duration)>, BackendError> {
-        match claim {
-            Claim::Exclusive => Ok(self.inspect(name)?.map(|d| (1, d))),
-            _ => Err(unsupported(claim)),
-        }
+        let _ = name;
+        Err(unsupported(claim))
     }
 }
 

@@ -610,7 +610,7 @@ impl LockBackend for RedisBackend {
         )
     }
 
-    fn try_acquire_claim(
+    fn try_acquire_group(
         &self,
         name: &LockName,
         claim: Claim,
@@ -618,61 +618,44 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
         fenced: bool,
     ) -> Result<Acquire, BackendError> {
-        match claim {
-            Claim::Exclusive if fenced => self.try_acquire_fenced(name, owner, ttl),
-            Claim::Exclusive => self.try_acquire(name, owner, ttl),
-            _ => self.claim_acquire(name, claim, owner, ttl, fenced),
-        }
+        self.claim_acquire(name, claim, owner, ttl, fenced)
     }
 
-    fn extend_claim(
+    fn extend_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        match claim {
-            Claim::Exclusive => self.extend(name, owner, ttl),
-            _ => self.claim_extend(name, claim, owner, ttl),
-        }
+        self.claim_extend(name, claim, owner, ttl)
     }
 
-    fn release_claim(
+    fn release_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
-        match claim {
-            Claim::Exclusive => self.release(name, owner),
-            _ => self.claim_release(name, claim, owner),
-        }
+        self.claim_release(name, claim, owner)
     }
 
-    fn fence_claim(
+    fn fence_group(
         &self,
         name: &LockName,
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<Option<FencingToken>, BackendError> {
-        match claim {
-            Claim::Exclusive => self.fence(name, owner),
-            _ => self.claim_fence(name, claim, owner),
-        }
+        self.claim_fence(name, claim, owner)
     }
 
     /// A release of a semaphore's permit or of a read-write lock's hold wakes every
     /// waiter of it (several may get in), not one.
-    fn watch_claim(&self, name: &LockName, claim: Claim) -> Option<Watch> {
-        match claim {
-            Claim::Exclusive => self.watch(name),
-            _ => self
-                .inner
-                .hints
-                .as_ref()?
-                .watch_all(self.inner.keys.claim_channel(name, claim)),
-        }
+    fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        self.inner
+            .hints
+            .as_ref()?
+            .watch_all(self.inner.keys.claim_channel(name, claim))
     }
 
     fn downgrade(
@@ -685,22 +668,16 @@ impl LockBackend for RedisBackend {
         self.claim_downgrade(name, writer, reader, ttl)
     }
 
-    fn force_release_claim(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
-        match claim {
-            Claim::Exclusive => self.force_release(name),
-            _ => self.claim_force_release(name, claim),
-        }
+    fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        self.claim_force_release(name, claim)
     }
 
-    fn inspect_claim(
+    fn inspect_group(
         &self,
         name: &LockName,
         claim: Claim,
     ) -> Result<Option<(u32, Duration)>, BackendError> {
-        match claim {
-            Claim::Exclusive => Ok(self.inspect(name)?.map(|d| (1, d))),
-            _ => self.claim_inspect(name, claim),
-        }
+        self.claim_inspect(name, claim)
     }
 }
 

@@ -228,7 +228,7 @@ fn assert_woken(
 pub fn semaphore_release_wakes_a_waiter(f: &dyn Fixture) {
     if !f.watch() {
         let name = LockName::new("x").unwrap();
-        let watch = f.backend().watch_claim(&name, Claim::Permit { permits: 1 });
+        let watch = f.backend().watch_group(&name, Claim::Permit { permits: 1 });
         return assert!(watch.is_none(), "a fixture without hints gave a watch");
     }
     let name = unique_name("sem-wake");
@@ -400,7 +400,7 @@ pub fn rw_release_wakes_readers_and_writers(f: &dyn Fixture) {
     if !f.watch() {
         let watch = f
             .backend()
-            .watch_claim(&LockName::new("x").unwrap(), Claim::Read);
+            .watch_group(&LockName::new("x").unwrap(), Claim::Read);
         return assert!(watch.is_none(), "a fixture without hints gave a watch");
     }
     let name = unique_name("rw-wake");
