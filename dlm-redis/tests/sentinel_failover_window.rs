@@ -564,3 +564,46 @@ fn a_release_that_reaches_the_old_master_after_the_promotion_is_sent_again_to_th
         "another client did not get the name"
     );
 }
+
+/// The same for a semaphore's permit (the journal keeps every kind of hold): a permit
+/// released on the old master after the promotion is released again on the new master
+/// once the sentinels name it, so the only permit is free again within seconds, not at
+/// the end of its 30 s lease.
+#[test]
+fn a_permit_released_on_the_old_master_after_the_promotion_is_released_on_the_new_one() {
+    common::require();
+    let t = SentinelTopology::spawn();
+    let a = client(&t);
+    let name = dlm_testkit::unique_name("left-over-permit");
+    let key = format!("dlm:{{{name}}}:sem");
+    let g = a.get_semaphore(&name, 1).unwrap().acquire().unwrap();
+    common::replicated(t.master(), 2);
+    let old = t.start_failover();
+    common::wait_until(Duration::from_secs(10), "a replica promoted", || {
+        (0..t.data_nodes().len()).any(|r| r != old && t.role(r).is_ok_and(|role| role == "master"))
+    });
+    assert_eq!(t.role(old).unwrap(), "master", "demoted already");
+    g.unlock().expect("the old master takes the release");
+    assert_eq!(t.role(old).unwrap(), "master", "demoted before the release");
+    let new = t.wait_for_new_master(old, Duration::from_secs(30));
+    let mut con = t.data_node(new).connection();
+    common::wait_until(
+        Duration::from_secs(5),
+        "the released permit's copy deleted on the new master",
+        || {
+            !redis::cmd("EXISTS")
+                .arg(&key)
+                .query::<bool>(&mut con)
+                .unwrap()
+        },
+    );
+    let b = client(&t);
+    assert!(
+        b.get_semaphore(&name, 1)
+            .unwrap()
+            .try_acquire()
+            .unwrap()
+            .is_some(),
+        "another client did not get the permit"
+    );
+}

@@ -80,13 +80,15 @@ struct Journal(Mutex<VecDeque<Released>>);
 
 struct Released {
     name: LockName,
+    /// The mutex's (`Exclusive`) or a semaphore's or read-write lock's hold.
+    claim: Claim,
     owner: OwnerToken,
     generation: u64,
     at: Instant,
 }
 
 impl Journal {
-    fn record(&self, name: &LockName, owner: &OwnerToken, generation: u64) {
+    fn record(&self, name: &LockName, claim: Claim, owner: &OwnerToken, generation: u64) {
         let mut entries = self.0.lock();
         let now = Instant::now();
         while entries
@@ -98,6 +100,7 @@ impl Journal {
         }
         entries.push_back(Released {
             name: name.clone(),
+            claim,
             owner: *owner,
             generation,
             at: now,
@@ -217,17 +220,40 @@ impl RedisBackend {
         backend
     }
 
+    /// The generation of the Sentinel master a request goes to now (`None` for other
+    /// topologies): a release made in it is journaled, to be sent again to a later master.
+    fn sentinel_generation(&self) -> Option<u64> {
+        match &self.inner.target {
+            Topology::Sentinel(node, _) => Some(node.endpoint.generation()),
+            _ => None,
+        }
+    }
+
     /// Sentinel, after a change of master: the releases of the journal made on an earlier
     /// master are sent again to the new one, in one pipelined write (see [`Journal`]).
     fn release_again(&self) {
         let Topology::Sentinel(node, _) = &self.inner.target else {
             return;
         };
-        let again = self.inner.journal.take_before(node.endpoint.generation());
+        let (again, groups): (Vec<Released>, Vec<Released>) = self
+            .inner
+            .journal
+            .take_before(node.endpoint.generation())
+            .into_iter()
+            .partition(|r| r.claim == Claim::Exclusive);
+        let id = ReleaseId::Release.random();
+        // A semaphore's or read-write lock's releases (rarer) one by one.
+        for r in groups {
+            if let Err(e) = self.claim_release_on(node, &r.name, r.claim, &r.owner, id) {
+                log::warn!(
+                    "{}: sending a release made on the former master again failed (its copy ends with its lease): {e}",
+                    node.endpoint
+                );
+            }
+        }
         if again.is_empty() {
             return;
         }
-        let id = ReleaseId::Release.random();
         let call = Call::batch(
             again
                 .iter()
@@ -558,13 +584,12 @@ impl LockBackend for RedisBackend {
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         let id = ReleaseId::Release.random();
-        let generation = match &self.inner.target {
-            Topology::Sentinel(node, _) => Some(node.endpoint.generation()),
-            _ => None,
-        };
+        let generation = self.sentinel_generation();
         let released = self.on_node(name, |node| node.release(name, owner, id))?;
         if let (true, Some(generation)) = (released, generation) {
-            self.inner.journal.record(name, owner, generation);
+            self.inner
+                .journal
+                .record(name, Claim::Exclusive, owner, generation);
         }
         if released {
             self.released_here(name, id);

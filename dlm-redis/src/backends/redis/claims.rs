@@ -200,7 +200,7 @@ impl RedisBackend {
     }
 
     /// The release on `node`, announced as `id` when someone waits.
-    fn claim_release_on(
+    pub(super) fn claim_release_on(
         &self,
         node: &Node,
         name: &LockName,
@@ -229,9 +229,14 @@ impl RedisBackend {
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
         let id = ReleaseId::Release.random();
+        let generation = self.sentinel_generation();
         let released = self.claim_run(name, claim, |node| {
             self.claim_release_on(node, name, claim, owner, id)
         })?;
+        if let (true, Some(generation)) = (released, generation) {
+            // Sent again to a new master if this one was being replaced (see `Journal`).
+            self.inner.journal.record(name, claim, owner, generation);
+        }
         if released {
             self.claim_released_here(name, claim, id);
         }
