@@ -14,8 +14,9 @@ pub(crate) struct StatusArgs {
     /// The locks' names.
     #[arg(value_name = "NAME", required = true)]
     names: Vec<String>,
-    /// One JSON array: `[{"name": ..., "held": true, "remaining_ms": 1234}, ...]` (with
-    /// --permits or --shared, also `"holders"`, and `"permits"`).
+    /// One JSON array: `[{"name": ..., "held": true, "remaining_ms": 1234}, ...]`; with
+    /// --permits also `"holders"` and `"permits"`, with --rw `"holders"` (`remaining_ms`:
+    /// the longest lease among them).
     #[arg(long)]
     json: bool,
     /// The semaphores NAME of N permits (`dlm run --permits N`): how many permits are held,

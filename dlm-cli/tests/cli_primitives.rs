@@ -376,3 +376,69 @@ fn redlock_refuses_permits_and_read_write_locks() {
         done.stderr
     );
 }
+
+/// `dlm hold --permits 1` prints the assignments with a fencing token and keeps the
+/// permit (a `dlm run -n --permits 1` then exits 1) until its input ends; then it
+/// releases it (exit 0, the semaphore free).
+#[test]
+fn hold_keeps_a_permit_until_its_input_ends() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+
+    /// Kills the hold if the test ends early.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    let server = server();
+    let url = server.url();
+    let mut hold = Kill(
+        dlm()
+            .args(["hold", "--permits", "1", "--redis", &url, "h"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = std::io::BufReader::new(hold.0.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let token = line
+        .trim_end()
+        .strip_prefix("DLM_LOCK_NAME='h' DLM_FENCING_TOKEN=")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("printed {line:?}"));
+    assert!(token.parse::<u64>().is_ok(), "printed {line:?}");
+    run(dlm().args([
+        "run",
+        "-n",
+        "--permits",
+        "1",
+        "--redis",
+        &url,
+        "h",
+        "--",
+        "true",
+    ]))
+    .expect(1);
+    let (held, holders, row) = status(&url, &["--permits", "1"], "h");
+    assert!(held && holders == 1, "{row:?}");
+
+    drop(hold.0.stdin.take());
+    let deadline = std::time::Instant::now() + LIMIT;
+    let exited = loop {
+        if let Some(status) = hold.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "dlm hold did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(exited.code(), Some(0));
+    let (held, holders, row) = status(&url, &["--permits", "1"], "h");
+    assert!(!held && holders == 0, "{row:?}");
+}
