@@ -442,3 +442,35 @@ fn hold_keeps_a_permit_until_its_input_ends() {
     let (held, holders, row) = status(&url, &["--permits", "1"], "h");
     assert!(!held && holders == 0, "{row:?}");
 }
+
+/// A permit's and a write hold's fixed lease running out is a lost hold, as the mutex's:
+/// the command (waiting for a marker that never comes) is stopped and `dlm` exits 70.
+#[test]
+fn a_lost_permit_or_write_hold_stops_the_command() {
+    let server = server();
+    let url = server.url();
+    let stage = Stage::new();
+    for (flags, id) in [
+        (&["--permits", "2", "--lease", "0.5"][..], "p"),
+        (&["--exclusive", "--lease", "0.5"][..], "w"),
+    ] {
+        let mut proc = stage.start(&url, flags, "lost", id);
+        let done = proc.wait(LIMIT);
+        done.expect(70);
+        assert!(done.stderr.contains("was lost"), "{}", done.stderr);
+        assert!(
+            stage
+                .lines()
+                .iter()
+                .any(|l| l.starts_with(&format!("start {id} "))),
+            "the command did not run"
+        );
+        assert!(
+            !stage
+                .lines()
+                .iter()
+                .any(|l| l.starts_with(&format!("end {id}"))),
+            "the command ran to its end"
+        );
+    }
+}
