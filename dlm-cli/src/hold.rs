@@ -8,12 +8,12 @@ use std::thread;
 
 use clap::Args;
 use crossbeam_channel::{Sender, select};
-use dlm_core::{Error, HoldState, LockGuard, LockName};
+use dlm_core::{Error, HoldState, LockName};
 
 use crate::BackendArgs;
 use crate::backend::Connection;
 use crate::exit::{self, Failure};
-use crate::run::{self, LockArgs, Signals};
+use crate::run::{self, Held, LockArgs, Signals};
 
 #[derive(Debug, Args)]
 #[command(override_usage = "dlm hold [OPTIONS] NAME")]
@@ -84,7 +84,7 @@ fn quote(s: &str) -> String {
 /// Prints `line`, then keeps the lock until the hold ends, and releases it.
 fn held(
     name: &str,
-    guard: LockGuard,
+    guard: Held,
     line: &str,
     signalled: &crossbeam_channel::Receiver<i32>,
 ) -> Result<u8, Failure> {

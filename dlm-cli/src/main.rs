@@ -33,14 +33,24 @@ Examples:
   # on an etcd cluster
   dlm run --etcd http://10.0.3.1:2379,http://10.0.3.2:2379,http://10.0.3.3:2379 backup -- ./backup.sh
 
-  # is it held, and for how long?
+  # at most 3 exports at once across all machines (a semaphore of 3 permits; every
+  # run gives the same count)
+  dlm run --permits 3 exports -- ./export.sh
+
+  # readers together, a writer alone: the read-write lock config (not the lock config)
+  dlm run --shared config -- ./read-config.sh
+  dlm run --exclusive config -- ./rewrite-config.sh
+
+  # is it held, and for how long? How many permits or holds are taken?
   dlm status nightly-export reindex --json
+  dlm status --permits 3 exports; dlm status --rw config
 
 Exit status:
   0      the command succeeded (or: status and unlock succeeded)
   N      the command's own status; 128+N when it was killed by signal N
   1      the lock was not obtained (-n, -w): change with -E/--conflict-exit-code
-  2      usage error: bad arguments, a bad URL or name, no command, no backend
+  2      usage error: bad arguments, a bad URL or name, no command, no backend; a backend
+         without semaphores or read-write locks (Redlock); another --permits count in use
   69     the backend failed: unreachable, refused the credentials, no quorum
   70     the lock was lost while the command ran (the command was stopped)
   126    the command cannot be executed; 127: the command was not found
@@ -93,7 +103,8 @@ enum Command {
     /// input ends, standard output's reader goes, or SIGTERM/SIGINT; then release it.
     #[command(after_long_help = HOLD_EXAMPLES)]
     Hold(hold::HoldArgs),
-    /// Whether each NAME is held, and the remaining lease.
+    /// Whether each NAME is held, and the remaining lease (with --permits or --rw: a
+    /// semaphore's or read-write lock's holders and their longest lease).
     Status(status::StatusArgs),
     /// Release NAME whoever holds it (administration).
     Unlock(status::UnlockArgs),

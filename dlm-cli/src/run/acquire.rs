@@ -1,5 +1,5 @@
-//! Taking the lock: the client built from the lock settings ([`lock_for`]), the
-//! acquisition (`-n`, `-w`, or a wait that a signal ends: [`acquire`]), the fencing token
+//! Taking the lock: the client built from the lock settings and the resource it takes
+//! ([`lock_for`]: the lock, a permit, a read or write hold), the acquisition (`-n`, `-w`, or a wait that a signal ends: [`acquire`]), the fencing token
 //! drawn for the command ([`token`]), and the status line shown while waiting on a terminal.
 
 use std::io::{IsTerminal, Write};
@@ -8,20 +8,22 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use dlm_core::{
-    BackendErrorKind, DEFAULT_WATCHDOG_TIMEOUT, DistributedLock, Error, Lock, LockGuard, LockName,
-    RetryPolicy, TokenDraw,
+    BackendErrorKind, DEFAULT_WATCHDOG_TIMEOUT, Error, LockGuard, LockName, RetryPolicy, TokenDraw,
 };
 
+use super::resource::{Held, Kind, Resource};
 use super::{LockArgs, Signals};
 use crate::backend::Connection;
 use crate::exit::{self, Failure};
 
-/// The lock `name` on a client with `args`' lease settings, and the lease in force.
+/// What `args` take of `name` (the lock, a permit, a read or write hold) on a client with
+/// their lease settings, and the lease in force. A backend without that resource is
+/// refused here, before anything runs.
 pub(crate) fn lock_for(
     conn: &Connection,
     name: &LockName,
     args: &LockArgs,
-) -> Result<(DistributedLock, Duration), Failure> {
+) -> Result<(Resource, Duration), Failure> {
     // The command gets the token in its environment: drawn with the acquisition, one
     // round trip instead of two (a one-shot run has no earlier hold to predict from).
     let mut builder = conn.client().token_draw(TokenDraw::AtAcquisition);
@@ -47,10 +49,8 @@ pub(crate) fn lock_for(
     let client = builder
         .build()
         .map_err(|e| Failure::from_lock_error("bad settings", &e))?;
-    let lock = client
-        .get_lock(name.as_str())
-        .map_err(|e| Failure::from_lock_error("bad lock name", &e))?;
-    Ok((lock, lease))
+    let resource = Resource::new(conn, &client, name, args.kind())?;
+    Ok((resource, lease))
 }
 
 /// Takes `lock` as `args` say (`-n`, `-w`, or waiting for it); a signal ends the wait.
@@ -60,28 +60,37 @@ pub(crate) fn acquire(
     name: &str,
     args: &LockArgs,
     quiet: bool,
-    lock: &DistributedLock,
+    lock: &Resource,
     signals: &mut Signals,
-) -> Result<Result<LockGuard, u8>, Failure> {
+) -> Result<Result<Held, u8>, Failure> {
     let acquire_error = |e: Error| match e {
         Error::Interrupted => signals.interrupted(name),
+        // Another permit count is in use: a setting to fix, not a wait to retry.
+        e if e.backend_kind() == Some(BackendErrorKind::Conflict) => Failure::usage(format!(
+            "cannot take a permit of {name:?}: {}; every holder must give the same --permits (the count is fixed while any permit is held)",
+            e.backend()
+                .map_or("another permit count is in use", |b| b.message())
+        )),
         e => Failure::from_lock_error(&format!("cannot acquire {name:?} ({})", conn.describe), &e),
     };
     // -n: one attempt. Otherwise the library's waiting calls, which retry transient
     // errors within the wait (a server that comes up late is waited for).
     let got = if args.no_wait {
-        lock.try_lock()
+        lock.try_once()
     } else {
         let status = StatusLine::start(name, quiet, lock);
-        let got = match args.wait {
-            Some(wait) => lock.try_lock_interruptibly(wait, &signals.interrupt),
-            None => lock.lock_interruptibly(&signals.interrupt).map(Some),
-        };
+        let got = lock.wait_for(args.wait, &signals.interrupt);
         drop(status);
         got
     };
     let Some(guard) = got.map_err(acquire_error)? else {
-        log::info!("{name:?} is held by another owner");
+        log::info!(
+            "{name:?} is held by another owner{}",
+            match lock.kind() {
+                Kind::Permits(n) => format!(" (all {n} permits are taken)"),
+                _ => String::new(),
+            }
+        );
         return Ok(Err(args.conflict_exit_code));
     };
     if signals.take_pending() {
@@ -132,7 +141,7 @@ struct StatusLine {
 }
 
 impl StatusLine {
-    fn start(name: &str, quiet: bool, lock: &DistributedLock) -> StatusLine {
+    fn start(name: &str, quiet: bool, lock: &Resource) -> StatusLine {
         let none = StatusLine {
             stop: None,
             thread: None,
@@ -155,14 +164,15 @@ impl StatusLine {
                 ) {
                     return;
                 }
-                // The holder's lease (`Ok(Some)`), a free lock (`Ok(None)`), or whether
-                // the backend failed transiently (`Err`), asked every few seconds.
-                let mut seen: Result<Option<Duration>, bool> = Err(false);
+                // The holders and their longest lease (`Ok(Some)`), a free lock
+                // (`Ok(None)`), or whether the backend failed transiently (`Err`), asked
+                // every few seconds.
+                let mut seen: Result<Option<(u32, Duration)>, bool> = Err(false);
                 let mut asked = Instant::now();
                 let mut first = true;
                 loop {
                     if first || asked.elapsed() >= Duration::from_secs(3) {
-                        seen = lock.remaining_lease().map_err(|e| {
+                        seen = lock.inspect().map_err(|e| {
                             e.backend()
                                 .is_some_and(dlm_core::BackendError::is_transient)
                         });
@@ -170,10 +180,7 @@ impl StatusLine {
                         first = false;
                     }
                     let holder = match seen {
-                        Ok(Some(r)) => format!(
-                            "held by another owner, lease ends in {}s",
-                            r.saturating_sub(asked.elapsed()).as_secs()
-                        ),
+                        Ok(Some((n, r))) => lock.holders_text(n, r.saturating_sub(asked.elapsed())),
                         Ok(None) => "free a moment ago".to_owned(),
                         Err(true) => "the backend does not answer; retrying".to_owned(),
                         Err(false) => "held by another owner".to_owned(),

@@ -2,12 +2,14 @@
 //!
 //! This file holds the arguments (`dlm run`'s, the lock settings it shares with `dlm hold`,
 //! `dlm __exec`'s), their checks before any I/O, and the run from start to release. The
-//! acquisition is in `acquire`, the signals in `signals`, the command's process (its
+//! acquisition is in `acquire` (what it takes, the lock, a permit or a read or write hold,
+//! in `resource`), the signals in `signals`, the command's process (its
 //! keeper and process group, `dlm __exec`) in `child`, and the command's run under the
 //! lock, the lost-lock watcher and the run's status in `supervise`.
 
 mod acquire;
 mod child;
+mod resource;
 mod signals;
 mod supervise;
 
@@ -22,6 +24,7 @@ use crate::exit::{self, Failure};
 
 pub(crate) use acquire::{acquire, lock_for, token};
 pub(crate) use child::exec;
+pub(crate) use resource::{Held, Kind, Resource};
 pub(crate) use signals::Signals;
 
 #[derive(Debug, Args)]
@@ -84,6 +87,41 @@ pub(crate) struct LockArgs {
     /// command is stopped).
     #[arg(long, value_name = "SECS", value_parser = seconds, conflicts_with = "lease")]
     max_hold: Option<Duration>,
+    /// Take one of N permits of the semaphore NAME instead of the lock NAME: at most N
+    /// holders at once (as `consul lock -n N`). Every holder gives the same N (it is
+    /// fixed while any permit is held; another count is refused, exit 2).
+    #[arg(long, value_name = "N", value_parser = permits, conflicts_with_all = ["shared", "exclusive"])]
+    permits: Option<u32>,
+    /// Take a read hold of the read-write lock NAME: shared with other --shared holders,
+    /// never beside an --exclusive one (as `flock -s`). A waiting --exclusive goes first.
+    #[arg(long, conflicts_with = "exclusive")]
+    shared: bool,
+    /// Take the write hold of the read-write lock NAME: no other --shared or --exclusive
+    /// holder beside it (as `flock -x`). NOT the lock of plain `dlm run NAME`: the lock
+    /// NAME, the semaphore NAME and the read-write lock NAME are three separate resources.
+    #[arg(long)]
+    exclusive: bool,
+}
+
+impl LockArgs {
+    /// What is taken: the lock, a permit, a read or a write hold.
+    pub(crate) fn kind(&self) -> Kind {
+        match (self.permits, self.shared, self.exclusive) {
+            (Some(n), _, _) => Kind::Permits(n),
+            (None, true, _) => Kind::Shared,
+            (None, false, true) => Kind::Exclusive,
+            (None, false, false) => Kind::Lock,
+        }
+    }
+}
+
+/// A permit count: 1 or more.
+pub(crate) fn permits(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(0) => Err("a semaphore needs at least 1 permit".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a number of permits (1 or more)")),
+    }
 }
 
 /// What `--on-lost` does.

@@ -7,19 +7,21 @@ use std::thread;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use dlm_core::{Error, HoldState, LockGuard};
+use dlm_core::{Error, HoldState};
 use parking_lot::Mutex;
 use rustix::process::{Pid, Signal};
 
+use super::Held;
 use super::child::{Child, Keeper, cannot_run, child_command, in_the_terminals_foreground};
 use super::signals::{ChildState, Signals};
 use super::{OnLost, RunArgs, token};
 use crate::exit::{self, Failure};
 
-/// Runs the command while `guard` holds the lock; stops it if the lock is lost.
+/// Runs the command while `guard` holds the lock (or permit, or read or write hold);
+/// stops it if the hold is lost.
 pub(super) fn run_child(
     args: &RunArgs,
-    guard: LockGuard,
+    guard: Held,
     signals: &mut Signals,
     command: &[String],
     lease: Duration,
