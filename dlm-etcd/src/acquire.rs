@@ -93,10 +93,25 @@ impl Inner {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
-        let key_bytes = self.key(name);
-        let key = b64(&key_bytes);
-        // The value is `token|ms`: ours if it lies strictly between `token|` and `token}`
-        // (no token holds `|` or `}`).
+        let deleted_at = self.release_at(&self.key(name), owner)?;
+        if let Some(rev) = deleted_at
+            && let Some(w) = self.watcher.lock().as_ref()
+        {
+            w.announce(name, rev);
+        }
+        Ok(deleted_at.is_some())
+    }
+
+    /// Deletes `key` if its value is `owner`'s: the revision of the deletion, `None` if
+    /// it was not `owner`'s (any more).
+    pub(crate) fn release_at(
+        &self,
+        key_bytes: &[u8],
+        owner: &OwnerToken,
+    ) -> Result<Option<i64>, BackendError> {
+        let key = b64(key_bytes);
+        // The value is `token|ms` (or `token|ms|fence`): ours if it lies strictly between
+        // `token|` and `token}` (no token holds `|` or `}`).
         let token = owner.encoded();
         let mut low = token.as_bytes().to_vec();
         low.push(b'|');
@@ -113,21 +128,20 @@ impl Inner {
         // Either way this owner's key is on no etcd lease any more.
         self.leases
             .lock()
-            .drop_key_everywhere(&tag_of(&key_bytes, owner));
+            .drop_key_everywhere(&tag_of(key_bytes, owner));
         if reply.get("succeeded").and_then(Value::as_bool) != Some(true) {
-            return Ok(false);
+            return Ok(None);
         }
         let deleted = reply
             .pointer("/responses/0/response_delete_range")
             .map(|d| int(d, "deleted"))
             .transpose()?
             .unwrap_or(0);
-        if deleted > 0
-            && let Some(w) = self.watcher.lock().as_ref()
-        {
-            w.announce(name, revision(&reply)?);
+        if deleted > 0 {
+            Ok(Some(revision(&reply)?))
+        } else {
+            Ok(None)
         }
-        Ok(deleted > 0)
     }
 
     pub(crate) fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {

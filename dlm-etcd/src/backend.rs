@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use dlm_core::InvalidArgument;
 use dlm_core::backend::{
-    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
+    Acquire, BackendError, Claim, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal,
+    Watch,
 };
 use parking_lot::Mutex;
 
@@ -40,6 +41,15 @@ pub(crate) use crate::builder::EtcdBackendBuilder;
 ///   holder's validity is the lease asked for, never more.
 /// - **Release** deletes the key only if its value is still the owner's (compared in the
 ///   transaction). Waiters are woken by one streaming `/v3/watch` per backend.
+/// - **Semaphores and read-write locks** ([`LockClient::get_semaphore`],
+///   [`LockClient::get_rw_lock`]): one key per holder under the resource's own prefix
+///   (`dlm/lock/n`, a 0 byte, `sem` or `rw`, a 0 byte), each on an etcd lease; admission
+///   is one transaction whose compares cover that prefix (a semaphore that already has
+///   holders: two, the second comparing that nothing changed since the first read); the
+///   fencing token is the holder key's `create_revision`.
+///
+/// [`LockClient::get_semaphore`]: dlm_core::LockClient::get_semaphore
+/// [`LockClient::get_rw_lock`]: dlm_core::LockClient::get_rw_lock
 ///
 /// Build it with [`EtcdBackend::new`] or [`EtcdBackend::builder`].
 pub struct EtcdBackend {
@@ -163,12 +173,88 @@ impl LockBackend for EtcdBackend {
     }
 
     fn watch(&self, name: &LockName) -> Option<Watch> {
-        let mut watcher = self.inner.watcher.lock();
-        let w = watcher.get_or_insert_with(|| {
-            let start = LAST_HELD_REVISION.with(Cell::get);
-            Watcher::start(&self.inner, if start > 0 { start + 1 } else { 0 })
-        });
-        w.subscribe(name)
+        self.subscribe(name.as_str().as_bytes())
+    }
+
+    fn supports(&self, claim: Claim) -> bool {
+        matches!(
+            claim,
+            Claim::Exclusive | Claim::Permit { .. } | Claim::Read | Claim::Write
+        )
+    }
+
+    /// One transaction when the resource allows the hold as it is (an empty semaphore, a
+    /// read-write lock without writer and mark for a read, without holders for a write);
+    /// else the transaction returns the resource, and a semaphore with a permit left is
+    /// taken by a second one that compares that nothing under it changed since. The token
+    /// (with every lease) is the holder key's `create_revision`.
+    fn try_acquire_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<Acquire, BackendError> {
+        let _ = fenced; // every lease carries its token
+        self.inner.try_acquire_claim(name, claim, owner, ttl)
+    }
+
+    fn extend_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        self.inner.extend_claim(name, claim, owner, ttl)
+    }
+
+    fn release_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        self.inner.release_claim(name, claim, owner)
+    }
+
+    fn fence_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        self.inner.fence_claim(name, claim, owner)
+    }
+
+    /// Every waiter of the resource is woken by a deletion under it (a release, a
+    /// downgrade, a lease's end, the writer's mark ending): several may get in.
+    fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        let res = self.inner.resource(name, claim).ok()?;
+        self.subscribe(&res.id)
+    }
+
+    fn downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        self.inner.downgrade(name, writer, reader, ttl)
+    }
+
+    fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        self.inner.force_release_claim(name, claim)
+    }
+
+    fn inspect_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Option<(u32, Duration)>, BackendError> {
+        self.inner.inspect_claim(name, claim)
     }
 
     fn kind(&self) -> &'static str {
@@ -181,6 +267,19 @@ impl LockBackend for EtcdBackend {
             .lock()
             .as_ref()
             .is_some_and(|w| w.wake_pending(name))
+    }
+}
+
+impl EtcdBackend {
+    /// A subscription to the hints of `resource` (a lock's name or a resource id),
+    /// starting the backend's watch if it is not running.
+    fn subscribe(&self, resource: &[u8]) -> Option<Watch> {
+        let mut watcher = self.inner.watcher.lock();
+        let w = watcher.get_or_insert_with(|| {
+            let start = LAST_HELD_REVISION.with(Cell::get);
+            Watcher::start(&self.inner, if start > 0 { start + 1 } else { 0 })
+        });
+        w.subscribe_to(resource)
     }
 }
 

@@ -27,6 +27,7 @@
 mod acquire;
 mod backend;
 mod builder;
+mod claims;
 mod gateway;
 mod kv;
 mod leases;

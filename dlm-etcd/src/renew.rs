@@ -3,14 +3,12 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use dlm_core::backend::{
-    BackendError, BackendErrorKind, FencingToken, Lease, LockName, OwnerToken, Renewal,
-};
+use dlm_core::backend::{BackendError, BackendErrorKind, Lease, LockName, OwnerToken, Renewal};
 use serde_json::{Value, json};
 
 use crate::backend::Inner;
 use crate::gateway::{b64, bad_reply, is_lease_not_found};
-use crate::kv::{Kv, tag_of, value_of};
+use crate::kv::{Kv, tag_of, value_with_fence};
 use crate::leases::class_of;
 
 /// etcd's default `--max-txn-ops`: a renewal round reads at most this many keys per
@@ -22,6 +20,9 @@ type Found = (usize, Kv);
 
 /// A renewal that moves a key to another etcd lease.
 struct Move<'a> {
+    /// The key, and the etcd lease class of a hold of it.
+    key: Vec<u8>,
+    class: fn(Duration) -> i64,
     name: &'a LockName,
     owner: &'a OwnerToken,
     ttl: Duration,
@@ -38,14 +39,28 @@ impl Inner {
         ttl: Duration,
         kv: &Kv,
     ) -> Result<Option<Lease>, BackendError> {
-        let fence = FencingToken::new(kv.create_revision.unsigned_abs());
+        self.extend_found_at(self.key(name), class_of, name, owner, ttl, kv)
+    }
+
+    /// [`extend_found`](Inner::extend_found) of the hold at `key` (a mutex's, a permit's,
+    /// a read or write hold's), whose etcd lease is of `class(ttl)` seconds.
+    pub(crate) fn extend_found_at(
+        &self,
+        key: Vec<u8>,
+        class: fn(Duration) -> i64,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+        kv: &Kv,
+    ) -> Result<Option<Lease>, BackendError> {
+        let fence = kv.fence();
         let (_, held_for) = kv.holder(name)?;
-        let tag = tag_of(&self.key(name), owner);
+        let tag = tag_of(&key, owner);
         let alone = self
             .leases
             .lock()
             .only_carries(kv.lease, &|t: &[u8]| t == tag.as_slice());
-        if alone && class_of(held_for) == class_of(ttl) && held_for >= ttl {
+        if alone && class(held_for) == class(ttl) && held_for >= ttl {
             let sent = Instant::now();
             let renewed = self.keep_alive(&[kv.lease], sent)?;
             let granted = renewed.get(&kv.lease).copied().unwrap_or(0);
@@ -57,6 +72,8 @@ impl Inner {
             }
         }
         self.move_keys(&[Move {
+            key,
+            class,
             name,
             owner,
             ttl,
@@ -77,9 +94,9 @@ impl Inner {
         // (index, target lease, start) of the moves that need a put.
         let mut puts: Vec<(usize, i64, Instant)> = Vec::new();
         for (i, m) in moves.iter().enumerate() {
-            let tag = tag_of(&self.key(m.name), m.owner);
+            let tag = tag_of(&m.key, m.owner);
             let start = Instant::now();
-            let target = match self.lease_for(m.ttl, start, &tag) {
+            let target = match self.lease_in((m.class)(m.ttl), m.ttl, start, &tag) {
                 Ok(t) => t,
                 Err(e) => {
                     out[i] = Some(Err(e));
@@ -89,7 +106,7 @@ impl Inner {
             let same_value = m.kv.holder(m.name).is_ok_and(|(_, d)| d == m.ttl);
             if target == m.kv.lease && same_value {
                 // Already on the current lease of its class, which lasts long enough.
-                let fence = FencingToken::new(m.kv.create_revision.unsigned_abs());
+                let fence = m.kv.fence();
                 out[i] = Some(
                     self.lease_from(start, m.ttl)
                         .map(|l| Some(l.with_fence(fence))),
@@ -100,13 +117,13 @@ impl Inner {
         }
         let put_op = |m: &Move<'_>, target: i64| {
             json!({ "request_put": {
-                "key": b64(&self.key(m.name)),
-                "value": b64(&value_of(m.owner, m.ttl)),
+                "key": b64(&m.key),
+                "value": b64(&value_with_fence(m.owner, m.ttl, m.kv.carried_fence())),
                 "lease": target.to_string(),
             }})
         };
         let cmp_op = |m: &Move<'_>| {
-            json!({ "key": b64(&self.key(m.name)), "target": "MOD", "result": "EQUAL",
+            json!({ "key": b64(&m.key), "target": "MOD", "result": "EQUAL",
                     "mod_revision": m.kv.mod_revision.to_string() })
         };
         for chunk in puts.chunks(MAX_TXN_OPS) {
@@ -139,9 +156,9 @@ impl Inner {
                         for &(i, t, start) in items {
                             let m = &moves[i];
                             if t != m.kv.lease {
-                                leases.drop_key(m.kv.lease, &tag_of(&self.key(m.name), m.owner));
+                                leases.drop_key(m.kv.lease, &tag_of(&m.key, m.owner));
                             }
-                            let fence = FencingToken::new(m.kv.create_revision.unsigned_abs());
+                            let fence = m.kv.fence();
                             out[i] = Some(
                                 self.lease_from(start, m.ttl)
                                     .map(|l| Some(l.with_fence(fence))),
@@ -286,7 +303,7 @@ impl Inner {
                     for (i, kv) in batched {
                         let r = &renewals[i];
                         let granted = renewed.get(&kv.lease).copied().unwrap_or(0);
-                        let fence = FencingToken::new(kv.create_revision.unsigned_abs());
+                        let fence = kv.fence();
                         if granted <= 0 {
                             out[i] = Some(Ok(None));
                         } else if Duration::from_secs(granted.unsigned_abs()) >= r.ttl {
@@ -305,6 +322,8 @@ impl Inner {
             let moves: Vec<Move<'_>> = to_move
                 .iter()
                 .map(|(i, kv)| Move {
+                    key: self.key(renewals[*i].name),
+                    class: class_of,
                     name: renewals[*i].name,
                     owner: renewals[*i].owner,
                     ttl: renewals[*i].ttl,

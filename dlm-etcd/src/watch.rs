@@ -1,5 +1,6 @@
 //! Release hints: one streaming `/v3/watch` per backend on every lock key (deletions
-//! only), its events routed to each lock's `WaitList`.
+//! only), its events routed to each lock's `WaitList` (one waiter per mutex release;
+//! every waiter of a semaphore or read-write lock when a key under it goes).
 //!
 //! The stream is read on a thread of its own over a connection of its own, TCP or TLS
 //! (the gateway's watch is one long HTTP/1.1 response of newline-separated JSON messages, chunked), so that the
@@ -76,7 +77,9 @@ impl Watcher {
         }
     }
 
-    pub(crate) fn subscribe(&self, name: &LockName) -> Option<Watch> {
+    /// A subscription to the hints of `resource`: a lock's name, or the resource id of a
+    /// semaphore or read-write lock (`claims::resource_id`).
+    pub(crate) fn subscribe_to(&self, resource: &[u8]) -> Option<Watch> {
         self.thread.as_ref()?;
         let mut lists = self.lists.lock();
         if lists.by_name.len() > 64 && lists.by_name.len() >= 2 * lists.swept_at {
@@ -87,10 +90,7 @@ impl Watcher {
             announced.retain(|k, _| by_name.contains_key(k));
             lists.swept_at = lists.by_name.len();
         }
-        let list = lists
-            .by_name
-            .entry(name.as_str().as_bytes().to_vec())
-            .or_default();
+        let list = lists.by_name.entry(resource.to_vec()).or_default();
         Some(list.subscribe())
     }
 
@@ -108,6 +108,14 @@ impl Watcher {
         }
         list.notify_one();
         lists.announced.insert(key.to_vec(), revision);
+    }
+
+    /// A holder of the semaphore or read-write lock `resource` left (released here): wake
+    /// its waiters of this backend now (the event wakes them again; several may get in).
+    pub(crate) fn wake_all(&self, resource: &[u8]) {
+        if let Some(list) = self.lists.lock().by_name.get(resource) {
+            list.notify_all();
+        }
     }
 
     pub(crate) fn wake_pending(&self, name: &LockName) -> bool {
@@ -331,6 +339,14 @@ impl Reader {
                     let Some(name) = key.strip_prefix(self.inner.key_prefix.as_slice()) else {
                         continue;
                     };
+                    if let Some(resource) = claim_resource(name) {
+                        // A holder of a semaphore or read-write lock left (or a writer's
+                        // mark ended): every waiter looks again, several may get in.
+                        if let Some(list) = lists.by_name.get(resource) {
+                            list.notify_all();
+                        }
+                        continue;
+                    }
                     let rev = int(kv, "mod_revision").unwrap_or(0);
                     if lists.announced.get(name) == Some(&rev) {
                         lists.announced.remove(name);
@@ -353,6 +369,15 @@ impl Reader {
         }
         None
     }
+}
+
+/// The resource id (`name 0 kind`) of a semaphore's or read-write lock's key, given
+/// without the key prefix (`name 0 kind 0 ...`); `None` for a mutex's key (a lock name
+/// holds no control character).
+fn claim_resource(key: &[u8]) -> Option<&[u8]> {
+    let first = key.iter().position(|&b| b == 0)?;
+    let second = first + 1 + key[first + 1..].iter().position(|&b| b == 0)?;
+    Some(&key[..second])
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

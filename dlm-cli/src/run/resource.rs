@@ -43,7 +43,7 @@ impl Kind {
         }
     }
 
-    /// The backend's name for it, as [`LockBackend::inspect_claim`] takes it.
+    /// The backend's name for it, as [`LockBackend::inspect_group`] takes it.
     fn claim(self) -> Claim {
         match self {
             Kind::Lock => Claim::Exclusive,
@@ -100,7 +100,7 @@ impl Held {
 
 impl Resource {
     /// `kind` of `name` on `client` (no I/O). A backend that keeps no such resource
-    /// (Redlock, etcd) is refused here, as a usage error that names it.
+    /// (Redlock) is refused here, as a usage error that names it.
     pub(crate) fn new(
         conn: &Connection,
         client: &LockClient,
@@ -116,7 +116,7 @@ impl Resource {
                 };
                 log::info!("{e}");
                 return Failure::usage(format!(
-                    "{}: {} keeps no {what}; they need one Redis server, --sentinel or --cluster",
+                    "{}: {} keeps no {what}; they need one Redis server, --sentinel, --cluster or --etcd",
                     kind.flag(),
                     conn.describe
                 ));
@@ -187,7 +187,7 @@ impl Resource {
     pub(crate) fn inspect(&self) -> dlm_core::Result<Option<(u32, Duration)>> {
         match &self.handle {
             Handle::Lock(l) => Ok(l.remaining_lease()?.map(|r| (1, r))),
-            _ => Ok(self.backend.inspect_claim(&self.name, self.kind.claim())?),
+            _ => Ok(self.backend.inspect_group(&self.name, self.kind.claim())?),
         }
     }
 

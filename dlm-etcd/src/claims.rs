@@ -1,0 +1,600 @@
+//! Semaphores and read-write locks: one key per holder under the resource's own prefix,
+//! each on an etcd lease, admitted by one transaction whose compares cover that prefix.
+//!
+//! A resource is `{prefix}lock/{name} 0 sem 0` or `{prefix}lock/{name} 0 rw 0` (a 0 byte:
+//! a lock name holds no control character, so no mutex key and no other resource's key
+//! falls under it). Under it:
+//! - a permit: `{permits} 0 {owner}` (the count every holder asked for, in its key);
+//! - a read hold `r{owner}`, a write hold `w{owner}`, the writer's mark `m`.
+//!
+//! Values are the mutex's, `{owner}|{lease ms}`, plus `|{token}` for a read hold made by a
+//! downgrade (it keeps the write hold's token); the mark's is the refused writer's token
+//! and the mark's length.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use dlm_core::backend::{
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockName, OwnerToken,
+    writer_mark,
+};
+use serde_json::{Value, json};
+
+use crate::acquire::LAST_HELD_REVISION;
+use crate::backend::Inner;
+use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision, unb64};
+use crate::kv::{Kv, tag_of, value_of, value_with_fence};
+use crate::leases::claim_class;
+
+/// Admission transactions one call sends at most: each failed one returns the resource as
+/// it then is, so the next decides on fresh state; after that the call answers `Held`
+/// with [`RACE_RETRY`] (one bounded attempt per call).
+const ATTEMPTS: usize = 4;
+
+/// The `retry_after` of a call whose transactions all lost a race.
+const RACE_RETRY: Duration = Duration::from_millis(5);
+
+/// A semaphore's or read-write lock's keys.
+pub(crate) struct Resource {
+    /// `name 0 kind`: the watch's key for its waiters.
+    pub(crate) id: Vec<u8>,
+    /// `{prefix}lock/` + id + `0`: every key of the resource starts with it.
+    prefix: Vec<u8>,
+    /// The end of the prefix's range (its last byte, 0, plus one).
+    end: Vec<u8>,
+}
+
+impl Resource {
+    fn key(&self, suffix: &[u8]) -> Vec<u8> {
+        let mut k = self.prefix.clone();
+        k.extend_from_slice(suffix);
+        k
+    }
+
+    /// The key of `owner`'s hold of kind `claim`.
+    fn holder(&self, claim: Claim, owner: &OwnerToken) -> Vec<u8> {
+        let token = owner.encoded();
+        let mut suffix = match claim {
+            Claim::Permit { permits } => format!("{permits}\0").into_bytes(),
+            Claim::Read => b"r".to_vec(),
+            _ => b"w".to_vec(),
+        };
+        suffix.extend_from_slice(token.as_bytes());
+        self.key(&suffix)
+    }
+
+    fn mark(&self) -> Vec<u8> {
+        self.key(b"m")
+    }
+
+    /// The whole resource: `[prefix, end)`.
+    fn all(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.prefix.clone(), self.end.clone())
+    }
+
+    /// Every hold of a read-write lock (readers and writers, not the mark).
+    fn holds(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.key(b"r"), self.end.clone())
+    }
+
+    /// The write holds of a read-write lock.
+    fn writers(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.key(b"w"), self.key(b"x"))
+    }
+}
+
+/// What a key under a resource is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum What {
+    Permit(u32),
+    Read,
+    Write,
+    Mark,
+}
+
+/// A key under a resource, as read.
+struct Entry {
+    key: Vec<u8>,
+    what: What,
+    kv: Kv,
+    /// The holder's lease (the mark's length for the mark).
+    ms: Duration,
+}
+
+/// `UnexpectedKey` for a key under a resource that dlm did not write.
+fn foreign(name: &LockName, claim: Claim) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::UnexpectedKey,
+        format!(
+            "a key of the {} {name:?} was not written by dlm (or has no lease)",
+            claim.primitive()
+        ),
+    )
+}
+
+fn unsupported(claim: Claim) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Unsupported,
+        format!("dlm-etcd keeps no {claim} holds"),
+    )
+}
+
+/// A compare that every key in `[range.0, range.1)` satisfies (true for an empty range).
+fn range_cmp(range: &(Vec<u8>, Vec<u8>), target: &str, result: &str, field: &str, v: i64) -> Value {
+    let mut c = json!({
+        "key": b64(&range.0),
+        "range_end": b64(&range.1),
+        "target": target,
+        "result": result,
+    });
+    c[field] = Value::String(v.to_string());
+    c
+}
+
+/// No key in the range.
+fn empty(range: &(Vec<u8>, Vec<u8>)) -> Value {
+    range_cmp(range, "VERSION", "EQUAL", "version", 0)
+}
+
+fn absent(key: &[u8]) -> Value {
+    json!({ "key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0" })
+}
+
+fn range_op(range: &(Vec<u8>, Vec<u8>)) -> Value {
+    json!({ "request_range": { "key": b64(&range.0), "range_end": b64(&range.1) } })
+}
+
+fn succeeded(reply: &Value) -> bool {
+    reply.get("succeeded").and_then(Value::as_bool) == Some(true)
+}
+
+/// Whole seconds, rounded up, at least 1.
+fn secs_up(d: Duration) -> i64 {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i64::try_from(s).unwrap_or(i64::MAX / 2).max(1)
+}
+
+impl Inner {
+    /// The keys of `name`'s semaphore or read-write lock.
+    pub(crate) fn resource(&self, name: &LockName, claim: Claim) -> Result<Resource, BackendError> {
+        let kind: &[u8] = match claim {
+            Claim::Permit { .. } => b"sem",
+            Claim::Read | Claim::Write => b"rw",
+            _ => return Err(unsupported(claim)),
+        };
+        let mut id = name.as_str().as_bytes().to_vec();
+        id.push(0);
+        id.extend_from_slice(kind);
+        let mut prefix = self.key_prefix.clone();
+        prefix.extend_from_slice(&id);
+        prefix.push(0);
+        let mut end = prefix.clone();
+        *end.last_mut().expect("not empty") = 1;
+        Ok(Resource { id, prefix, end })
+    }
+
+    /// The keys of a range reply (at `pointer`), each checked to be of dlm's shape for
+    /// `claim`'s resource.
+    fn entries(
+        &self,
+        reply: &Value,
+        pointer: &str,
+        res: &Resource,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Vec<Entry>, BackendError> {
+        let Some(kvs) = reply.pointer(pointer) else {
+            return Ok(Vec::new());
+        };
+        let kvs = kvs.as_array().ok_or_else(|| bad_reply("kvs"))?;
+        let mut out = Vec::with_capacity(kvs.len());
+        for j in kvs {
+            let key = j
+                .get("key")
+                .and_then(unb64)
+                .ok_or_else(|| bad_reply("key"))?;
+            let kv = Kv::from_json(j)?;
+            let (owner, ms) = kv.holder(name).map_err(|_| foreign(name, claim))?;
+            let suffix = key
+                .strip_prefix(res.prefix.as_slice())
+                .ok_or_else(|| bad_reply("key"))?;
+            let what = match (claim, suffix) {
+                (Claim::Permit { .. }, s) => {
+                    let sep = s.iter().position(|&b| b == 0);
+                    let permits = sep
+                        .and_then(|i| std::str::from_utf8(&s[..i]).ok())
+                        .and_then(|p| p.parse::<u32>().ok())
+                        .filter(|&p| p > 0);
+                    match (sep, permits) {
+                        (Some(i), Some(p)) if &s[i + 1..] == owner => What::Permit(p),
+                        _ => return Err(foreign(name, claim)),
+                    }
+                }
+                (_, b"m") => What::Mark,
+                (_, [b'r', rest @ ..]) if rest == owner => What::Read,
+                (_, [b'w', rest @ ..]) if rest == owner => What::Write,
+                _ => return Err(foreign(name, claim)),
+            };
+            out.push(Entry { key, what, kv, ms });
+        }
+        Ok(out)
+    }
+
+    /// One bounded attempt at a hold of kind `claim` (see `LockBackend::try_acquire_group`).
+    pub(crate) fn try_acquire_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Acquire, BackendError> {
+        let res = self.resource(name, claim)?;
+        let mine = res.holder(claim, owner);
+        let tag = tag_of(&mine, owner);
+        let value = b64(&value_of(owner, ttl));
+        // A semaphore admits while fewer than `permits` hold: after a first look, the
+        // admission compares that nothing under the resource changed since.
+        let mut unchanged_since: Option<i64> = None;
+        let mut fresh_lease = false;
+        let mut attempt = 0;
+        while attempt < ATTEMPTS {
+            attempt += 1;
+            let start = Instant::now();
+            let lease = self.lease_in(claim_class(ttl), ttl, start, &tag)?;
+            let mut compare = vec![absent(&mine)];
+            match (claim, unchanged_since) {
+                (_, Some(rev)) => {
+                    compare.push(range_cmp(
+                        &res.all(),
+                        "MOD",
+                        "LESS",
+                        "mod_revision",
+                        rev + 1,
+                    ));
+                }
+                (Claim::Permit { .. }, None) => compare.push(empty(&res.all())),
+                (Claim::Read, None) => {
+                    compare.push(empty(&res.writers()));
+                    compare.push(absent(&res.mark()));
+                }
+                _ => compare.push(empty(&res.holds())),
+            }
+            let mut success = vec![
+                json!({ "request_put": { "key": b64(&mine), "value": value, "lease": lease.to_string() } }),
+            ];
+            if claim == Claim::Write {
+                success.push(json!({ "request_delete_range": { "key": b64(&res.mark()) } }));
+            }
+            let txn = json!({
+                "compare": compare,
+                "success": success,
+                "failure": [range_op(&res.all())],
+            });
+            let reply = match self.gateway.post("/v3/kv/txn", &txn) {
+                Err(e) if is_lease_not_found(&e) && !fresh_lease => {
+                    self.forget_lease(lease);
+                    fresh_lease = true;
+                    attempt -= 1;
+                    continue;
+                }
+                r => r?,
+            };
+            let rev = revision(&reply)?;
+            if succeeded(&reply) {
+                if claim == Claim::Write {
+                    self.leases.lock().drop_key_everywhere(&mark_tag(&res));
+                }
+                let fence = FencingToken::new(rev.unsigned_abs());
+                return Ok(Acquire::Acquired(
+                    self.lease_from(start, ttl)?.with_fence(fence),
+                ));
+            }
+            let entries =
+                self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim);
+            let entries = match entries {
+                Ok(e) => e,
+                Err(e) => {
+                    self.leases.lock().drop_key(lease, &tag);
+                    return Err(e);
+                }
+            };
+            if let Some(own) = entries.iter().find(|e| e.key == mine) {
+                if own.kv.lease != lease {
+                    self.leases.lock().drop_key(lease, &tag);
+                }
+                // Ours already (a retry after a lost reply): refresh it.
+                return match self.extend_found_at(
+                    mine.clone(),
+                    claim_class,
+                    name,
+                    owner,
+                    ttl,
+                    &own.kv,
+                )? {
+                    Some(lease) => Ok(Acquire::Acquired(lease)),
+                    None => Ok(Acquire::Held { retry_after: None }),
+                };
+            }
+            self.leases.lock().drop_key(lease, &tag);
+            let shortest =
+                |f: &dyn Fn(What) -> bool| entries.iter().filter(|e| f(e.what)).map(|e| e.ms).min();
+            let refused = match claim {
+                Claim::Permit { permits } => {
+                    if let Some(other) = entries.iter().find_map(|e| match e.what {
+                        What::Permit(p) if p != permits => Some(p),
+                        _ => None,
+                    }) {
+                        return Err(BackendError::new(
+                            BackendErrorKind::Conflict,
+                            format!("the semaphore is held with {other} permits, not {permits}"),
+                        ));
+                    }
+                    if entries.len() >= permits as usize {
+                        Some(shortest(&|_| true).unwrap_or(ttl))
+                    } else {
+                        None
+                    }
+                }
+                Claim::Read => {
+                    if let Some(w) = shortest(&|w| w == What::Write) {
+                        Some(w)
+                    } else {
+                        shortest(&|w| w == What::Mark).map(|m| m / 3)
+                    }
+                }
+                _ => {
+                    let holders = shortest(&|w| w != What::Mark);
+                    match holders {
+                        Some(soonest) => {
+                            let mark = writer_mark(ttl);
+                            self.set_mark(&res, &entries, owner, mark);
+                            Some(soonest.min(mark / 3))
+                        }
+                        None => None,
+                    }
+                }
+            };
+            if let Some(retry_after) = refused {
+                LAST_HELD_REVISION.with(|r: &Cell<i64>| r.set(rev));
+                return Ok(Acquire::Held {
+                    retry_after: Some(retry_after),
+                });
+            }
+            // Free as read at `rev` (a race, or a semaphore with a permit left): the next
+            // transaction admits if nothing changed since.
+            unchanged_since = Some(rev);
+        }
+        Ok(Acquire::Held {
+            retry_after: Some(RACE_RETRY),
+        })
+    }
+
+    /// Marks the read-write lock as awaited by a writer for `mark`, unless the mark
+    /// changed since `rev` (another writer's is then live). Best effort: a mark that
+    /// cannot be put costs writer preference for one round, not safety.
+    fn set_mark(&self, res: &Resource, entries: &[Entry], owner: &OwnerToken, mark: Duration) {
+        let key = res.mark();
+        let start = Instant::now();
+        // The mark's etcd lease ends within `ceil(mark)` s (plus etcd's expiry check) of
+        // this put, and lasts at least half the mark, past the writer's next attempt.
+        let Ok(lease) = self.lease_in(secs_up(mark), mark / 2, start, &mark_tag(res)) else {
+            return;
+        };
+        let cmp = match entries.iter().find(|e| e.what == What::Mark) {
+            Some(e) => json!({ "key": b64(&key), "target": "MOD", "result": "EQUAL",
+                               "mod_revision": e.kv.mod_revision.to_string() }),
+            None => absent(&key),
+        };
+        let txn = json!({
+            "compare": [cmp],
+            "success": [{ "request_put": {
+                "key": b64(&key),
+                "value": b64(&value_of(owner, mark)),
+                "lease": lease.to_string(),
+            }}],
+        });
+        match self.gateway.post("/v3/kv/txn", &txn) {
+            Err(e) if is_lease_not_found(&e) => self.forget_lease(lease),
+            Err(e) => log::debug!("dlm-etcd: a writer's mark was not set: {e}"),
+            Ok(_) => {}
+        }
+    }
+
+    /// The key of `owner`'s hold of kind `claim` of `name`, read: `Some` if it is ours.
+    fn own_hold(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<(Vec<u8>, Kv)>, BackendError> {
+        let key = self.resource(name, claim)?.holder(claim, owner);
+        let (kv, _) = self.range(&key)?;
+        match kv {
+            Some(kv) if kv.is_owned_by(name, owner).unwrap_or(false) => Ok(Some((key, kv))),
+            _ => Ok(None),
+        }
+    }
+
+    pub(crate) fn extend_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        match self.own_hold(name, claim, owner)? {
+            Some((key, kv)) => self.extend_found_at(key, claim_class, name, owner, ttl, &kv),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn fence_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        Ok(self.own_hold(name, claim, owner)?.map(|(_, kv)| kv.fence()))
+    }
+
+    pub(crate) fn release_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        let res = self.resource(name, claim)?;
+        let released = self.release_at(&res.holder(claim, owner), owner)?.is_some();
+        if released {
+            self.wake_local(&res);
+        }
+        Ok(released)
+    }
+
+    fn wake_local(&self, res: &Resource) {
+        if let Some(w) = self.watcher.lock().as_ref() {
+            w.wake_all(&res.id);
+        }
+    }
+
+    /// `writer`'s write hold turned into `reader`'s read hold in one transaction (compared
+    /// on the write key's `mod_revision`), keeping the write hold's token.
+    pub(crate) fn downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let res = self.resource(name, Claim::Write)?;
+        let wkey = res.holder(Claim::Write, writer);
+        let rkey = res.holder(Claim::Read, reader);
+        let rtag = tag_of(&rkey, reader);
+        for _ in 0..ATTEMPTS {
+            let (kv, _) = self.range(&wkey)?;
+            let Some(kv) = kv.filter(|kv| kv.is_owned_by(name, writer).unwrap_or(false)) else {
+                return Ok(None);
+            };
+            let fence = kv.fence();
+            let start = Instant::now();
+            let lease = self.lease_in(claim_class(ttl), ttl, start, &rtag)?;
+            let txn = json!({
+                "compare": [{ "key": b64(&wkey), "target": "MOD", "result": "EQUAL",
+                              "mod_revision": kv.mod_revision.to_string() }],
+                "success": [
+                    { "request_delete_range": { "key": b64(&wkey) } },
+                    { "request_put": {
+                        "key": b64(&rkey),
+                        "value": b64(&value_with_fence(reader, ttl, Some(fence.get()))),
+                        "lease": lease.to_string(),
+                    }},
+                ],
+            });
+            let reply = match self.gateway.post("/v3/kv/txn", &txn) {
+                Err(e) => {
+                    self.leases.lock().drop_key(lease, &rtag);
+                    if is_lease_not_found(&e) {
+                        self.forget_lease(lease);
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Ok(r) => r,
+            };
+            if succeeded(&reply) {
+                self.leases
+                    .lock()
+                    .drop_key_everywhere(&tag_of(&wkey, writer));
+                self.wake_local(&res);
+                return Ok(Some(self.lease_from(start, ttl)?.with_fence(fence)));
+            }
+            // The write key changed (a renewal moved it): look again.
+            self.leases.lock().drop_key(lease, &rtag);
+        }
+        Err(BackendError::new(
+            BackendErrorKind::Unavailable,
+            "the write hold kept changing during the downgrade",
+        ))
+    }
+
+    /// Ends every hold of the resource and the writer's mark, if every key under it is
+    /// dlm's (compared unchanged since read, so a key written meanwhile is not deleted).
+    pub(crate) fn force_release_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<bool, BackendError> {
+        let res = self.resource(name, claim)?;
+        for _ in 0..ATTEMPTS {
+            let reply = self
+                .gateway
+                .post("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
+            let rev = revision(&reply)?;
+            let entries =
+                self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim)?;
+            if entries.is_empty() {
+                return Ok(false);
+            }
+            let held = entries.iter().any(|e| e.what != What::Mark);
+            let all = res.all();
+            let txn = json!({
+                "compare": [range_cmp(&all, "MOD", "LESS", "mod_revision", rev + 1)],
+                "success": [{ "request_delete_range": { "key": b64(&all.0), "range_end": b64(&all.1) } }],
+            });
+            if succeeded(&self.gateway.post("/v3/kv/txn", &txn)?) {
+                self.wake_local(&res);
+                return Ok(held);
+            }
+        }
+        Err(BackendError::new(
+            BackendErrorKind::Unavailable,
+            "the resource kept changing during the force-release",
+        ))
+    }
+
+    /// The holders and the longest remaining lease among them: each holder's lease, at
+    /// most its etcd lease's remaining whole seconds (as the mutex's `inspect`).
+    pub(crate) fn inspect_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Option<(u32, Duration)>, BackendError> {
+        let res = self.resource(name, claim)?;
+        let reply = self
+            .gateway
+            .post("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
+        let entries = self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim)?;
+        let holders: Vec<&Entry> = entries.iter().filter(|e| e.what != What::Mark).collect();
+        if holders.is_empty() {
+            return Ok(None);
+        }
+        let mut left: HashMap<i64, Duration> = HashMap::new();
+        for e in &holders {
+            if let std::collections::hash_map::Entry::Vacant(slot) = left.entry(e.kv.lease) {
+                let r = self.gateway.post(
+                    "/v3/lease/timetolive",
+                    &json!({ "ID": e.kv.lease.to_string() }),
+                )?;
+                let secs = int(&r, "TTL")?.max(0).unsigned_abs();
+                slot.insert(Duration::from_secs(secs));
+            }
+        }
+        let longest = holders
+            .iter()
+            .map(|e| e.ms.min(left[&e.kv.lease]))
+            .max()
+            .unwrap_or_default();
+        Ok(Some((
+            u32::try_from(holders.len()).unwrap_or(u32::MAX),
+            longest,
+        )))
+    }
+}
+
+/// The mark's entry in the record of what each etcd lease carries (whoever put it).
+fn mark_tag(res: &Resource) -> Vec<u8> {
+    let mut t = res.mark();
+    t.push(0);
+    t
+}
