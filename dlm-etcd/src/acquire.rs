@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use dlm_core::backend::{Acquire, BackendError, FencingToken, LockName, OwnerToken};
 use serde_json::{Value, json};
 
-use crate::backend::Inner;
 use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision};
+use crate::inner::Inner;
 use crate::kv::{Kv, tag_of, value_of};
 
 thread_local! {

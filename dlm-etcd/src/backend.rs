@@ -5,19 +5,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlm_core::InvalidArgument;
 use dlm_core::backend::{
     Acquire, BackendError, Claim, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal,
     Watch,
 };
-use parking_lot::Mutex;
 
 use crate::acquire::LAST_HELD_REVISION;
-use crate::gateway::Gateway;
-use crate::leases::Leases;
+use crate::inner::Inner;
 use crate::watch::Watcher;
-
-pub(crate) use crate::builder::EtcdBackendBuilder;
 
 /// A lock backend on an etcd cluster (or a single member), over etcd's v3 HTTP/JSON
 /// gateway.
@@ -56,43 +51,7 @@ pub struct EtcdBackend {
     pub(crate) inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) gateway: Gateway,
-    /// Key prefix of every lock: `{prefix}lock/`.
-    pub(crate) key_prefix: Vec<u8>,
-    pub(crate) drift_factor: f64,
-    /// The etcd leases this backend granted: the current one of each class, and the keys
-    /// each may carry.
-    pub(crate) leases: Mutex<Leases>,
-    pub(crate) watcher: Mutex<Option<Watcher>>,
-}
-
 impl EtcdBackend {
-    /// A backend on the etcd members at `urls` (`http://host:port`, the client URLs; one
-    /// is enough, more give failover), with the default settings.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a URL that is not `http://host:port` (no I/O is done here:
-    /// a member that is down fails calls, not construction).
-    pub fn new<S: AsRef<str>>(urls: &[S]) -> Result<Self, InvalidArgument> {
-        Self::builder(urls).build()
-    }
-
-    /// A builder for a backend on the etcd members at `urls`.
-    pub fn builder<S: AsRef<str>>(urls: &[S]) -> EtcdBackendBuilder {
-        EtcdBackendBuilder {
-            urls: urls.iter().map(|u| u.as_ref().to_owned()).collect(),
-            prefix: "dlm/".to_owned(),
-            connect_timeout: Duration::from_secs(1),
-            io_timeout: Duration::from_secs(1),
-            drift_factor: 0.01,
-            pool_size: 16,
-            tls: None,
-            user: None,
-            password: None,
-        }
-    }
-
     /// The key that holds lock `name` (for operators and tests).
     pub fn key(&self, name: &LockName) -> Vec<u8> {
         self.inner.key(name)
@@ -110,14 +69,6 @@ impl fmt::Debug for EtcdBackend {
             .field("members", &self.inner.gateway.members())
             .field("prefix", &String::from_utf8_lossy(&self.inner.key_prefix))
             .finish_non_exhaustive()
-    }
-}
-
-impl Inner {
-    pub(crate) fn key(&self, name: &LockName) -> Vec<u8> {
-        let mut k = self.key_prefix.clone();
-        k.extend_from_slice(name.as_str().as_bytes());
-        k
     }
 }
 
@@ -277,7 +228,8 @@ impl EtcdBackend {
         let mut watcher = self.inner.watcher.lock();
         let w = watcher.get_or_insert_with(|| {
             let start = LAST_HELD_REVISION.with(Cell::get);
-            Watcher::start(&self.inner, if start > 0 { start + 1 } else { 0 })
+            let from = if start > 0 { start + 1 } else { 0 };
+            Watcher::start(&self.inner.gateway, &self.inner.key_prefix, from)
         });
         w.subscribe_to(resource)
     }

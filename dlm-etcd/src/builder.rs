@@ -6,10 +6,40 @@ use std::time::Duration;
 use dlm_core::InvalidArgument;
 use parking_lot::Mutex;
 
-use crate::backend::{EtcdBackend, Inner};
+use crate::backend::EtcdBackend;
 use crate::gateway::{Credentials, Gateway, Secret, Timeouts};
+use crate::inner::Inner;
 use crate::leases::Leases;
 use crate::tls::TlsOptions;
+
+/// The constructors: here, beside what they build, so that the backend's own code does
+/// not depend on its builder.
+impl EtcdBackend {
+    /// A backend on the etcd members at `urls` (`http://host:port`, the client URLs; one
+    /// is enough, more give failover), with the default settings.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a URL that is not `http://host:port` (no I/O is done here:
+    /// a member that is down fails calls, not construction).
+    pub fn new<S: AsRef<str>>(urls: &[S]) -> Result<Self, InvalidArgument> {
+        Self::builder(urls).build()
+    }
+
+    /// A builder for a backend on the etcd members at `urls`.
+    pub fn builder<S: AsRef<str>>(urls: &[S]) -> EtcdBackendBuilder {
+        EtcdBackendBuilder {
+            urls: urls.iter().map(|u| u.as_ref().to_owned()).collect(),
+            prefix: "dlm/".to_owned(),
+            connect_timeout: Duration::from_secs(1),
+            io_timeout: Duration::from_secs(1),
+            drift_factor: 0.01,
+            pool_size: 16,
+            tls: None,
+            user: None,
+            password: None,
+        }
+    }
+}
 
 /// Settings of an [`EtcdBackend`]; [`build`](EtcdBackendBuilder::build) checks them.
 #[derive(Clone, Debug)]
@@ -177,7 +207,13 @@ impl EtcdBackendBuilder {
         key_prefix.extend_from_slice(b"lock/");
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
-                gateway: Gateway::new(members, timeouts, self.pool_size, tls, credentials),
+                gateway: Arc::new(Gateway::new(
+                    members,
+                    timeouts,
+                    self.pool_size,
+                    tls,
+                    credentials,
+                )),
                 key_prefix,
                 drift_factor: self.drift_factor,
                 leases: Mutex::new(Leases::default()),

@@ -22,8 +22,8 @@ use dlm_core::backend::{
 use serde_json::{Value, json};
 
 use crate::acquire::LAST_HELD_REVISION;
-use crate::backend::Inner;
 use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision, unb64};
+use crate::inner::Inner;
 use crate::kv::{Kv, tag_of, value_of, value_with_fence};
 use crate::leases::claim_class;
 

@@ -29,6 +29,7 @@ mod backend;
 mod builder;
 mod claims;
 mod gateway;
+mod inner;
 mod kv;
 mod leases;
 mod renew;

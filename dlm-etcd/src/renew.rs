@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use dlm_core::backend::{BackendError, BackendErrorKind, Lease, LockName, OwnerToken, Renewal};
 use serde_json::{Value, json};
 
-use crate::backend::Inner;
 use crate::gateway::{b64, bad_reply, is_lease_not_found};
+use crate::inner::Inner;
 use crate::kv::{Kv, tag_of, value_with_fence};
 use crate::leases::class_of;
 

@@ -23,8 +23,7 @@ use dlm_core::backend::{LockName, WaitList, Watch};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use crate::backend::Inner;
-use crate::gateway::{b64, int, unb64};
+use crate::gateway::{Gateway, b64, int, unb64};
 
 /// How often the reader looks at its stop channel while the stream is idle.
 const TICK: Duration = Duration::from_millis(200);
@@ -51,12 +50,13 @@ pub(crate) struct Watcher {
 
 impl Watcher {
     /// Starts the thread; `start_revision` 0 means "from now".
-    pub(crate) fn start(inner: &Arc<Inner>, start_revision: i64) -> Watcher {
+    pub(crate) fn start(gateway: &Arc<Gateway>, key_prefix: &[u8], start_revision: i64) -> Watcher {
         let lists = Registry::default();
         let (stop_tx, stop_rx) = channel::bounded::<()>(0);
         let socket = Arc::new(Mutex::new(None));
         let reader = Reader {
-            inner: inner.clone(),
+            gateway: gateway.clone(),
+            key_prefix: key_prefix.to_vec(),
             lists: lists.clone(),
             stop: stop_rx,
             socket: socket.clone(),
@@ -142,7 +142,9 @@ impl Watcher {
 }
 
 struct Reader {
-    inner: Arc<Inner>,
+    gateway: Arc<Gateway>,
+    /// The backend's key prefix: what a deletion's key begins with.
+    key_prefix: Vec<u8>,
     lists: Registry,
     stop: Receiver<()>,
     socket: Arc<Mutex<Option<TcpStream>>>,
@@ -163,15 +165,15 @@ impl Reader {
     fn run(mut self) {
         let mut backoff = Duration::from_millis(50);
         loop {
-            let member = self.inner.gateway.preferred();
+            let member = self.gateway.preferred();
             match self.stream(member) {
                 End::Stopped => return,
                 End::Broken(why) => {
                     log::debug!(
                         "dlm-etcd: watch on {} ended: {why}",
-                        self.inner.gateway.members()[member]
+                        self.gateway.members()[member]
                     );
-                    self.inner.gateway.skip(member);
+                    self.gateway.skip(member);
                 }
             }
             *self.socket.lock() = None;
@@ -184,13 +186,13 @@ impl Reader {
 
     /// One watch stream on member `i`, until it breaks or the backend stops.
     fn stream(&mut self, i: usize) -> End {
-        let inner = self.inner.clone();
-        let timeouts = inner.gateway.timeouts;
-        let token = match inner.gateway.token(i) {
+        let gateway = self.gateway.clone();
+        let timeouts = gateway.timeouts;
+        let token = match gateway.token(i) {
             Ok(t) => t,
             Err(e) => return End::Broken(e.to_string()),
         };
-        let (mut s, tcp, host) = match inner.gateway.connect(i) {
+        let (mut s, tcp, host) = match gateway.connect(i) {
             Ok(c) => c,
             Err(e) => return End::Broken(e.to_string()),
         };
@@ -202,7 +204,7 @@ impl Reader {
         if self.stop.try_recv() != Err(channel::TryRecvError::Empty) {
             return End::Stopped;
         }
-        let prefix = &self.inner.key_prefix;
+        let prefix = &self.key_prefix;
         let mut end = prefix.clone();
         // The range end of a prefix: its last byte plus one (the prefix ends in '/').
         if let Some(last) = end.last_mut() {
@@ -288,7 +290,7 @@ impl Reader {
                     if why == "canceled" {
                         // etcd cancels a watch whose token it refused (it says
                         // "permission denied" either way): the next stream gets a new one.
-                        inner.gateway.forget_token(token.as_ref());
+                        gateway.forget_token(token.as_ref());
                     }
                     return End::Broken(why);
                 }
@@ -336,7 +338,7 @@ impl Reader {
                     let Some(key) = kv.get("key").and_then(unb64) else {
                         continue;
                     };
-                    let Some(name) = key.strip_prefix(self.inner.key_prefix.as_slice()) else {
+                    let Some(name) = key.strip_prefix(self.key_prefix.as_slice()) else {
                         continue;
                     };
                     if let Some(resource) = claim_resource(name) {
