@@ -284,9 +284,13 @@ impl LockGuard {
             .with_current(self.generation, |holding| {
                 metrics.renewal(matches!(result, Ok(Some(_))));
                 match result {
-                    Ok(Some(lease)) => {
-                        holding.renewed(started, lease);
+                    Ok(Some(lease)) if holding.renewed(started, lease, client.backend.now()) => {
                         Ok(())
+                    }
+                    // It came back after the lease had run out here: lost all the same.
+                    Ok(Some(_)) => {
+                        metrics.lost();
+                        Err(Error::LockLost)
                     }
                     Ok(None) => {
                         holding.mark_lost();

@@ -353,7 +353,16 @@ impl Holding {
     /// this one was sent, the two overlapped and the backend keeps whichever arrived last:
     /// the hold then keeps the earlier of the two ends, never a lease longer than the
     /// backend's. The fencing token stays that of the hold (`fence`).
-    pub(crate) fn renewed(&mut self, started: Started, lease: Lease) {
+    ///
+    /// A renewal that comes back after the hold's lease ran out here (`now`) is not
+    /// applied: the hold is lost (and signalled so), whatever the backend answered. Its
+    /// holder may already have been told (`is_held`, a lost signal) and stopped; a hold
+    /// must not come back to life. Returns whether the renewal was applied.
+    pub(crate) fn renewed(&mut self, started: Started, lease: Lease, now: Instant) -> bool {
+        if now >= self.lease.valid_until() {
+            self.mark_lost();
+            return false;
+        }
         let until = if started.renewals == self.renewals {
             lease.valid_until()
         } else {
@@ -361,6 +370,7 @@ impl Holding {
         };
         self.lease = Lease::new(until);
         self.renewals += 1;
+        true
     }
 }
 
@@ -369,8 +379,8 @@ impl RenewedHold for Holding {
         self.lease
     }
 
-    fn renewed(&mut self, started: Started, lease: Lease) {
-        Holding::renewed(self, started, lease);
+    fn renewed(&mut self, started: Started, lease: Lease, now: Instant) -> bool {
+        Holding::renewed(self, started, lease, now)
     }
 
     fn mark_lost(&mut self) {

@@ -64,7 +64,9 @@ pub(crate) trait RenewedHold {
     fn lease(&self) -> Lease;
 
     /// Records the lease a renewal got; `started` is what the renewal was sent with.
-    fn renewed(&mut self, started: Started, lease: Lease);
+    /// `false`, and the hold marked lost, when the hold's lease had already run out at
+    /// `now` (a hold never comes back to life).
+    fn renewed(&mut self, started: Started, lease: Lease, now: Instant) -> bool;
 
     /// Records that the lock is gone (and signals it).
     fn mark_lost(&mut self);
@@ -411,7 +413,14 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
         metrics.renewal(matches!(result, Ok(Some(_))));
         match result {
             Ok(Some(lease)) => {
-                hold.renewed(started, lease);
+                if !hold.renewed(started, lease, lock.now()) {
+                    log::warn!(
+                        "lock {:?}: lost (its lease had run out when the renewal came back)",
+                        lock.name()
+                    );
+                    metrics.lost();
+                    return;
+                }
                 entry.due = now + period;
             }
             Ok(None) => {
