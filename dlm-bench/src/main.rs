@@ -34,7 +34,7 @@ use crate::opts::Opts;
 use crate::proxy::Proxy;
 use crate::recorder::Atomics;
 use crate::report::{Row, json, markdown};
-use crate::scenario::{Counts, Scenario, measure, ping_rtt, request_counts};
+use crate::scenario::{CONTENDERS, Counts, Scenario, measure, ping_rtt, request_counts};
 use crate::system::LockSystem;
 use crate::systems::{Dlm, Minimal, Primitive};
 
@@ -132,8 +132,12 @@ fn main() {
     let scenarios = [
         Scenario::Uncontended { threads: 1 },
         Scenario::Uncontended { threads: 8 },
-        Scenario::Contended { pause: None },
         Scenario::Contended {
+            pause: None,
+            threads: CONTENDERS,
+        },
+        Scenario::Contended {
+            threads: CONTENDERS,
             pause: Some(Duration::from_millis(1)),
         },
     ];
@@ -223,7 +227,11 @@ fn main() {
             for (name, primitive) in [
                 ("dlm semaphore (3 permits)", Primitive::Permit(3)),
                 ("dlm read hold", Primitive::Read),
-                ("dlm rw (1 writer, 3 readers)", Primitive::OneWriter),
+                (
+                    "dlm rw (1 writer, 3 readers)",
+                    Primitive::OneWriterIn(CONTENDERS),
+                ),
+                ("dlm rw (1 writer, 7 readers)", Primitive::OneWriterIn(8)),
             ] {
                 let backend = dlm_redis::RedisBackend::new(&single.url()).unwrap();
                 timed.push(Box::new(
@@ -238,7 +246,13 @@ fn main() {
                     .then(|| request_counts(counted.as_ref(), &proxies, &servers, false)),
             );
         }
-        for scenario in scenarios {
+        // On one node, 8 contenders too, for the semaphore and the read-write lock (issue
+        // #23) beside the mutex.
+        let eight = (nodes == 1).then_some(Scenario::Contended {
+            pause: None,
+            threads: 8,
+        });
+        for scenario in scenarios.into_iter().chain(eight) {
             // Peers poll while they wait: on five nodes only dlm and the bar are timed
             // under contention (the peers' figures there add minutes, not information).
             let chosen: Vec<&dyn LockSystem> = timed
@@ -249,10 +263,22 @@ fn main() {
                     matches!(scenario, Scenario::Uncontended { .. })
                         || !(s.name().contains("TLS") || s.name().contains("metrics"))
                 })
-                // Contended only: with a key per cycle it would be the read hold's row.
+                // The read-write rows: contended only (with a key per cycle they would be
+                // the read hold's), each with its own number of threads.
                 .filter(|s| {
-                    !(matches!(scenario, Scenario::Uncontended { .. })
-                        && s.name().contains("1 writer"))
+                    let rw = s.name().contains("1 writer");
+                    match scenario {
+                        Scenario::Uncontended { .. } => !rw,
+                        _ if s.name().contains("7 readers") => scenario.name() == "contended-8",
+                        _ => !rw || scenario.name() != "contended-8",
+                    }
+                })
+                // 8 contenders: the mutex beside the semaphore and the read-write lock.
+                .filter(|s| {
+                    scenario.name() != "contended-8"
+                        || s.name() == "dlm"
+                        || s.name().starts_with("dlm semaphore")
+                        || s.name().starts_with("dlm rw")
                 })
                 // Uncontended only: 8 readers never wait for each other.
                 .filter(|s| {

@@ -13,7 +13,7 @@ use crate::proxy::Proxy;
 use crate::report::Row;
 use crate::system::LockSystem;
 
-const CONTENDERS: usize = 4;
+pub const CONTENDERS: usize = 4;
 /// Unmeasured time at the start of each uncontended round (connections, caches).
 const WARM_UP: Duration = Duration::from_millis(200);
 
@@ -43,7 +43,7 @@ struct Tally {
     /// The longest wait, those unfinished at the end of a round included (contended).
     max_wait: Duration,
     /// Acquisitions per thread (contended).
-    per_thread: [u64; CONTENDERS],
+    per_thread: Vec<u64>,
     /// Uncontended attempts that failed.
     failures: u64,
     /// Cycles per second of each round, in round order.
@@ -56,9 +56,11 @@ pub enum Scenario {
     Uncontended {
         threads: usize,
     },
-    /// `CONTENDERS` threads on one key, with this pause after each release.
+    /// `threads` threads on one key (`CONTENDERS` unless a scenario says otherwise), with
+    /// this pause after each release.
     Contended {
         pause: Option<Duration>,
+        threads: usize,
     },
     /// Uncontended, one thread, with one of five Redlock nodes stopped (SIGSTOP).
     PausedMinority,
@@ -73,8 +75,12 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Uncontended { .. } => "uncontended",
-            Scenario::Contended { pause: None } => "contended",
-            Scenario::Contended { pause: Some(_) } => "handoff",
+            Scenario::Contended {
+                pause: None,
+                threads: CONTENDERS,
+            } => "contended",
+            Scenario::Contended { pause: None, .. } => "contended-8",
+            Scenario::Contended { pause: Some(_), .. } => "handoff",
             Scenario::PausedMinority => "paused-minority",
             Scenario::FencedUse { .. } => "fenced-use",
         }
@@ -83,7 +89,7 @@ impl Scenario {
     fn threads(self) -> usize {
         match self {
             Scenario::Uncontended { threads } => threads,
-            Scenario::Contended { .. } => CONTENDERS,
+            Scenario::Contended { threads, .. } => threads,
             Scenario::PausedMinority => 1,
             Scenario::FencedUse { threads } => threads,
         }
@@ -97,7 +103,9 @@ impl Scenario {
             }
             Scenario::PausedMinority => uncontended(system, 1, false, run_for, tally),
             Scenario::FencedUse { threads } => uncontended(system, threads, true, run_for, tally),
-            Scenario::Contended { pause } => contended(system, pause, run_for, tally),
+            Scenario::Contended { pause, threads } => {
+                contended(system, pause, threads, run_for, tally)
+            }
         }
         let secs = (tally.elapsed - elapsed).as_secs_f64();
         if secs > 0.0 {
@@ -138,7 +146,8 @@ impl Scenario {
         let squares: f64 = t.per_thread.iter().map(|x| (*x as f64).powi(2)).sum();
         row.handoff_p50_us = percentile(&t.gaps, 0.5);
         row.max_wait_us = Some(us(t.max_wait));
-        row.fairness = (squares > 0.0).then(|| total * total / (CONTENDERS as f64 * squares));
+        let n = t.per_thread.len().max(1) as f64;
+        row.fairness = (squares > 0.0).then(|| total * total / (n * squares));
         row
     }
 }
@@ -228,10 +237,11 @@ fn uncontended(
     }
 }
 
-/// Contended: `CONTENDERS` threads take one key in turn (with `pause` after each release).
+/// Contended: `threads` threads take one key in turn (with `pause` after each release).
 fn contended(
     system: &dyn LockSystem,
     pause: Option<Duration>,
+    threads: usize,
     run_for: Duration,
     tally: &mut Tally,
 ) {
@@ -241,9 +251,9 @@ fn contended(
     let stop = Arc::new(AtomicBool::new(false));
     let seq = Arc::new(AtomicU64::new(0));
     let waiting_since: Arc<Vec<AtomicU64>> =
-        Arc::new((0..CONTENDERS).map(|_| AtomicU64::new(0)).collect());
-    let start = Arc::new(Barrier::new(CONTENDERS + 1));
-    let handles: Vec<_> = (0..CONTENDERS)
+        Arc::new((0..threads).map(|_| AtomicU64::new(0)).collect());
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
         .map(|t| {
             let mut h = system.handle();
             let (key, stop, seq, waiting_since, start) = (
@@ -296,6 +306,9 @@ fn contended(
     let mut log = Vec::new();
     for h in handles {
         for entry in h.join().unwrap() {
+            if tally.per_thread.len() < threads {
+                tally.per_thread.resize(threads, 0);
+            }
             tally.per_thread[entry.1] += 1;
             log.push(entry);
         }

@@ -19,8 +19,9 @@ pub enum Primitive {
     Permit(u32),
     /// A read hold of a read-write lock.
     Read,
-    /// The first handle takes write holds of a read-write lock, the others read holds.
-    OneWriter,
+    /// One handle in every `n` (the first of each round of `n` threads) takes write holds
+    /// of a read-write lock, the others read holds.
+    OneWriterIn(usize),
 }
 
 /// dlm over any backend; each handle is its own client (a separate owner).
@@ -32,7 +33,7 @@ pub struct Dlm {
     recorder: Option<Arc<Atomics>>,
     token_draw: TokenDraw,
     primitive: Primitive,
-    /// Handles made so far (the first is `OneWriter`'s writer).
+    /// Handles made so far (which of them write, for `OneWriterIn`).
     handles: AtomicUsize,
 }
 
@@ -88,10 +89,15 @@ impl LockSystem for Dlm {
             None => build(),
         };
         let primitive = match self.primitive {
-            Primitive::OneWriter if self.handles.fetch_add(1, Ordering::Relaxed) == 0 => {
+            Primitive::OneWriterIn(n)
+                if self
+                    .handles
+                    .fetch_add(1, Ordering::Relaxed)
+                    .is_multiple_of(n) =>
+            {
                 Take::Write
             }
-            Primitive::OneWriter | Primitive::Read => Take::Read,
+            Primitive::OneWriterIn(_) | Primitive::Read => Take::Read,
             Primitive::Permit(n) => Take::Permit(n),
             Primitive::Mutex => Take::Mutex,
         };
