@@ -71,7 +71,10 @@ enum Fence {
 /// connection would show. One server: `slack` 0, exact. Redlock: a round returns once a
 /// quorum decided it, and a node that answers later is released in the background (or,
 /// for a token, the commit round follows): on a busy machine a few cycles cost a request
-/// more or less on one node, so `slack` is 5% of the cycles there.
+/// more or less on one node, so `slack` is 5% of the cycles there. The same holds for new
+/// connections: while a late answer is still being read, the next cycle takes another
+/// pooled connection to that node, which may have to be opened (seen once under
+/// `scripts/test --under-load`).
 fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence, slack: u64) {
     let read = fencing != Fence::Unread;
     // The warm-up takes the names of the measured cycles (with fencing, their slots'
@@ -155,10 +158,10 @@ fn check(client: &LockClient, servers: &[&RedisServer], fencing: Fence, slack: u
             }),
             "node {n}: unexpected commands: {calls:?}, expected {expected:?}"
         );
-        assert_eq!(
-            stat(admin, "total_connections_received"),
-            0,
-            "node {n}: new connections during the cycles"
+        let opened = stat(admin, "total_connections_received");
+        assert!(
+            opened <= slack,
+            "node {n}: {opened} new connections during {CYCLES} cycles"
         );
     }
 }
