@@ -529,40 +529,60 @@ fn min_replicas_max_lag_refuses_writes_once_the_replicas_are_silent_that_long() 
 fn a_release_that_reaches_the_old_master_after_the_promotion_is_sent_again_to_the_new_one() {
     common::require();
     let t = SentinelTopology::spawn();
+    // `a` lives on after the release: its watcher sends the release to the new master.
     let a = client(&t);
     let name = dlm_testkit::unique_name("left-over");
-    let key = format!("dlm:{{{name}}}");
     let g = a.get_lock(&name).unwrap().lock().unwrap();
+    let released =
+        released_on_the_old_master_after_the_promotion(&t, &format!("dlm:{{{name}}}"), || {
+            g.unlock().expect("the old master takes the release")
+        });
+    eprintln!(
+        "the copy on the new master was deleted {:?} after the release",
+        released.elapsed()
+    );
+    assert!(
+        client(&t)
+            .get_lock(&name)
+            .unwrap()
+            .try_lock()
+            .unwrap()
+            .is_some(),
+        "another client did not get the name"
+    );
+}
+
+/// Starts a failover of `t` with `key` replicated, runs `release` on the old master once
+/// a replica is promoted (before the demotion), and waits (at most 5 s after the
+/// sentinels name the new master) until the key's copy is gone there. Returns when the
+/// release was made.
+fn released_on_the_old_master_after_the_promotion(
+    t: &SentinelTopology,
+    key: &str,
+    release: impl FnOnce(),
+) -> Instant {
     common::replicated(t.master(), 2);
     let old = t.start_failover();
     common::wait_until(Duration::from_secs(10), "a replica promoted", || {
         (0..t.data_nodes().len()).any(|r| r != old && t.role(r).is_ok_and(|role| role == "master"))
     });
     assert_eq!(t.role(old).unwrap(), "master", "demoted already");
-    g.unlock().expect("the old master takes the release");
+    release();
     assert_eq!(t.role(old).unwrap(), "master", "demoted before the release");
     let released = Instant::now();
     let new = t.wait_for_new_master(old, Duration::from_secs(30));
     let mut con = t.data_node(new).connection();
     common::wait_until(
         Duration::from_secs(5),
-        "the released lock's copy deleted on the new master",
+        "the released copy deleted on the new master",
         || {
             !redis::cmd("EXISTS")
-                .arg(&key)
+                .arg(key)
                 .query::<bool>(&mut con)
                 .unwrap()
         },
     );
-    eprintln!(
-        "the copy on the new master was deleted {:?} after the release",
-        released.elapsed()
-    );
-    let b = client(&t);
-    assert!(
-        b.get_lock(&name).unwrap().try_lock().unwrap().is_some(),
-        "another client did not get the name"
-    );
+    released
 }
 
 /// The same for a semaphore's permit (the journal keeps every kind of hold): a permit
@@ -573,33 +593,15 @@ fn a_release_that_reaches_the_old_master_after_the_promotion_is_sent_again_to_th
 fn a_permit_released_on_the_old_master_after_the_promotion_is_released_on_the_new_one() {
     common::require();
     let t = SentinelTopology::spawn();
-    let a = client(&t);
     let name = dlm_testkit::unique_name("left-over-permit");
-    let key = format!("dlm:{{{name}}}:sem");
+    let a = client(&t); // lives on after the release, as above
     let g = a.get_semaphore(&name, 1).unwrap().acquire().unwrap();
-    common::replicated(t.master(), 2);
-    let old = t.start_failover();
-    common::wait_until(Duration::from_secs(10), "a replica promoted", || {
-        (0..t.data_nodes().len()).any(|r| r != old && t.role(r).is_ok_and(|role| role == "master"))
+    released_on_the_old_master_after_the_promotion(&t, &format!("dlm:{{{name}}}:sem"), || {
+        g.unlock().expect("the old master takes the release")
     });
-    assert_eq!(t.role(old).unwrap(), "master", "demoted already");
-    g.unlock().expect("the old master takes the release");
-    assert_eq!(t.role(old).unwrap(), "master", "demoted before the release");
-    let new = t.wait_for_new_master(old, Duration::from_secs(30));
-    let mut con = t.data_node(new).connection();
-    common::wait_until(
-        Duration::from_secs(5),
-        "the released permit's copy deleted on the new master",
-        || {
-            !redis::cmd("EXISTS")
-                .arg(&key)
-                .query::<bool>(&mut con)
-                .unwrap()
-        },
-    );
-    let b = client(&t);
     assert!(
-        b.get_semaphore(&name, 1)
+        client(&t)
+            .get_semaphore(&name, 1)
             .unwrap()
             .try_acquire()
             .unwrap()
