@@ -3,7 +3,6 @@
 //! `--exclusive`). [`Resource`] makes the acquisition pluggable: the run and hold code
 //! needs a [`Held`] guard, however it was acquired.
 
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,33 +69,10 @@ enum Handle {
     Rw(ReadWriteLock),
 }
 
-/// A hold, however it was acquired: a [`LockGuard`] (the mutex, a permit, a read hold) or
-/// a [`WriteGuard`]. Both read as a `LockGuard` (fencing token, lost signal, `is_held`).
-pub(crate) enum Held {
-    Guard(LockGuard),
-    Write(WriteGuard),
-}
-
-impl Deref for Held {
-    type Target = LockGuard;
-
-    fn deref(&self) -> &LockGuard {
-        match self {
-            Held::Guard(g) => g,
-            Held::Write(w) => w,
-        }
-    }
-}
-
-impl Held {
-    /// Releases the hold.
-    pub(crate) fn unlock(self) -> dlm_core::Result<()> {
-        match self {
-            Held::Guard(g) => g.unlock(),
-            Held::Write(w) => w.unlock(),
-        }
-    }
-}
+/// A hold, however it was acquired: the mutex's, a permit, a read hold, or a write hold
+/// taken as a plain [`LockGuard`] ([`WriteGuard::into_guard`]): fencing token, lost
+/// signal, `is_held` and `unlock` are the same for all.
+pub(crate) type Held = LockGuard;
 
 impl Resource {
     /// `kind` of `name` on `client` (no I/O). A backend that keeps no such resource
@@ -147,10 +123,10 @@ impl Resource {
     /// One attempt: the hold, or `None` when it is taken.
     pub(crate) fn try_once(&self) -> dlm_core::Result<Option<Held>> {
         match (&self.handle, self.kind) {
-            (Handle::Lock(l), _) => Ok(l.try_lock()?.map(Held::Guard)),
-            (Handle::Semaphore(s), _) => Ok(s.try_acquire()?.map(Held::Guard)),
-            (Handle::Rw(rw), Kind::Exclusive) => Ok(rw.try_write()?.map(Held::Write)),
-            (Handle::Rw(rw), _) => Ok(rw.try_read()?.map(Held::Guard)),
+            (Handle::Lock(l), _) => l.try_lock(),
+            (Handle::Semaphore(s), _) => s.try_acquire(),
+            (Handle::Rw(rw), Kind::Exclusive) => Ok(rw.try_write()?.map(WriteGuard::into_guard)),
+            (Handle::Rw(rw), _) => rw.try_read(),
         }
     }
 
@@ -161,24 +137,20 @@ impl Resource {
         wait: Option<Duration>,
         interrupt: &Interrupt,
     ) -> dlm_core::Result<Option<Held>> {
-        let guard = Held::Guard;
         match (&self.handle, self.kind, wait) {
-            (Handle::Lock(l), _, Some(w)) => Ok(l.try_lock_interruptibly(w, interrupt)?.map(guard)),
-            (Handle::Lock(l), _, None) => l.lock_interruptibly(interrupt).map(guard).map(Some),
-            (Handle::Semaphore(s), _, Some(w)) => {
-                Ok(s.try_acquire_interruptibly(w, interrupt)?.map(guard))
-            }
-            (Handle::Semaphore(s), _, None) => {
-                s.acquire_interruptibly(interrupt).map(guard).map(Some)
-            }
-            (Handle::Rw(rw), Kind::Exclusive, Some(w)) => {
-                Ok(rw.try_write_interruptibly(w, interrupt)?.map(Held::Write))
-            }
-            (Handle::Rw(rw), Kind::Exclusive, None) => {
-                rw.write_interruptibly(interrupt).map(Held::Write).map(Some)
-            }
-            (Handle::Rw(rw), _, Some(w)) => Ok(rw.try_read_interruptibly(w, interrupt)?.map(guard)),
-            (Handle::Rw(rw), _, None) => rw.read_interruptibly(interrupt).map(guard).map(Some),
+            (Handle::Lock(l), _, Some(w)) => l.try_lock_interruptibly(w, interrupt),
+            (Handle::Lock(l), _, None) => l.lock_interruptibly(interrupt).map(Some),
+            (Handle::Semaphore(s), _, Some(w)) => s.try_acquire_interruptibly(w, interrupt),
+            (Handle::Semaphore(s), _, None) => s.acquire_interruptibly(interrupt).map(Some),
+            (Handle::Rw(rw), Kind::Exclusive, Some(w)) => Ok(rw
+                .try_write_interruptibly(w, interrupt)?
+                .map(WriteGuard::into_guard)),
+            (Handle::Rw(rw), Kind::Exclusive, None) => rw
+                .write_interruptibly(interrupt)
+                .map(WriteGuard::into_guard)
+                .map(Some),
+            (Handle::Rw(rw), _, Some(w)) => rw.try_read_interruptibly(w, interrupt),
+            (Handle::Rw(rw), _, None) => rw.read_interruptibly(interrupt).map(Some),
         }
     }
 
