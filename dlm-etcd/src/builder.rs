@@ -71,7 +71,9 @@ impl EtcdBackendBuilder {
     }
 
     /// How long a request may wait for its reply (default 1 s); a request that times out
-    /// is a transient `Timeout`, and the next request goes to the next member.
+    /// is a transient `Timeout`, and the next request goes to the next member. A request
+    /// never takes longer than the connect timeout plus this one, on a new connection or
+    /// on one already open to a member that has stopped answering.
     pub fn io_timeout(mut self, t: Duration) -> Self {
         self.io_timeout = t;
         self

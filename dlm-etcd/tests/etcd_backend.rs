@@ -175,3 +175,40 @@ fn a_member_of_another_cluster_among_the_urls_is_refused_at_first_use() {
         assert!(!body.contains("\"kvs\""), "a key was written: {body}");
     }
 }
+
+/// A request on a connection already open (pooled) to a member that has since stopped
+/// (SIGSTOP: the connection stays open, nothing answers) ends within the connect and I/O
+/// timeouts, as one on a new connection does. ureq sets its read timeout on new
+/// connections only: before, this request waited with no bound.
+#[test]
+fn a_request_on_a_reused_connection_to_a_stopped_member_ends_within_the_timeouts() {
+    let server = EtcdServer::spawn();
+    let timeout = Duration::from_millis(500);
+    let backend = EtcdBackend::builder(&[server.url()])
+        .connect_timeout(timeout)
+        .io_timeout(timeout)
+        .build()
+        .unwrap();
+    let client = LockClient::new(backend);
+    let lock = client.get_lock("reused").unwrap();
+    // Leaves its connections in the pool.
+    lock.try_lock().unwrap().unwrap().unlock().unwrap();
+    server.pause();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let t = Instant::now();
+        let got = lock.try_lock();
+        let _ = tx.send((t.elapsed(), got.map(|g| g.is_some())));
+    });
+    let outcome = rx.recv_timeout(Duration::from_secs(20));
+    server.resume();
+    let (took, got) = outcome.expect("try_lock on a stopped member did not return in 20 s");
+    let e = got.expect_err("a stopped member granted a lock");
+    assert_eq!(e.backend_kind(), Some(BackendErrorKind::Timeout), "{e}");
+    // Two requests, each within connect + I/O timeout: the attempt, and the clean-up of
+    // the key it may have left (the front releases a failed attempt's key at once).
+    assert!(
+        took < timeout * 4 + Duration::from_millis(500),
+        "try_lock took {took:?} with {timeout:?} connect and I/O timeouts"
+    );
+}

@@ -82,10 +82,14 @@ impl Gateway {
         if let Some(config) = &tls {
             agent = agent.tls_config(config.clone());
         }
+        // The whole request's deadline too: ureq sets `timeout_read` on a new connection
+        // only, and clears it when the connection goes back to the pool, so a request on a
+        // reused connection to a stopped member would wait with no bound.
         let agent = agent
             .timeout_connect(timeouts.connect)
             .timeout_read(timeouts.io)
             .timeout_write(timeouts.io)
+            .timeout(timeouts.connect + timeouts.io)
             .max_idle_connections(max_idle * members.len().max(1))
             .max_idle_connections_per_host(max_idle)
             .redirects(0)
@@ -164,6 +168,25 @@ impl Gateway {
     /// several replies), failing over as [`post`](Self::post) does.
     pub(crate) fn post_raw(&self, path: &str, text: &str) -> Result<String, BackendError> {
         self.failover(|i| self.send(i, path, text))
+    }
+
+    /// Whether member `i` answers a request within the I/O timeout, whatever it says (a
+    /// refusal is an answer): a serializable read of `key`, which the member serves from
+    /// its own store, leader or not. A stopped member accepts connections and says nothing.
+    pub(crate) fn answers(&self, i: usize, key: &[u8]) -> bool {
+        let body = serde_json::json!({
+            "key": b64(key),
+            "serializable": true,
+            "keys_only": true,
+            "limit": "1",
+        });
+        match self.send(i, "/v3/kv/range", &body.to_string()) {
+            Ok(_) => true,
+            Err(Outcome::Fail(e) | Outcome::TryNext(e)) => !matches!(
+                e.kind(),
+                BackendErrorKind::Unavailable | BackendErrorKind::Timeout
+            ),
+        }
     }
 
     /// Runs `attempt` on the preferred member, then on the others while it says
