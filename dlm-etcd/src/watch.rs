@@ -16,7 +16,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlm_core::backend::channel::{self, Receiver, RecvTimeoutError, Sender};
 use dlm_core::backend::{LockName, WaitList, Watch};
@@ -27,6 +27,12 @@ use crate::gateway::{Gateway, b64, int, unb64};
 
 /// How often the reader looks at its stop channel while the stream is idle.
 const TICK: Duration = Duration::from_millis(200);
+
+/// How long the stream may stay silent, while this backend has waiters, before the reader
+/// asks its member whether it still answers. etcd sends nothing on an idle watch, and a
+/// member that is stopped (SIGSTOP, a VM frozen) keeps the connection open and says
+/// nothing either: without the question its waiters would wait for the holder's lease.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
 
 type Registry = Arc<Mutex<Lists>>;
 
@@ -235,6 +241,7 @@ impl Reader {
         let mut headers_done = false;
         let mut payload = Vec::new();
         let mut buf = [0u8; 8192];
+        let mut heard = Instant::now();
         loop {
             let n = match s.read(&mut buf) {
                 Ok(0) => return End::Broken("closed".into()),
@@ -242,6 +249,16 @@ impl Reader {
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                     if self.stop.try_recv() != Err(channel::TryRecvError::Empty) {
                         return End::Stopped;
+                    }
+                    if heard.elapsed() >= PROBE_AFTER && self.has_waiters() {
+                        // A restart resumes after the last revision seen: nothing is missed.
+                        if !gateway.answers(i, &self.key_prefix) {
+                            return End::Broken(format!(
+                                "silent, and the member did not answer a request within {:?}",
+                                timeouts.io
+                            ));
+                        }
+                        heard = Instant::now();
                     }
                     continue;
                 }
@@ -252,6 +269,7 @@ impl Reader {
                     return End::Broken(e.to_string());
                 }
             };
+            heard = Instant::now();
             raw.extend_from_slice(&buf[..n]);
             if !headers_done {
                 let Some(at) = find(&raw, b"\r\n\r\n") else {
@@ -296,6 +314,11 @@ impl Reader {
                 }
             }
         }
+    }
+
+    /// Whether a waiter of this backend waits for a release hint.
+    fn has_waiters(&self) -> bool {
+        self.lists.lock().by_name.values().any(|l| !l.is_empty())
     }
 
     /// Handles one message of the stream; `Some(why)` when the stream must be restarted.

@@ -210,6 +210,83 @@ fn a_stopped_minority_member_changes_nothing_for_holders() {
     held.unlock().unwrap();
 }
 
+/// A waiter whose release hints come from a member that is then stopped (SIGSTOP): the
+/// release still wakes it. etcd sends nothing on an idle watch and a stopped member keeps
+/// the connection open, so the watch asks its member whether it answers after a second of
+/// silence, and when it does not, moves to the next member from the last revision it saw.
+/// Before, the waiter slept until the holder's lease would have ended (20 s here).
+#[test]
+fn a_waiter_whose_watch_member_is_stopped_is_still_woken_by_the_release() {
+    let cluster = EtcdCluster::spawn(3);
+    let urls = cluster.urls();
+    let leader = cluster.wait_for_leader();
+    let paused = (0..3).find(|&i| i != leader).unwrap();
+    // Each client sends to the first of its URLs: the holder to the leader, the waiter
+    // (its attempts and its watch) to the member that will be stopped.
+    let starting_at =
+        |first: usize| -> Vec<String> { (0..3).map(|k| urls[(first + k) % 3].clone()).collect() };
+    let name = unique_name("watch-member-stopped");
+    let holder = LockClient::builder(common::backend(&starting_at(leader)))
+        .lease(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let held = holder.get_lock(&name).unwrap().lock().unwrap();
+    let history = Arc::new(History::new());
+    let hold = history.begin("holder", &held);
+    let lock = client(&starting_at(paused)).get_lock(&name).unwrap();
+    let (got_tx, got_rx) = std::sync::mpsc::channel();
+    {
+        let history = history.clone();
+        thread::spawn(move || {
+            let guard = lock
+                .try_lock_timeout(Duration::from_secs(60))
+                .unwrap()
+                .expect("the waiter never got the lock");
+            let got = Instant::now();
+            let hold = history.begin("waiter", &guard);
+            history.end(hold, &guard);
+            guard.unlock().unwrap();
+            got_tx.send(got).unwrap();
+        });
+    }
+    // The waiter waits on the member to be stopped once that member counts a watcher.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while watchers(&urls[paused]) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's watch never reached its first member"
+        );
+        thread::yield_now();
+    }
+    cluster.get(paused).pause();
+    history.end(hold, &held);
+    held.unlock().unwrap();
+    let released = Instant::now();
+    let got = got_rx.recv_timeout(Duration::from_secs(30));
+    cluster.get(paused).resume();
+    let got = got.expect("the waiter did not get the lock within 30 s of the release");
+    let took = got.saturating_duration_since(released);
+    println!("woken {took:?} after the release, its watch's member stopped");
+    assert!(
+        took < Duration::from_secs(8),
+        "the waiter got the lock {took:?} after the release: its watch on the stopped member was not noticed"
+    );
+    history.check().assert_clean();
+}
+
+/// The watchers a member counts (`etcd_debugging_mvcc_watcher_total` on its `/metrics`).
+fn watchers(member: &str) -> u64 {
+    let text = ureq::get(&format!("{member}/metrics"))
+        .call()
+        .expect("the member's /metrics")
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+        .map(|v| v.trim().parse::<f64>().expect("a gauge's value") as u64)
+        .expect("etcd_debugging_mvcc_watcher_total is not among the member's metrics")
+}
+
 /// A client cut off from every member by the fault proxy (every byte dropped, the
 /// connections left open) while it holds a watchdog-renewed lock: it learns it lost the
 /// lock (the lost signal) by the end of its lease, and another client gets the lock only
