@@ -48,14 +48,25 @@ fn grant(agent: &ureq::Agent, base: &str) -> String {
 }
 
 /// The minimal gateway client: acquire = `txn(create_revision == 0 ? put(key, lease))`,
-/// release = `deleterange(key)`; `lock` spins on `try_lock`.
+/// release = `deleterange(key)`; `lock` spins on `try_lock`. With `checked`, the release
+/// deletes the key only if it still holds this client's value (`txn(value == v ?
+/// deleterange(key))`), as any lock must, so that a holder whose lease ran out cannot
+/// delete its successor's key: the same release as dlm's, at its least.
 pub struct MinimalEtcd {
     pub base: String,
+    pub checked: bool,
 }
+
+/// The name of the checked-release variant of the minimal gateway client.
+pub const MINIMAL_ETCD_CHECKED: &str = "minimal (etcd gateway, checked release)";
 
 impl LockSystem for MinimalEtcd {
     fn name(&self) -> String {
-        crate::report::MINIMAL_ETCD.into()
+        if self.checked {
+            MINIMAL_ETCD_CHECKED.into()
+        } else {
+            crate::report::MINIMAL_ETCD.into()
+        }
     }
 
     fn handle(&self) -> Box<dyn LockHandle> {
@@ -65,6 +76,7 @@ impl LockSystem for MinimalEtcd {
             agent,
             base: self.base.clone(),
             lease,
+            checked: self.checked,
             held: None,
         })
     }
@@ -74,6 +86,7 @@ struct MinimalEtcdHandle {
     agent: ureq::Agent,
     base: String,
     lease: String,
+    checked: bool,
     held: Option<String>,
 }
 
@@ -105,7 +118,13 @@ impl LockHandle for MinimalEtcdHandle {
     }
 
     fn unlock(&mut self) {
-        if let Some(k) = self.held.take() {
+        let Some(k) = self.held.take() else { return };
+        if self.checked {
+            let body = format!(
+                r#"{{"compare":[{{"key":"{k}","target":"VALUE","result":"EQUAL","value":"eA=="}}],"success":[{{"request_delete_range":{{"key":"{k}"}}}}]}}"#
+            );
+            let _ = post(&self.agent, &format!("{}/v3/kv/txn", self.base), &body);
+        } else {
             let _ = post(
                 &self.agent,
                 &format!("{}/v3/kv/deleterange", self.base),

@@ -178,16 +178,29 @@ fn main() {
             Arc::new(dlm_etcd::EtcdBackend::new(&[base.as_str()]).unwrap()),
             TTL,
         );
-        let minimal = etcd::MinimalEtcd { base: base.clone() };
+        let minimal = etcd::MinimalEtcd {
+            base: base.clone(),
+            checked: false,
+        };
+        let checked = etcd::MinimalEtcd {
+            base: base.clone(),
+            checked: true,
+        };
         let service = etcd::EtcdLockService { base };
         for scenario in &scenarios {
             let chosen: Vec<&dyn LockSystem> = [
                 &dlm_etcd as &dyn LockSystem,
                 &minimal as &dyn LockSystem,
+                &checked as &dyn LockSystem,
                 &service as &dyn LockSystem,
             ]
             .into_iter()
             .filter(|s| opts.wants(&s.name(), scenario.name()))
+            // The checked release is the uncontended bar's second reference only.
+            .filter(|s| {
+                matches!(scenario, Scenario::Uncontended { .. })
+                    || s.name() != etcd::MINIMAL_ETCD_CHECKED
+            })
             .collect();
             if !chosen.is_empty() {
                 for row in measure(&chosen, *scenario, rounds, run_for) {

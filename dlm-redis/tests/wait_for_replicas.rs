@@ -212,8 +212,7 @@ impl LaggingReplica {
         let name = unique_name("lag");
         let a = self.client(&self.master.url(), wait);
         a.get_lock(&name).unwrap().lock().unwrap().unlock().unwrap();
-        self.proxy
-            .set_latency(Direction::ToClient, LAG);
+        self.proxy.set_latency(Direction::ToClient, LAG);
         let history = dlm_testkit::history::History::new();
         let ga = a
             .get_lock(&name)
