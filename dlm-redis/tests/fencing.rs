@@ -302,8 +302,11 @@ fn a_commit_round_without_a_quorum_gives_no_token() {
                 .credentials("app", "app-pw")
                 .spawn();
             for script in [
-                include_str!("../src/protocol/lua/acquire.lua"),
-                // The fence script as dlm sends it: the draw prepended.
+                // The scripts as dlm sends them: the rule and the draw prepended.
+                concat!(
+                    include_str!("../src/protocol/lua/take.lua"),
+                    include_str!("../src/protocol/lua/acquire.lua")
+                ),
                 concat!(
                     include_str!("../src/protocol/lua/draw.lua"),
                     include_str!("../src/protocol/lua/fence.lua")

@@ -26,20 +26,24 @@ struct Scripts {
 
 /// Loaded once per process; each `Script` knows its SHA1 (EVALSHA, reloaded on NOSCRIPT).
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(include_str!("lua/acquire.lua")),
+    // The acquisition rule is written once (take.lua) and prepended to both acquire
+    // scripts; the draw of a token likewise (draw.lua) to every script that draws one.
+    acquire: Script::new(concat!(
+        include_str!("lua/take.lua"),
+        include_str!("lua/acquire.lua")
+    )),
     extend: Script::new(include_str!("lua/extend.lua")),
     release: Script::new(include_str!("lua/release.lua")),
     force_release: Script::new(include_str!("lua/force_release.lua")),
     inspect: Script::new(include_str!("lua/inspect.lua")),
     commit: Script::new(include_str!("lua/commit.lua")),
-    // The draw of a token is written once (draw.lua) and prepended to both scripts that
-    // draw one.
     fence: Script::new(concat!(
         include_str!("lua/draw.lua"),
         include_str!("lua/fence.lua")
     )),
     acquire_fenced: Script::new(concat!(
         include_str!("lua/draw.lua"),
+        include_str!("lua/take.lua"),
         include_str!("lua/acquire_fenced.lua")
     )),
     claim: Script::new(concat!(

@@ -1,5 +1,5 @@
 -- Release: compare-and-delete; announce it on the lock's channel when a waiter marked the
--- key (its value then ends in '~', see acquire.lua): an uncontended release publishes
+-- key (its value then ends in '~', see take.lua): an uncontended release publishes
 -- nothing.
 -- KEYS[1] lock key; ARGV[1] release channel (not a key: for a name that begins with '}'
 -- it hashes to another cluster slot than the lock key), ARGV[2] owner token, ARGV[3]
