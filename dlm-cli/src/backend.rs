@@ -79,7 +79,7 @@ impl Connection {
         if !args.cluster && args.sentinel.is_none() {
             redlock_or_one(source, &list, urls.len())?;
         }
-        let tls = tls(args, &urls)?;
+        let tls = tls(args, &urls, ("rediss", "redis"))?;
         let wait = match (args.wait_replicas, args.wait_timeout) {
             (None, _) => None,
             (Some(n), secs) => {
@@ -205,7 +205,7 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
     if let Some(prefix) = &args.prefix {
         b = b.prefix(prefix);
     }
-    if let Some(tls) = etcd_tls(args, &urls)? {
+    if let Some(tls) = tls(args, &urls, ("https", "http"))? {
         b = b.tls(tls);
     }
     let backend = b
@@ -218,34 +218,6 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
         backend: Arc::new(backend),
         describe,
     })
-}
-
-/// The etcd TLS options, when any TLS flag is given (the same flags as for Redis).
-fn etcd_tls(args: &BackendArgs, urls: &[&str]) -> Result<Option<dlm_etcd::TlsOptions>, Failure> {
-    let any =
-        args.tls_ca_file.is_some() || args.tls_cert.is_some() || args.tls_server_name.is_some();
-    if !any {
-        return Ok(None);
-    }
-    if !urls
-        .iter()
-        .any(|u| u.to_ascii_lowercase().starts_with("https://"))
-    {
-        return Err(Failure::usage(
-            "--tls-* options need an https:// member URL (TLS); the URLs are plain http://",
-        ));
-    }
-    let mut tls = dlm_etcd::TlsOptions::new();
-    if let Some(ca) = &args.tls_ca_file {
-        tls = tls.ca_file(ca);
-    }
-    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        tls = tls.client_cert(cert, key);
-    }
-    if let Some(name) = &args.tls_server_name {
-        tls = tls.server_name(name);
-    }
-    Ok(Some(tls))
 }
 
 /// A plain URL list (not `--cluster`, not `--sentinel`) is one server, or Redlock over 3
@@ -325,20 +297,28 @@ fn with_password(
     Ok(parsed.into())
 }
 
-/// The TLS options, when any TLS flag is given.
-fn tls(args: &BackendArgs, urls: &[String]) -> Result<Option<TlsOptions>, Failure> {
+/// The TLS options, when any TLS flag is given: the same flags and the same options
+/// (`dlm_core::tls::TlsOptions`) for Redis and etcd; `tls_scheme` is the scheme of the
+/// URLs they apply to (`rediss`, `https`), `plain` the other one's.
+fn tls(
+    args: &BackendArgs,
+    urls: &[impl AsRef<str>],
+    (tls_scheme, plain): (&str, &str),
+) -> Result<Option<TlsOptions>, Failure> {
     let any =
         args.tls_ca_file.is_some() || args.tls_cert.is_some() || args.tls_server_name.is_some();
     if !any {
         return Ok(None);
     }
+    let prefix = format!("{tls_scheme}://");
     if !urls
         .iter()
-        .any(|u| u.to_ascii_lowercase().starts_with("rediss://"))
+        .any(|u| u.as_ref().to_ascii_lowercase().starts_with(&prefix))
     {
-        return Err(Failure::usage(
-            "--tls-* options need a rediss:// URL (TLS); the URLs are plain redis://",
-        ));
+        return Err(Failure::usage(format!(
+            "--tls-* options need a{} {prefix} URL (TLS); the URLs are plain {plain}://",
+            if tls_scheme == "https" { "n" } else { "" }
+        )));
     }
     let mut tls = TlsOptions::new();
     if let Some(ca) = &args.tls_ca_file {

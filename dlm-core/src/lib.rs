@@ -55,6 +55,8 @@ mod rwlock;
 mod semaphore;
 mod shared;
 mod signal;
+#[cfg(feature = "tls")]
+pub mod tls;
 mod token_draw;
 pub use token_draw::TokenDraw;
 mod watchdog;

@@ -10,7 +10,7 @@ use crate::backend::EtcdBackend;
 use crate::gateway::{Credentials, Gateway, Secret, Timeouts};
 use crate::inner::Inner;
 use crate::leases::Leases;
-use crate::tls::TlsOptions;
+use dlm_core::tls::TlsOptions;
 
 /// The constructors: here, beside what they build, so that the backend's own code does
 /// not depend on its builder.
@@ -192,7 +192,12 @@ impl EtcdBackendBuilder {
             return Err(InvalidArgument::new("pool_size", "must be at least 1"));
         }
         let tls = if members.iter().any(|m| m.starts_with("https://")) {
-            Some(self.tls.clone().unwrap_or_default().load()?)
+            Some(
+                self.tls
+                    .clone()
+                    .unwrap_or_default()
+                    .load("an etcd member")?,
+            )
         } else if self.tls.is_some() {
             return Err(InvalidArgument::new(
                 "tls",

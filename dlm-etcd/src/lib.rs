@@ -38,7 +38,7 @@ mod watch;
 
 pub use backend::EtcdBackend;
 pub use builder::EtcdBackendBuilder;
-pub use tls::TlsOptions;
+pub use dlm_core::tls::TlsOptions;
 
 /// The README's examples, compiled as doc-tests.
 #[cfg(doctest)]

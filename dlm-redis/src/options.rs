@@ -121,7 +121,7 @@ impl Options {
             .collect::<Result<Vec<_>, _>>()?;
         let tls_options = self.tls.clone().unwrap_or_default();
         let config = if parsed.iter().any(|p| p.tls) {
-            Some(tls_options.load()?)
+            Some(tls_options.load("the Redis server")?)
         } else if self.tls.is_some() {
             return Err(InvalidArgument::new(
                 "tls",

@@ -5,8 +5,8 @@ mod resp;
 mod tls;
 mod wire;
 
+pub use dlm_core::tls::TlsOptions;
 pub(crate) use resp::Resp;
 pub(crate) use resp::words;
-pub use tls::TlsOptions;
 pub(crate) use tls::TlsTarget;
 pub(crate) use wire::{Wire, is_tls_error};
