@@ -29,9 +29,11 @@ use crate::gateway::{Gateway, b64, int, unb64};
 const TICK: Duration = Duration::from_millis(200);
 
 /// How long the stream may stay silent, while this backend has waiters, before the reader
-/// asks its member whether it still answers. etcd sends nothing on an idle watch, and a
-/// member that is stopped (SIGSTOP, a VM frozen) keeps the connection open and says
-/// nothing either: without the question its waiters would wait for the holder's lease.
+/// asks its member whether it still serves the cluster. etcd sends nothing on an idle
+/// watch, and a member that is stopped (SIGSTOP, a VM frozen) keeps the connection open and
+/// says nothing either, as does one cut off from the leader: without the question its
+/// waiters would wait for the holder's lease. (The watch is also asked for with
+/// `hasleader`, etcd's require-leader: a member that knows it lost its leader ends it.)
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
 type Registry = Arc<Mutex<Lists>>;
@@ -228,7 +230,7 @@ impl Reader {
             .map(|t| format!("Authorization: {t}\r\n"))
             .unwrap_or_default();
         let request = format!(
-            "POST /v3/watch HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\n\r\n{body}",
+            "POST /v3/watch HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nGrpc-Metadata-Hasleader: true\r\n{authorization}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         if let Err(e) = s.write_all(request.as_bytes()).and_then(|()| s.flush()) {

@@ -170,13 +170,14 @@ impl Gateway {
         self.failover(|i| self.send(i, path, text))
     }
 
-    /// Whether member `i` answers a request within the I/O timeout, whatever it says (a
-    /// refusal is an answer): a serializable read of `key`, which the member serves from
-    /// its own store, leader or not. A stopped member accepts connections and says nothing.
+    /// Whether member `i` serves the cluster: a linearizable read of `key` (which the
+    /// member confirms with the leader) answered within the request deadline, whatever it
+    /// says (a refusal such as permission denied is an answer; no leader, no connection or
+    /// no reply is not). A stopped member accepts connections and says nothing; one cut
+    /// off from the leader cannot confirm the read.
     pub(crate) fn answers(&self, i: usize, key: &[u8]) -> bool {
         let body = serde_json::json!({
             "key": b64(key),
-            "serializable": true,
             "keys_only": true,
             "limit": "1",
         });
