@@ -212,3 +212,78 @@ fn a_request_on_a_reused_connection_to_a_stopped_member_ends_within_the_timeouts
         "try_lock took {took:?} with {timeout:?} connect and I/O timeouts"
     );
 }
+
+/// A waiter that arrived just before the release (0 to 90 ms) is handed the lock within
+/// milliseconds. Its watch starts at the revision after its failed attempt, so etcd has
+/// nothing to catch up: a watch that starts in the past is caught up only every 100 ms
+/// (etcd's own lock recipe then hands over in about 45 ms). Each hand-over has a waiter
+/// of a new backend (a new watch). The bar of issue #22 is a p50 under 5 ms; the test
+/// asserts it against the same run's uncontended lock+unlock cycle (at most four cycles),
+/// so that a loaded machine, where every etcd write slows down, does not fail it while a
+/// 100 ms catch-up still would.
+#[test]
+fn a_waiter_that_arrived_just_before_the_release_is_handed_the_lock_at_once() {
+    use std::sync::Arc;
+    use std::sync::mpsc;
+
+    use dlm_testkit::{CountingBackend, unique_name};
+
+    let server = EtcdServer::spawn();
+    let urls = [server.url()];
+    let holder = LockClient::new(common::backend(&urls));
+    let p50 = |mut d: Vec<Duration>| {
+        d.sort();
+        d[d.len() / 2]
+    };
+    let cycle = p50((0..20)
+        .map(|_| {
+            let lock = holder.get_lock(&unique_name("cycle")).unwrap();
+            let t = Instant::now();
+            lock.try_lock().unwrap().unwrap().unlock().unwrap();
+            t.elapsed()
+        })
+        .collect());
+    let mut gaps = Vec::new();
+    for i in 0..20 {
+        let name = unique_name("handover");
+        let held = holder.get_lock(&name).unwrap().lock().unwrap();
+        let counting = Arc::new(CountingBackend::new(Arc::new(common::backend(&urls))));
+        let lock = LockClient::new(counting.clone()).get_lock(&name).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let waiter = thread::spawn(move || {
+            let guard = lock
+                .try_lock_timeout(Duration::from_secs(20))
+                .unwrap()
+                .expect("the waiter never got the lock");
+            tx.send(Instant::now()).unwrap();
+            guard.unlock().unwrap();
+        });
+        // Its first attempt failed and its second (made once subscribed) has started.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counting.calls() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the waiter made no second attempt"
+            );
+            thread::yield_now();
+        }
+        // How long before the release the waiter arrived: the variable under test.
+        thread::sleep(Duration::from_millis(10 * (i % 10)));
+        held.unlock().unwrap();
+        let released = Instant::now();
+        let got = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no hand-over");
+        gaps.push(got.saturating_duration_since(released));
+        waiter.join().unwrap();
+    }
+    let all = gaps.clone();
+    let gap = p50(gaps);
+    println!(
+        "hand-over to a waiter that arrived 0-90 ms before the release: p50 {gap:?} (an uncontended lock+unlock cycle: p50 {cycle:?})"
+    );
+    assert!(
+        gap < (cycle * 4).max(Duration::from_millis(5)),
+        "hand-over p50 {gap:?} against a cycle of {cycle:?}: {all:?}"
+    );
+}
