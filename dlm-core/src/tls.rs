@@ -5,8 +5,9 @@
 //!
 //! Nothing of TLS is written here: the handshake, records and certificate checks are
 //! rustls's and webpki's. This module reads PEM files, picks roots and maps errors. The
-//! loading functions ([`TlsOptions::load`], [`TlsOptions::name_to_verify`], [`speaks_tls`])
-//! are for backends; their rustls types follow the rustls version of this crate.
+//! loading functions (`TlsOptions::load`, `TlsOptions::name_to_verify`, `speaks_tls`) are
+//! for backends and hidden from the documentation: their rustls types follow the rustls
+//! version of this crate, which is not part of dlm's semver.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -87,10 +88,12 @@ impl TlsOptions {
         self
     }
 
-    /// For backends: reads the files and builds the rustls configuration (no network
+    /// For backends (hidden: its rustls types follow this crate's rustls version, outside
+    /// dlm's semver): reads the files and builds the rustls configuration (no network
     /// I/O). `server` names what a skipped verification lets anyone pose as, for the
     /// warning ("the Redis server", "an etcd member"). With [`server_name`](Self::server_name),
     /// certificates are verified for that name whatever name the connection is made with.
+    #[doc(hidden)]
     pub fn load(&self, server: &str) -> Result<Arc<ClientConfig>, InvalidArgument> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
@@ -134,8 +137,9 @@ impl TlsOptions {
         Ok(Arc::new(config))
     }
 
-    /// For backends: the name to send (SNI) and verify for a server at `host`: the
-    /// configured [`server_name`](Self::server_name), or `host`.
+    /// For backends (hidden, as [`load`](Self::load)): the name to send (SNI) and verify
+    /// for a server at `host`: the configured [`server_name`](Self::server_name), or `host`.
+    #[doc(hidden)]
     pub fn name_to_verify(&self, host: &str) -> Result<ServerName<'static>, InvalidArgument> {
         checked_name(self.server_name.as_deref().unwrap_or(host))
     }
@@ -176,10 +180,11 @@ impl fmt::Debug for TlsOptions {
     }
 }
 
-/// For backends: whether the server at `addr` answers a TLS ClientHello with a TLS
+/// For backends (hidden): whether the server at `addr` answers a TLS ClientHello with a TLS
 /// record: asked only after a plain connection was dropped or closed without a reply, to
 /// tell "this is a TLS port" from any other reset. The hello is made by rustls (no
 /// certificate is checked: nothing is sent but the hello).
+#[doc(hidden)]
 pub fn speaks_tls(addr: &std::net::SocketAddr, timeout: Duration) -> bool {
     use std::io::Read;
     static PROBE: std::sync::LazyLock<Arc<ClientConfig>> = std::sync::LazyLock::new(|| {

@@ -71,9 +71,11 @@ impl EtcdBackendBuilder {
     }
 
     /// How long a request may wait for its reply (default 1 s); a request that times out
-    /// is a transient `Timeout`, and the next request goes to the next member. A request
-    /// never takes longer than the connect timeout plus this one, on a new connection or
-    /// on one already open to a member that has stopped answering.
+    /// is a transient `Timeout`, and the next request goes to the next member. Each HTTP
+    /// request to one member has a deadline of the connect timeout plus this one, for the
+    /// whole exchange, on a new connection or on one already open to a member that has
+    /// stopped answering (a request that then goes to another member, or first asks for an
+    /// auth token, takes one such deadline per request).
     pub fn io_timeout(mut self, t: Duration) -> Self {
         self.io_timeout = t;
         self
