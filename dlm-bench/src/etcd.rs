@@ -48,10 +48,11 @@ fn grant(agent: &ureq::Agent, base: &str) -> String {
 }
 
 /// The minimal gateway client: acquire = `txn(create_revision == 0 ? put(key, lease))`,
-/// release = `deleterange(key)`; `lock` spins on `try_lock`. With `checked`, the release
-/// deletes the key only if it still holds this client's value (`txn(value == v ?
-/// deleterange(key))`), as any lock must, so that a holder whose lease ran out cannot
-/// delete its successor's key: the same release as dlm's, at its least.
+/// release = `deleterange(key)`; `lock` spins on `try_lock`. With `checked`, each handle
+/// writes a value of its own (its lease ID) and the release deletes the key only while it
+/// holds that value (`txn(value == v ? deleterange(key))`), as any lock must, so that a
+/// holder whose lease ran out cannot delete its successor's key: the owner check of dlm's
+/// release, at its least.
 pub struct MinimalEtcd {
     pub base: String,
     pub checked: bool,
@@ -90,11 +91,24 @@ struct MinimalEtcdHandle {
     held: Option<String>,
 }
 
+impl MinimalEtcdHandle {
+    /// The value written: `x` for the unchecked client (as before), the handle's own
+    /// lease ID for the checked one (base64, as the gateway wants it).
+    fn value(&self) -> String {
+        if self.checked {
+            STANDARD.encode(&self.lease)
+        } else {
+            "eA==".into()
+        }
+    }
+}
+
 impl LockHandle for MinimalEtcdHandle {
     fn try_lock(&mut self, key: &str) -> bool {
         let k = STANDARD.encode(format!("minimal/{key}"));
         let body = format!(
-            r#"{{"compare":[{{"key":"{k}","target":"CREATE","result":"EQUAL","create_revision":"0"}}],"success":[{{"request_put":{{"key":"{k}","value":"eA==","lease":"{}"}}}}]}}"#,
+            r#"{{"compare":[{{"key":"{k}","target":"CREATE","result":"EQUAL","create_revision":"0"}}],"success":[{{"request_put":{{"key":"{k}","value":"{}","lease":"{}"}}}}]}}"#,
+            self.value(),
             self.lease
         );
         let ok = post(&self.agent, &format!("{}/v3/kv/txn", self.base), &body)
@@ -121,7 +135,8 @@ impl LockHandle for MinimalEtcdHandle {
         let Some(k) = self.held.take() else { return };
         if self.checked {
             let body = format!(
-                r#"{{"compare":[{{"key":"{k}","target":"VALUE","result":"EQUAL","value":"eA=="}}],"success":[{{"request_delete_range":{{"key":"{k}"}}}}]}}"#
+                r#"{{"compare":[{{"key":"{k}","target":"VALUE","result":"EQUAL","value":"{}"}}],"success":[{{"request_delete_range":{{"key":"{k}"}}}}]}}"#,
+                self.value()
             );
             let _ = post(&self.agent, &format!("{}/v3/kv/txn", self.base), &body);
         } else {
