@@ -205,20 +205,6 @@ impl LaggingReplica {
             .unwrap()
     }
 
-    /// Waits until the replica has applied everything the master has written so far.
-    fn replica_caught_up(&self) {
-        let offset = |info: String, field: &str| -> u64 {
-            info.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        };
-        let target = offset(self.master.info("replication"), "master_repl_offset:");
-        common::wait_until(Duration::from_secs(10), "the replica caught up", || {
-            offset(self.replica.info("replication"), "slave_repl_offset:") >= target
-        });
-    }
-
     /// A takes the lock on the master while replication lags [`LAG`]; right after A has
     /// it (well within the lag, even on a loaded machine), the link is cut, the master
     /// dies and the replica is promoted. Whether B then gets the lock from the promoted
@@ -231,7 +217,7 @@ impl LaggingReplica {
         // still be on their way, then be held back by the lag and dropped by the cut, and
         // the promoted replica kept the warm-up's key and refused B (seen twice under
         // `scripts/test --under-load`).
-        self.replica_caught_up();
+        common::replicated(&self.master, 1);
         self.proxy.set_latency(Direction::ToClient, LAG);
         let history = dlm_testkit::history::History::new();
         let ga = a
