@@ -324,8 +324,9 @@ fn main() {
         }
         // Fencing that is used: dlm (fenced; the token drawn with the acquisition once a
         // hold of the lock has read it) beside dlm drawing on read (`TokenDraw::WhenRead`,
-        // one more round trip) and the minimal client, which does not fence (the bar:
-        // what a lock costs).
+        // one more round trip), the minimal client, which does not fence (the bar: what a
+        // lock costs), and the minimal client drawing a token in its acquisition (the
+        // floor: what the draw itself costs).
         let when_read = |urls: &[String]| -> Box<dyn LockSystem> {
             let backend: Arc<dyn dlm_core::backend::LockBackend> = if urls.len() == 1 {
                 Arc::new(dlm_redis::RedisBackend::new(&urls[0]).unwrap())
@@ -338,16 +339,22 @@ fn main() {
             )
         };
         let (fenced_timed, fenced_counted) = (when_read(&urls), when_read(&proxy_urls));
+        // And the minimal client drawing a token in its acquisition: the floor of any
+        // design that draws on the server in the acquisition's round trip.
+        let (floor_timed, floor_counted) = (
+            Minimal::fenced(&urls, TTL),
+            Minimal::fenced(&proxy_urls, TTL),
+        );
         let fenced_use = |s: &&dyn LockSystem| {
             matches!(
                 s.name().as_str(),
-                "dlm" | "dlm (drawn when read)" | "minimal"
+                "dlm" | "dlm (drawn when read)" | "minimal" | "minimal (fenced)"
             ) && opts.wants(&s.name(), "fenced-use")
         };
         let fenced_counts: Vec<(String, Counts)> = counted
             .iter()
             .map(|s| s.as_ref())
-            .chain([fenced_counted.as_ref()])
+            .chain([fenced_counted.as_ref(), &floor_counted as &dyn LockSystem])
             .filter(fenced_use)
             .map(|s| (s.name(), request_counts(s, &proxies, &servers, true)))
             .collect();
@@ -356,7 +363,7 @@ fn main() {
             let chosen: Vec<&dyn LockSystem> = timed
                 .iter()
                 .map(|s| s.as_ref())
-                .chain([fenced_timed.as_ref()])
+                .chain([fenced_timed.as_ref(), &floor_timed as &dyn LockSystem])
                 .filter(fenced_use)
                 .collect();
             if chosen.len() < 2 {

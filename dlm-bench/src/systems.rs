@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlm_core::backend::LockBackend;
-use dlm_core::{FencedResource, Lock, LockClient, LockGuard, TokenDraw};
+use dlm_core::{FencedResource, FencingToken, Lock, LockClient, LockGuard, TokenDraw};
 
 use crate::recorder::Atomics;
 use crate::system::{LockHandle, LockSystem};
@@ -168,6 +168,15 @@ impl LockHandle for DlmHandle {
 
 const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
+/// The fenced minimal client's acquisition: `SET NX PX`, and where it took the lock, a
+/// stream ID drawn from the server's clock (`XADD ... *`) and the stream's expiry renewed:
+/// the least a token drawn on the server in the acquisition's round trip costs. No owner
+/// check beyond `NX`, no foreign-key check, no carry, no Redlock commit: a floor, not a
+/// safe design.
+const ACQUIRE_FENCED: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '0', '*', 'f', '1') \
+redis.call('PEXPIRE', KEYS[2], ARGV[3]) return id end return false";
+
 /// The bar: SET NX PX to acquire, EVALSHA compare-and-delete to release, one persistent
 /// connection per node per thread; on several nodes, writes to all sockets and then reads
 /// all replies. Its `lock` spins on `try_lock`.
@@ -178,6 +187,7 @@ pub struct Minimal {
     urls: Vec<String>,
     ttl_ms: u64,
     dlm_transport: bool,
+    fenced: bool,
 }
 
 impl Minimal {
@@ -187,6 +197,17 @@ impl Minimal {
             urls: urls.to_vec(),
             ttl_ms: ttl.as_millis() as u64,
             dlm_transport: false,
+            fenced: false,
+        }
+    }
+
+    /// The same client drawing a fencing token in its acquisition ([`ACQUIRE_FENCED`]):
+    /// the floor of `fenced-use` for any design that draws the token on the server in the
+    /// acquisition's round trip.
+    pub fn fenced(urls: &[String], ttl: Duration) -> Self {
+        Minimal {
+            fenced: true,
+            ..Minimal::new(urls, ttl)
         }
     }
 
@@ -199,37 +220,44 @@ impl Minimal {
     }
 
     fn handle_over<C: Transport + 'static>(&self, open: impl Fn(&str) -> C) -> Box<dyn LockHandle> {
-        let script = redis::Script::new(RELEASE);
-        let load = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(RELEASE)
-            .get_packed_command();
+        let load = |script: &str| {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(script)
+                .get_packed_command()
+        };
         let cons = self
             .urls
             .iter()
             .map(|u| {
                 let mut con = open(u);
-                con.send(&load);
-                assert!(matches!(con.recv(), redis::Value::BulkString(_)));
+                for script in [RELEASE, ACQUIRE_FENCED] {
+                    con.send(&load(script));
+                    assert!(matches!(con.recv(), redis::Value::BulkString(_)));
+                }
                 con
             })
             .collect();
+        let sha = |script: &str| redis::Script::new(script).get_hash().to_owned();
         Box::new(MinimalHandle {
             cons,
             ttl_ms: self.ttl_ms,
-            sha: script.get_hash().to_owned(),
+            sha: sha(RELEASE),
+            fenced_sha: self.fenced.then(|| sha(ACQUIRE_FENCED)),
             token: format!("{:032x}", rand::random::<u128>()),
             key: None,
+            fencing_token: None,
+            resource: FencedResource::new(0),
         })
     }
 }
 
 impl LockSystem for Minimal {
     fn name(&self) -> String {
-        if self.dlm_transport {
-            "minimal (dlm transport)".into()
-        } else {
-            "minimal".into()
+        match (self.dlm_transport, self.fenced) {
+            (true, _) => "minimal (dlm transport)".into(),
+            (false, true) => "minimal (fenced)".into(),
+            (false, false) => "minimal".into(),
         }
     }
 
@@ -272,8 +300,13 @@ struct MinimalHandle<C> {
     cons: Vec<C>,
     ttl_ms: u64,
     sha: String,
+    /// The fenced acquisition's script, for [`Minimal::fenced`].
+    fenced_sha: Option<String>,
     token: String,
     key: Option<String>,
+    /// The fenced client's token of the current hold: the largest ID its majority drew.
+    fencing_token: Option<FencingToken>,
+    resource: FencedResource<u64>,
 }
 
 impl<C: Transport> MinimalHandle<C> {
@@ -296,18 +329,37 @@ impl<C: Transport> MinimalHandle<C> {
 impl<C: Transport> LockHandle for MinimalHandle<C> {
     fn try_lock(&mut self, key: &str) -> bool {
         let key = format!("minimal:{key}");
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(&key)
-            .arg(&self.token)
-            .arg("NX")
-            .arg("PX")
-            .arg(self.ttl_ms);
-        let ok = self
-            .all(&cmd)
-            .iter()
-            .filter(|v| matches!(v, redis::Value::Okay))
-            .count();
+        let mut cmd;
+        if let Some(sha) = &self.fenced_sha {
+            cmd = redis::cmd("EVALSHA");
+            cmd.arg(sha)
+                .arg(2)
+                .arg(&key)
+                .arg(format!("minimal-fence:{key}"))
+                .arg(&self.token)
+                .arg(self.ttl_ms)
+                .arg(86_400_000);
+        } else {
+            cmd = redis::cmd("SET");
+            cmd.arg(&key)
+                .arg(&self.token)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.ttl_ms);
+        }
+        let (mut ok, mut token) = (0, None);
+        for v in self.all(&cmd) {
+            match v {
+                redis::Value::Okay => ok += 1,
+                redis::Value::BulkString(id) => {
+                    ok += 1;
+                    token = token.max(stream_id_token(&id));
+                }
+                _ => {}
+            }
+        }
         if ok > self.cons.len() / 2 {
+            self.fencing_token = token;
             self.key = Some(key);
             true
         } else {
@@ -333,4 +385,22 @@ impl<C: Transport> LockHandle for MinimalHandle<C> {
             self.release(&key);
         }
     }
+
+    fn use_token(&mut self) -> bool {
+        if self.fenced_sha.is_none() {
+            return true;
+        }
+        let Some(token) = self.fencing_token.take() else {
+            return false;
+        };
+        self.resource.write(token, |n| *n += 1).is_ok()
+    }
+}
+
+/// A stream ID `ms-seq` as a token, `ms << 20 | seq` (dlm's layout).
+fn stream_id_token(id: &[u8]) -> Option<FencingToken> {
+    let (ms, seq) = std::str::from_utf8(id).ok()?.split_once('-')?;
+    Some(FencingToken::new(
+        ms.parse::<u64>().ok()? << 20 | seq.parse::<u64>().ok()?,
+    ))
 }
