@@ -102,6 +102,12 @@ impl Signals {
         self.state.lock().received.is_some()
     }
 
+    /// Ends the forwarding thread's wait without joining it: nothing is forwarded after
+    /// the command's exit.
+    pub(super) fn close(&self) {
+        self.handle.close();
+    }
+
     pub(crate) fn stop(self) {
         self.handle.close();
         if let Some(thread) = self.thread {

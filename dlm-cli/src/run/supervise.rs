@@ -105,6 +105,7 @@ pub(super) fn run_child(
     })?;
     // The keeper goes (its exit is reaped after the release, which it does not delay).
     let keeper = keeper.map(Keeper::kill);
+    signals.close();
     let code = exit::of_status(status);
     log::info!("the command exited: {status}");
     // The watcher stops watching, and the release ends its wait (it is not joined: once
