@@ -316,8 +316,7 @@ fn tls(
         .any(|u| u.as_ref().to_ascii_lowercase().starts_with(&prefix))
     {
         return Err(Failure::usage(format!(
-            "--tls-* options need a{} {prefix} URL (TLS); the URLs are plain {plain}://",
-            if tls_scheme == "https" { "n" } else { "" }
+            "--tls-* options need a URL with the {prefix} scheme (TLS); the URLs are plain {plain}://"
         )));
     }
     let mut tls = TlsOptions::new();

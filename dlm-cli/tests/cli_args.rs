@@ -85,6 +85,21 @@ fn bad_input_gets_a_clear_message_and_its_status() {
             2,
             "bad --redis: nodes 0 and 1 are the same server",
         ),
+        // TLS flags with plain redis:// URLs (etcd's https:// case: cli_etcd.rs).
+        (
+            s(&[
+                "run",
+                "--redis",
+                &url,
+                "--tls-ca-file",
+                "/nonexistent/ca.pem",
+                "n",
+                "--",
+                "true",
+            ]),
+            2,
+            "need a url with the rediss:// scheme",
+        ),
         (s(&["frobnicate"]), 2, "unrecognized subcommand"),
     ];
     for (args, code, says) in &cases {
