@@ -63,6 +63,7 @@ pub(crate) fn hold(conn: &Connection, args: &HoldArgs) -> Result<u8, Failure> {
         Err(code) => Ok(code),
     });
     signals.stop();
+    lock.flush_releases();
     result
 }
 

@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, select};
 
-use crate::backend::{Acquire, Claim, Lease, OwnerToken, Watch};
+use crate::backend::{Acquire, BackendError, Claim, Lease, OwnerToken, Watch};
 use crate::error::{Deadlock, Error, InvalidArgument, Result};
 use crate::guard::LockGuard;
+use crate::hold::{Holding, LockShared};
 use crate::interrupt::Interrupt;
 use crate::observe::Outcome;
-use crate::shared::{Holding, LockShared, thread_no};
+use crate::registry::thread_no;
 use crate::watchdog::{KeepAlive, Registration};
 
 /// How long an acquisition may wait.
@@ -83,99 +84,35 @@ impl Acquisition<'_> {
         interrupt: Option<&Interrupt>,
         started: Option<Instant>,
     ) -> Result<Option<LockGuard>> {
-        let shared = self.shared;
-        let client = &shared.client;
-        let metrics = &shared.metrics;
-        // Each attempt has an owner token of its own: a request of a failed attempt that
-        // reaches a server late (a lost reply, or a backend's undo of a partial
-        // acquisition, such as Redlock's, still in flight) can then only ever touch that
-        // attempt's key, never the key of a later attempt that won.
-        let mut token = client.token_for_current_thread();
         let never = crossbeam_channel::never();
         let interrupt_rx: &Receiver<()> = interrupt.map_or(&never, Interrupt::receiver);
-        let mut watch: Option<Watch> = None;
-        let mut subscribed = false;
-        let mut attempt: u32 = 0;
-        let mut failing_since: Option<Instant> = None;
-        let ttl = self.lease.unwrap_or(client.watchdog.config().timeout);
-        // The fencing token is drawn with the acquisition when it will probably be read.
-        let fenced = shared.draw_at_acquisition();
-        // The next attempt follows a wake-up of ours.
-        let mut woken = false;
-        // A real attempt was made (every call makes at least one).
-        let mut attempted = false;
-        let mut force = false;
+        let mut w = Waiting::new(self, wait);
         loop {
-            // No barging past a hand-over in progress: an attempt that does not follow a
-            // wake-up of ours holds back while a waiter of this process has been woken for
-            // this lock and has not finished its attempt (typically woken by our own
-            // thread's release a moment ago). It waits for its own turn (hints come in
-            // FIFO order) or its backoff instead, so local waiters are served in turn.
-            // `try_lock`, and the last look before a deadline, always attempt.
-            let (our_turn, forced) = (std::mem::take(&mut woken), std::mem::take(&mut force));
-            let hold_back =
-                !our_turn && !forced && !matches!(wait, Wait::No) && shared.wake_pending();
-            if hold_back && !subscribed {
-                subscribed = true;
-                watch = shared.watch();
-            }
-            let outcome = if hold_back && watch.is_some() {
-                Ok(Acquire::Held { retry_after: None })
-            } else {
-                attempted = true;
-                shared.try_acquire(&token, ttl, fenced)
-            };
-            if let Some(w) = &watch {
-                w.trying(false);
-            }
-            let (retry_after, error) = match outcome {
+            let (retry_after, error) = match w.attempt() {
                 Ok(Acquire::Acquired(lease)) => {
-                    if let Some(w) = &watch {
-                        w.consume();
+                    if let Some(watch) = &w.watch {
+                        watch.consume();
                     }
                     if interrupt.is_some_and(Interrupt::is_interrupted) {
-                        self.abandon(&token);
+                        self.shared.undo(&w.token, w.ttl);
                         return Err(Error::Interrupted);
                     }
-                    return Ok(Some(self.install(token, lease, started, fenced)));
+                    return Ok(Some(self.install(w.token, lease, started, w.fenced)));
                 }
                 Ok(Acquire::Held { retry_after }) => {
-                    failing_since = None;
-                    token = client.token_for_current_thread();
+                    w.held();
                     (retry_after, None)
                 }
-                Err(e) => {
-                    metrics.error(&e);
-                    // The attempt may have landed: its key, if any, is released (best
-                    // effort; a late release can only touch this attempt's key).
-                    self.abandon(&token);
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if !e.is_transient() || since.elapsed() >= client.retry.error_timeout_value() {
-                        return Err(e.into());
-                    }
-                    log::debug!(
-                        "lock {:?}: transient backend error, retrying: {e}",
-                        shared.name
-                    );
-                    token = client.token_for_current_thread();
-                    (None, Some(e))
-                }
+                Err(e) => (None, Some(w.failed(e)?)),
             };
-            let now = Instant::now();
-            let deadline = match wait {
-                Wait::No => None,
-                Wait::Until(d) if now >= d => None,
-                Wait::Until(d) => Some(Some(d)),
-                Wait::Forever => Some(None),
-            };
-            let Some(deadline) = deadline else {
-                if !attempted {
+            let Some(deadline) = w.deadline() else {
+                if !w.attempted {
                     // Held back until the end: look once before giving up.
-                    force = true;
+                    w.turn = Turn::Forced;
                     continue;
                 }
                 // Out of time: report the last failure if the last attempt failed (its
-                // key, if it landed, was released above).
+                // key, if it landed, was released).
                 return match error {
                     Some(e) => Err(e.into()),
                     None => Ok(None),
@@ -185,44 +122,18 @@ impl Acquisition<'_> {
             // sleeping: a release between that attempt and the subscription is seen by the
             // second attempt, one after it by the subscription. No wake-up is lost, and an
             // uncontended acquisition pays nothing for the subscription.
-            if !subscribed {
-                subscribed = true;
-                watch = shared.watch();
-                if watch.is_some() && error.is_none() {
-                    continue;
-                }
+            if !w.subscribed && w.subscribe() && error.is_none() {
+                continue;
             }
-            let delay = match (&watch, retry_after) {
-                // Woken by the release hint; otherwise look when the holder's lease ends.
-                (Some(_), Some(remaining)) if error.is_none() => {
-                    remaining + Duration::from_micros(rand::random_range(500..=2_000))
-                }
-                _ => client.retry.delay(attempt, retry_after),
-            };
-            attempt = attempt.saturating_add(1);
-            let wake_at = match (now.checked_add(delay), deadline) {
-                (Some(t), Some(d)) => t.min(d),
-                (Some(t), None) => t,
-                (None, Some(d)) => d,
-                (None, None) => now + Duration::from_secs(3600),
-            };
-            let hint_rx = watch.as_ref().map_or(&never, Watch::receiver);
-            select! {
+            let wake_at = w.next_look(retry_after, error.is_some(), deadline);
+            let hint_rx = w.watch.as_ref().map_or(&never, Watch::receiver);
+            let hinted = select! {
                 recv(interrupt_rx) -> _ => return Err(Error::Interrupted),
-                recv(hint_rx) -> hint => {
-                    if let (Ok(()), Some(w)) = (&hint, &watch) {
-                        // Our turn: newcomers of this process hold back until we tried.
-                        w.trying(true);
-                        woken = true;
-                        metrics.woken();
-                    }
-                    if hint.is_err() {
-                        // The subscription died: poll from now on.
-                        log::debug!("lock {:?}: release hints lost, polling", shared.name);
-                        watch = None;
-                    }
-                }
-                recv(crossbeam_channel::at(wake_at)) -> _ => {}
+                recv(hint_rx) -> hint => Some(hint.is_ok()),
+                recv(crossbeam_channel::at(wake_at)) -> _ => None,
+            };
+            if let Some(hint) = hinted {
+                w.hinted(hint);
             }
         }
     }
@@ -328,16 +239,174 @@ impl Acquisition<'_> {
             lease,
         )
     }
+}
 
-    /// Best effort: undoes an acquisition that may have landed (an attempt that failed
-    /// after the request was sent, or one that won after an interrupt).
-    fn abandon(&self, token: &OwnerToken) {
-        let released = self.shared.release_at_backend(token);
-        if let Err(e) = self.shared.metrics.check(released) {
-            log::debug!(
-                "lock {:?}: clean-up after a failed acquisition failed: {e}",
-                self.shared.name
-            );
+/// Why the next attempt is made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// A new acquisition, or a backoff timer: it holds back behind a hand-over in progress.
+    Any,
+    /// It follows a wake-up of ours: our turn.
+    Woken,
+    /// The last look before the deadline: it attempts whatever is pending.
+    Forced,
+}
+
+/// The state of one wait: what the next attempt sends and how the attempts are paced.
+struct Waiting<'a> {
+    acq: &'a Acquisition<'a>,
+    wait: Wait,
+    /// The next attempt's owner token. Each attempt has one of its own: a request of a
+    /// failed attempt that reaches a server late (a lost reply, a backend's undo of a
+    /// partial acquisition still in flight) can then only ever touch that attempt's key,
+    /// never the key of a later attempt that won.
+    token: OwnerToken,
+    /// The lease the attempts ask for.
+    ttl: Duration,
+    /// The fencing token is drawn with the acquisition (it will probably be read).
+    fenced: bool,
+    /// Release hints, once subscribed (none if the backend gives none, or they died).
+    watch: Option<Watch>,
+    subscribed: bool,
+    /// Backoff steps taken.
+    backoffs: u32,
+    /// Since when attempts have failed in a row.
+    failing_since: Option<Instant>,
+    turn: Turn,
+    /// A real attempt was made (every call makes at least one).
+    attempted: bool,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(acq: &'a Acquisition<'a>, wait: Wait) -> Self {
+        let shared = acq.shared;
+        let client = &shared.client;
+        Waiting {
+            acq,
+            wait,
+            token: client.token_for_current_thread(),
+            ttl: acq.lease.unwrap_or(client.watchdog.config().timeout),
+            fenced: shared.draw_at_acquisition(),
+            watch: None,
+            subscribed: false,
+            backoffs: 0,
+            failing_since: None,
+            turn: Turn::Any,
+            attempted: false,
+        }
+    }
+
+    /// One attempt, unless it holds back: no barging past a hand-over in progress. An
+    /// attempt that does not follow a wake-up of ours holds back while a waiter of this
+    /// process has been woken for this lock and has not finished its attempt (typically
+    /// woken by our own thread's release a moment ago), and waits for its own turn (hints
+    /// come in FIFO order) or its backoff instead, so local waiters are served in turn.
+    /// `try_lock`, and the last look before a deadline, always attempt.
+    fn attempt(&mut self) -> std::result::Result<Acquire, BackendError> {
+        let shared = self.acq.shared;
+        let turn = std::mem::replace(&mut self.turn, Turn::Any);
+        let hold_back =
+            turn == Turn::Any && !matches!(self.wait, Wait::No) && shared.wake_pending();
+        if hold_back && !self.subscribed {
+            self.subscribe();
+        }
+        let outcome = if hold_back && self.watch.is_some() {
+            Ok(Acquire::Held { retry_after: None })
+        } else {
+            self.attempted = true;
+            shared.try_acquire(&self.token, self.ttl, self.fenced)
+        };
+        if let Some(w) = &self.watch {
+            w.trying(false);
+        }
+        outcome
+    }
+
+    /// Someone else holds it: the next attempt gets a new token.
+    fn held(&mut self) {
+        self.failing_since = None;
+        self.token = self.acq.shared.client.token_for_current_thread();
+    }
+
+    /// The attempt failed; if it may have landed, its hold is undone. The error back to
+    /// retry it within the wait (transient, and within the error timeout), else as the
+    /// call's error.
+    fn failed(&mut self, e: BackendError) -> Result<BackendError> {
+        let shared = self.acq.shared;
+        shared.metrics.error(&e);
+        if e.may_have_applied() {
+            shared.undo(&self.token, self.ttl);
+        }
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        if !e.is_transient() || since.elapsed() >= shared.client.retry.error_timeout_value() {
+            return Err(e.into());
+        }
+        log::debug!(
+            "lock {:?}: transient backend error, retrying: {e}",
+            shared.name
+        );
+        self.token = shared.client.token_for_current_thread();
+        Ok(e)
+    }
+
+    /// The wait's deadline (`Some(None)`: none), or `None` when it is over.
+    fn deadline(&self) -> Option<Option<Instant>> {
+        match self.wait {
+            Wait::No => None,
+            Wait::Until(d) if Instant::now() >= d => None,
+            Wait::Until(d) => Some(Some(d)),
+            Wait::Forever => Some(None),
+        }
+    }
+
+    /// Subscribes to release hints; whether the backend gives them.
+    fn subscribe(&mut self) -> bool {
+        self.subscribed = true;
+        self.watch = self.acq.shared.watch();
+        self.watch.is_some()
+    }
+
+    /// When to look again: with a subscription and a known holder lease, when that lease
+    /// ends (a release hint wakes us sooner); otherwise after a backoff, capped by the
+    /// holder's lease; never past the deadline.
+    fn next_look(
+        &mut self,
+        retry_after: Option<Duration>,
+        failed: bool,
+        deadline: Option<Instant>,
+    ) -> Instant {
+        let delay = match (&self.watch, retry_after) {
+            (Some(_), Some(remaining)) if !failed => {
+                remaining + Duration::from_micros(rand::random_range(500..=2_000))
+            }
+            _ => self
+                .acq
+                .shared
+                .client
+                .retry
+                .delay(self.backoffs, retry_after),
+        };
+        self.backoffs = self.backoffs.saturating_add(1);
+        let now = Instant::now();
+        match (now.checked_add(delay), deadline) {
+            (Some(t), Some(d)) => t.min(d),
+            (Some(t), None) => t,
+            (None, Some(d)) => d,
+            (None, None) => now + Duration::from_secs(3600),
+        }
+    }
+
+    /// A release hint came (`true`), or the subscription died (`false`: poll from now on).
+    fn hinted(&mut self, hint: bool) {
+        let shared = self.acq.shared;
+        if !hint {
+            log::debug!("lock {:?}: release hints lost, polling", shared.name);
+            self.watch = None;
+        } else if let Some(w) = &self.watch {
+            // Our turn: newcomers of this process hold back until we tried.
+            w.trying(true);
+            self.turn = Turn::Woken;
+            shared.metrics.woken();
         }
     }
 }

@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{Claim, IntoBackend, LockBackend, LockName, random_client_id};
+use crate::backend::{
+    Claim, IntoBackend, LockBackend, LockName, MAX_LABEL_LEN, check_label, random_client_id,
+};
 use crate::error::{InvalidArgument, Result};
 use crate::handle::Handle;
 use crate::lock::DistributedLock;
@@ -13,7 +15,8 @@ use crate::rwlock::ReadWriteLock;
 use crate::semaphore::Semaphore;
 use crate::token_draw::TokenDraw;
 
-use crate::shared::{ClientShared, Settings, check_lease};
+use crate::registry::{ClientShared, Settings, check_lease};
+use crate::release::Releaser;
 use crate::watchdog::{self, KeepAlive, Watchdog};
 
 /// The watchdog timeout: the lease of locks taken without an explicit lease, renewed
@@ -77,8 +80,9 @@ impl LockClient {
 
     /// A client from checked settings.
     fn from_parts(b: LockClientBuilder) -> LockClient {
-        let (keep_alive, stop) = KeepAlive::new();
         let backend = b.backend;
+        let releaser = Arc::new(Releaser::new(backend.clone()));
+        let (keep_alive, stop) = KeepAlive::new(releaser.clone(), b.retry.release_wait_value());
         let shared = ClientShared::new(Settings {
             backend: backend.clone(),
             id: random_client_id(),
@@ -97,6 +101,8 @@ impl LockClient {
             metrics: b.metrics,
             metrics_lock_names: b.metrics_lock_names,
             token_draw: b.token_draw,
+            label: b.label.map(Arc::from),
+            releaser,
         });
         LockClient {
             shared: Arc::new(shared),
@@ -167,6 +173,21 @@ impl LockClient {
     pub fn backend(&self) -> &Arc<dyn LockBackend> {
         &self.shared.backend
     }
+
+    /// The label this client keeps with its holds (see [`LockClientBuilder::label`]).
+    pub fn label(&self) -> Option<&str> {
+        self.shared.label.as_deref()
+    }
+
+    /// Waits at most `timeout` for the releases this client is sending again in the
+    /// background (each failed transiently and is sent until it succeeds or its hold's
+    /// lease ends), and returns how many are still pending. Call it before a process exits
+    /// without dropping its client (`std::process::exit`); the client's last handle waits
+    /// for them on drop anyway, at most
+    /// [`RetryPolicy::release_wait`](crate::RetryPolicy::release_wait).
+    pub fn flush_releases(&self, timeout: Duration) -> usize {
+        self.shared.releaser.wait(timeout)
+    }
 }
 
 impl fmt::Debug for LockClient {
@@ -178,6 +199,7 @@ impl fmt::Debug for LockClient {
             .field("reentrant", &self.shared.reentrant)
             .field("retry", &self.shared.retry)
             .field("token_draw", &self.shared.token_draw)
+            .field("label", &self.shared.label)
             .finish_non_exhaustive()
     }
 }
@@ -196,6 +218,7 @@ pub struct LockClientBuilder {
     metrics: bool,
     metrics_lock_names: bool,
     token_draw: TokenDraw,
+    label: Option<String>,
 }
 
 impl LockClientBuilder {
@@ -211,6 +234,7 @@ impl LockClientBuilder {
             metrics: true,
             metrics_lock_names: false,
             token_draw: TokenDraw::default(),
+            label: Some(default_label().to_owned()),
         }
     }
 
@@ -306,12 +330,44 @@ impl LockClientBuilder {
         self
     }
 
+    /// How the holds of this client are named for whoever inspects them (`dlm status`,
+    /// [`Semaphore::inspect`](crate::Semaphore::inspect)): kept with each permit and
+    /// read or write hold. 1 to [`MAX_LABEL_LEN`] bytes without control characters,
+    /// checked by [`build`](Self::build). Defaults to `HOST:PID` (the machine's host name
+    /// and this process's id); [`no_label`](Self::no_label) keeps none.
+    ///
+    /// ```
+    /// use dlm_core::LockClient;
+    /// use dlm_memory::MemoryBackend;
+    ///
+    /// let client = LockClient::builder(MemoryBackend::new())
+    ///     .label("nightly-export@db-3")
+    ///     .build()?;
+    /// assert_eq!(client.label(), Some("nightly-export@db-3"));
+    /// assert!(LockClient::builder(MemoryBackend::new()).label("").build().is_err());
+    /// # Ok::<(), dlm_core::Error>(())
+    /// ```
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Keeps no label with this client's holds (see [`label`](Self::label)).
+    pub fn no_label(mut self) -> Self {
+        self.label = None;
+        self
+    }
+
     /// Builds the client. No I/O happens here.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a lease or watchdog
-    /// timeout below 1 ms (3 ms) or above the maximum lease.
+    /// timeout below 1 ms (3 ms) or above the maximum lease, or a bad
+    /// [`label`](Self::label).
     pub fn build(self) -> Result<LockClient> {
+        if let Some(label) = &self.label {
+            check_label(label)?;
+        }
         if let Some(lease) = self.lease {
             check_lease(lease, self.max_lease)?;
         }
@@ -322,6 +378,34 @@ impl LockClientBuilder {
         }
         Ok(LockClient::from_parts(self))
     }
+}
+
+/// `HOST:PID`: the machine's host name (from the kernel, `/etc/hostname` or the
+/// environment; `localhost` when none says) and this process's id, made once.
+fn default_label() -> &'static str {
+    static LABEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LABEL.get_or_init(|| {
+        let host = ["/proc/sys/kernel/hostname", "/etc/hostname"]
+            .iter()
+            .find_map(|path| std::fs::read_to_string(path).ok())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .or_else(|| std::env::var("COMPUTERNAME").ok())
+            .map(|h| {
+                h.trim()
+                    .chars()
+                    .filter(|c| !c.is_control())
+                    .collect::<String>()
+            })
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        let pid = std::process::id();
+        let mut host = host;
+        // Room for ':' and the pid within the label's limit.
+        while host.len() > MAX_LABEL_LEN - 12 {
+            host.pop();
+        }
+        format!("{host}:{pid}")
+    })
 }
 
 #[cfg(test)]

@@ -296,11 +296,16 @@ impl fmt::Display for BackendErrorKind {
 /// A backend failure: a [`kind`](BackendError::kind), a message that never contains
 /// secrets, and the underlying error, if attached, as [`source`](StdError::source) (then
 /// the message must not repeat it: see [`Error`] for the convention).
+///
+/// A failed request may still have been applied (its reply was lost), unless the backend
+/// says it was never sent ([`never_sent`](BackendError::never_sent)): the front undoes a
+/// failed acquisition or downgrade only when it [`may_have_applied`](BackendError::may_have_applied).
 #[derive(Debug)]
 pub struct BackendError {
     kind: BackendErrorKind,
     message: String,
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+    never_sent: bool,
 }
 
 impl BackendError {
@@ -311,7 +316,22 @@ impl BackendError {
             kind,
             message: message.into(),
             source: None,
+            never_sent: false,
         }
+    }
+
+    /// The same error, saying that the request never reached the store (no connection
+    /// could be made, the node was known to be down): nothing was applied, so there is
+    /// nothing to undo.
+    pub fn never_sent(mut self) -> Self {
+        self.never_sent = true;
+        self
+    }
+
+    /// Whether the failed request may have been applied: `true` unless the backend said
+    /// it was [`never_sent`](BackendError::never_sent).
+    pub fn may_have_applied(&self) -> bool {
+        !self.never_sent
     }
 
     /// Attaches the underlying error, which `Display` does not repeat: reports print it as

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Claim, FencingToken, Lease};
 use crate::error::{Error, Result};
+use crate::hold::{Holding, LockShared};
 use crate::lost::LostSignal;
-use crate::shared::{Holding, LockShared};
 use crate::signal::Signal;
 use crate::watchdog::KeepAlive;
 
@@ -280,16 +280,20 @@ impl LockGuard {
         let result = metrics.check(self.lock.extend_at_backend(&started.token, ttl));
         // Applied (and counted) only if the hold is still this acquisition and not found
         // lost meanwhile.
-        self.lock
+        let mut give_up = None;
+        let outcome = self
+            .lock
             .with_current(self.generation, |holding| {
                 metrics.renewal(matches!(result, Ok(Some(_))));
                 match result {
                     Ok(Some(lease)) if holding.renewed(started, lease, client.backend.now()) => {
                         Ok(())
                     }
-                    // It came back after the lease had run out here: lost all the same.
-                    Ok(Some(_)) => {
+                    // It came back after the lease had run out here: lost all the same, and
+                    // the hold it renewed at the store is released.
+                    Ok(Some(lease)) => {
                         metrics.lost();
+                        give_up = Some(lease.valid_until());
                         Err(Error::LockLost)
                     }
                     Ok(None) => {
@@ -300,7 +304,11 @@ impl LockGuard {
                     Err(e) => Err(e.into()),
                 }
             })
-            .unwrap_or(Err(Error::LockLost))
+            .unwrap_or(Err(Error::LockLost));
+        if let Some(until) = give_up {
+            crate::watchdog::Renewable::give_up(&*self.lock, &started.token, until);
+        }
+        outcome
     }
 
     /// The hold state this guard belongs to and its acquisition.

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::acquire::{Acquisition, Wait};
-use crate::backend::{BackendError, BackendErrorKind, Claim, LockName};
+use crate::backend::{BackendError, BackendErrorKind, Claim, Holders, LockName};
 use crate::error::Result;
 use crate::guard::LockGuard;
+use crate::hold::LockShared;
 use crate::interrupt::Interrupt;
-use crate::shared::{ClientShared, HoldKey, LockShared};
+use crate::registry::{ClientShared, HoldKey};
 use crate::watchdog::KeepAlive;
 
 /// A name as a semaphore or read-write lock of one client.
@@ -86,9 +87,8 @@ impl Handle {
         }
     }
 
-    /// The number of holders and the longest remaining lease among them (asks the
-    /// backend).
-    pub(crate) fn inspect(&self, claim: Claim) -> Result<Option<(u32, Duration)>> {
+    /// Who holds it now (asks the backend).
+    pub(crate) fn inspect(&self, claim: Claim) -> Result<Holders> {
         Ok(self.client.backend.inspect_group(&self.name, claim)?)
     }
 

@@ -45,15 +45,18 @@ mod error;
 mod fenced;
 mod guard;
 mod handle;
+mod hold;
 mod interrupt;
 mod lock;
 mod lost;
 pub mod metric_names;
 mod observe;
+mod predictions;
+mod registry;
+mod release;
 mod retry;
 mod rwlock;
 mod semaphore;
-mod shared;
 mod signal;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -61,7 +64,7 @@ mod token_draw;
 pub use token_draw::TokenDraw;
 mod watchdog;
 
-pub use backend::{FencingToken, LockName, MAX_NAME_LEN};
+pub use backend::{FencingToken, Holder, Holders, LockName, MAX_LABEL_LEN, MAX_NAME_LEN};
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
 pub use error::{BackendError, BackendErrorKind, Deadlock, Error, InvalidArgument, Result};
 pub use fenced::{FencedResource, StaleToken};

@@ -7,8 +7,9 @@ use std::time::Duration;
 use crate::acquire::{Acquisition, Wait};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::hold::LockShared;
 use crate::interrupt::Interrupt;
-use crate::shared::{LockShared, thread_no};
+use crate::registry::thread_no;
 use crate::watchdog::KeepAlive;
 
 /// The operations of the Java `AbstractLock` this library grew from, with Rust guards.

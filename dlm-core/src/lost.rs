@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::shared::LockShared;
+use crate::hold::LockShared;
 use crate::signal::{Ending, Signal};
 
 /// Where a hold stands, as a [`LostSignal`] sees it.

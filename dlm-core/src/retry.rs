@@ -14,11 +14,16 @@ use crate::error::InvalidArgument;
 /// Transient backend errors are retried within the caller's wait, but for at most
 /// [`error_timeout`](RetryPolicy::error_timeout) in a row, so `lock()` on a dead server
 /// reports the failure instead of spinning forever.
+///
+/// A release that fails transiently is sent again in the background until it succeeds or
+/// the hold's lease ends; the client's last handle, when dropped, waits for such releases
+/// at most [`release_wait`](RetryPolicy::release_wait).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     min_backoff: Duration,
     max_backoff: Duration,
     error_timeout: Duration,
+    release_wait: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -27,12 +32,14 @@ impl Default for RetryPolicy {
             min_backoff: Duration::from_millis(2),
             max_backoff: Duration::from_millis(200),
             error_timeout: Duration::from_secs(10),
+            release_wait: Duration::from_secs(5),
         }
     }
 }
 
 impl RetryPolicy {
-    /// The default policy: backoff from 2 ms to 200 ms, errors retried for 10 s.
+    /// The default policy: backoff from 2 ms to 200 ms, errors retried for 10 s, releases
+    /// being sent again awaited for 5 s when the client is dropped.
     pub fn new() -> Self {
         RetryPolicy::default()
     }
@@ -67,6 +74,21 @@ impl RetryPolicy {
     /// The configured error timeout.
     pub fn error_timeout_value(&self) -> Duration {
         self.error_timeout
+    }
+
+    /// How long the last handle of a client, when dropped, waits for the releases that
+    /// failed transiently and are being sent again in the background (each until it
+    /// succeeds or its hold's lease ends): what is left after it ends with its lease.
+    /// Defaults to 5 s; zero does not wait. [`LockClient::flush_releases`](crate::LockClient::flush_releases)
+    /// waits for them at any time.
+    pub fn release_wait(mut self, wait: Duration) -> Self {
+        self.release_wait = wait;
+        self
+    }
+
+    /// The configured wait for releases on drop.
+    pub fn release_wait_value(&self) -> Duration {
+        self.release_wait
     }
 
     /// The sleep before attempt number `attempt + 1` (0-based), with jitter, capped by

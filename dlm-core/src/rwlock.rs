@@ -5,7 +5,7 @@ use std::ops::Deref;
 use std::time::Duration;
 
 use crate::acquire::Wait;
-use crate::backend::Claim;
+use crate::backend::{Claim, Holders};
 use crate::error::{Deadlock, Error, InvalidArgument, Result};
 use crate::guard::LockGuard;
 use crate::handle::{Handle, run_then_release};
@@ -200,7 +200,13 @@ impl ReadWriteLock {
 
     /// How many hold it now, readers and writer (asks the backend).
     pub fn holders(&self) -> Result<u32> {
-        Ok(self.handle.inspect(Claim::Read)?.map_or(0, |(n, _)| n))
+        Ok(u32::try_from(self.inspect()?.holders.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Who holds it now, readers and writer (asks the backend): each hold's kind, label
+    /// and remaining lease.
+    pub fn inspect(&self) -> Result<Holders> {
+        self.handle.inspect(Claim::Read)
     }
 
     /// Ends every hold of the name, readers and writer, and any writer's waiting mark
@@ -254,8 +260,9 @@ impl WriteGuard {
     /// [`Error::InvalidArgument`] when other holds of this write hold (re-entries) are
     /// outstanding, or the calling thread already has a read hold of it of its own;
     /// [`Error::LockLost`] when the write hold is gone (nothing is held then);
-    /// [`Error::Backend`] on failure (the write hold is then released, best effort, as
-    /// the guard is dropped).
+    /// [`Error::Backend`] on failure: nothing is held then either (the write hold and the
+    /// read hold the downgrade may have written are released, again in the background
+    /// while that fails).
     pub fn downgrade(self) -> Result<LockGuard> {
         let read = self.handle.state(Claim::Read);
         if read.held_by_current_thread() {
@@ -313,8 +320,15 @@ impl WriteGuard {
                 write.with_current(generation, |h| h.mark_lost());
                 Err(Error::LockLost)
             }
-            // The guard is dropped here: the write hold is released (best effort).
-            Err(e) => Err(e.into()),
+            Err(e) => {
+                // The downgrade may have been applied (its reply lost, or too few replicas
+                // acknowledged it): the read hold it wrote is released, and so is the
+                // write hold, as the guard is dropped here. Neither is left to its lease.
+                if e.may_have_applied() {
+                    read.undo(&reader, ttl);
+                }
+                Err(e.into())
+            }
         }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::acquire::Wait;
-use crate::backend::Claim;
+use crate::backend::{Claim, Holders};
 use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::handle::{Handle, run_then_release};
@@ -162,7 +162,15 @@ impl Semaphore {
 
     /// How many permits are held now, by anyone (asks the backend).
     pub fn holders(&self) -> Result<u32> {
-        Ok(self.handle.inspect(self.claim())?.map_or(0, |(n, _)| n))
+        Ok(u32::try_from(self.inspect()?.holders.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Who holds its permits now (asks the backend): each holder's label and remaining
+    /// lease, and the permit count the holders hold it with (which may differ from this
+    /// handle's [`permits`](Semaphore::permits): an acquisition through this handle is then
+    /// refused with a [`Conflict`](crate::BackendErrorKind::Conflict)).
+    pub fn inspect(&self) -> Result<Holders> {
+        self.handle.inspect(self.claim())
     }
 
     /// Whether the calling thread holds a permit of it (local knowledge, no I/O).

@@ -34,14 +34,15 @@ use parking_lot::Mutex;
 use crate::backend::{Claim, Lease, LockBackend, LockName, OwnerToken, Renewal};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::observe::Metrics;
+use crate::release::Releaser;
 
 /// A lock as the renewal thread sees it (implemented by the lock's shared state).
 pub(crate) trait Renewable: Send + Sync {
     /// The lock's name.
     fn name(&self) -> &LockName;
 
-    /// The kind of hold: the mutex's are renewed together in one
-    /// [`LockBackend::extend_many`], the others one by one.
+    /// The kind of hold (every kind is renewed in the round's one
+    /// [`LockBackend::extend_many`]).
     fn claim(&self) -> Claim;
 
     /// The clock the lock's leases are measured on ([`LockBackend::now`]).
@@ -56,6 +57,11 @@ pub(crate) trait Renewable: Send + Sync {
 
     /// Where the lock's renewals, losses and errors are counted.
     fn metrics(&self) -> &Metrics;
+
+    /// Releases `token` at the backend, in the background while that fails: a renewal of
+    /// it may have been applied after its hold was given up, and the store must not keep
+    /// a hold that nobody owns (`until`: when that renewal's lease ends).
+    fn give_up(&self, token: &OwnerToken, until: Instant);
 }
 
 /// A hold, under its lock's state mutex, as a renewal's outcome changes it.
@@ -80,17 +86,40 @@ pub(crate) struct Started {
     pub(crate) renewals: u64,
 }
 
-/// Held by every client handle, lock handle and guard; the watchdog stops when the last
-/// one is dropped.
-#[derive(Debug)]
+/// Held by every client handle, lock handle and guard; when the last one is dropped, the
+/// watchdog stops and the releases still being sent again are awaited (at most `wait`).
 pub(crate) struct KeepAlive {
-    _stop: Sender<()>,
+    stop: Option<Sender<()>>,
+    releaser: Arc<Releaser>,
+    wait: Duration,
 }
 
 impl KeepAlive {
-    pub(crate) fn new() -> (Arc<KeepAlive>, Receiver<()>) {
+    pub(crate) fn new(releaser: Arc<Releaser>, wait: Duration) -> (Arc<KeepAlive>, Receiver<()>) {
         let (tx, rx) = crossbeam_channel::bounded(0);
-        (Arc::new(KeepAlive { _stop: tx }), rx)
+        let keep_alive = KeepAlive {
+            stop: Some(tx),
+            releaser,
+            wait,
+        };
+        (Arc::new(keep_alive), rx)
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        // The renewal thread stops first: nothing of this client is held any more.
+        drop(self.stop.take());
+        let left = self.releaser.wait(self.wait);
+        if left > 0 {
+            self.releaser.close();
+        }
+    }
+}
+
+impl std::fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeepAlive").finish_non_exhaustive()
     }
 }
 
@@ -288,8 +317,10 @@ struct Due {
     started: Started,
 }
 
-/// Renews the due holds in one batch ([`LockBackend::extend_many`]: one round trip per
-/// server, however many holds) and schedules the next renewal of each hold that goes on.
+/// Renews the due holds, every kind together, in one batch ([`LockBackend::extend_many`]:
+/// one request per server, however many holds), applies each result as the backend
+/// reports it (judged at that moment, not at the round's end), and schedules the next
+/// renewal of each hold that goes on.
 fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
     let config = w.config;
     let live: Vec<Due> = due
@@ -319,78 +350,58 @@ fn renew_round(w: &Watchdog, due: Vec<(u64, Entry)>) {
     if live.is_empty() {
         return;
     }
-    // The mutex's holds in one batch; a semaphore's or read-write lock's (rarer) each on
-    // its own.
-    let renewals: Vec<Renewal<'_>> = live
+    let locks: Vec<Arc<dyn Renewable>> = live.iter().map(|d| d.lock.clone()).collect();
+    let tokens: Vec<OwnerToken> = live.iter().map(|d| d.started.token).collect();
+    let renewals: Vec<Renewal<'_>> = locks
         .iter()
-        .filter(|d| d.lock.claim() == Claim::Exclusive)
-        .map(|d| Renewal::new(d.lock.name(), &d.started.token, config.timeout))
+        .zip(&tokens)
+        .map(|(lock, token)| Renewal::new(lock.name(), lock.claim(), token, config.timeout))
         .collect();
+    let mut slots: Vec<Option<Due>> = live.into_iter().map(Some).collect();
+    let mut answered = 0usize;
     // No state lock across the requests: holders can release meanwhile; each result is
     // applied only if its hold is still the same.
     let started = Instant::now();
     // A panicking backend must not end the renewals for good.
-    let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let batch = if renewals.is_empty() {
-            Vec::new()
-        } else {
-            w.backend.extend_many(&renewals)
-        };
-        if batch.len() != renewals.len() || renewals.len() == live.len() {
-            return batch;
-        }
-        let mut batch = batch.into_iter();
-        live.iter()
-            .map(|d| match d.lock.claim() {
-                Claim::Exclusive => batch.next().expect("one result per renewal"),
-                claim => {
-                    w.backend
-                        .extend_group(d.lock.name(), claim, &d.started.token, config.timeout)
-                }
-            })
-            .collect()
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        w.backend.extend_many(&renewals, &mut |i, result| {
+            if let Some(due) = slots.get_mut(i).and_then(Option::take) {
+                answered += 1;
+                apply(w, due, result);
+            }
+        });
     }));
     let took = started.elapsed();
-    let results = match results {
-        Ok(results) if results.len() == live.len() => results,
-        Ok(results) => {
+    let left = slots.iter().filter(|s| s.is_some()).count();
+    if left > 0 {
+        let why = if outcome.is_err() {
+            log::error!("lock renewal panicked; the renewals it did not answer count as failed");
+            "panicked"
+        } else {
             log::error!(
-                "the backend answered {} of {} renewals; the others count as failed",
-                results.len(),
-                live.len()
+                "the backend answered {answered} of {} renewals; the others count as failed",
+                renewals.len()
             );
-            let mut results = results;
-            results.truncate(live.len());
-            results.resize_with(live.len(), || {
-                Err(BackendError::new(BackendErrorKind::Other, "no answer"))
-            });
-            results
+            "no answer"
+        };
+        for due in slots.iter_mut().filter_map(Option::take) {
+            apply(w, due, Err(BackendError::new(BackendErrorKind::Other, why)));
         }
-        Err(_) => {
-            log::error!("lock renewal panicked; the round counts as failed");
-            (0..live.len())
-                .map(|_| Err(BackendError::new(BackendErrorKind::Other, "panicked")))
-                .collect()
-        }
-    };
+    }
     if took > config.period() / 4 {
         log::warn!(
             "renewing {} lock(s) took {took:?}, more than a quarter of the renewal period ({:?})",
-            live.len(),
+            renewals.len(),
             config.period()
         );
     } else {
-        log::debug!("renewed {} lock(s) in {took:?}", live.len());
-    }
-    let now = Instant::now();
-    for (due, result) in live.into_iter().zip(results) {
-        apply(w, due, result, now);
+        log::debug!("renewed {} lock(s) in {took:?}", renewals.len());
     }
 }
 
-/// Applies one renewal's result to its hold and, unless the hold is over, schedules the
-/// next renewal.
-fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, now: Instant) {
+/// Applies one renewal's result to its hold, now (as the backend reports it), and, unless
+/// the hold is over, schedules the next renewal.
+fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>) {
     let period = w.config.period();
     let Due {
         number,
@@ -403,6 +414,9 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
     if let Err(e) = &result {
         metrics.error(e);
     }
+    // A renewal that arrives after its hold was given up (its lease ran out here) may have
+    // renewed the hold at the store: released, so that nobody waits for a hold nobody owns.
+    let mut give_up: Option<Instant> = None;
     let mut entry = Some(entry);
     let mut result = Some(result);
     lock.with_hold(generation, &mut |hold| {
@@ -411,17 +425,19 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
         };
         // Counted for holds still current (a renewal that crossed the release is not).
         metrics.renewal(matches!(result, Ok(Some(_))));
+        let now = lock.now();
         match result {
             Ok(Some(lease)) => {
-                if !hold.renewed(started, lease, lock.now()) {
+                if !hold.renewed(started, lease, now) {
                     log::warn!(
                         "lock {:?}: lost (its lease had run out when the renewal came back)",
                         lock.name()
                     );
                     metrics.lost();
+                    give_up = Some(lease.valid_until());
                     return;
                 }
-                entry.due = now + period;
+                entry.due = Instant::now() + period;
             }
             Ok(None) => {
                 log::warn!("lock {:?}: lost (renewal found it gone)", lock.name());
@@ -429,13 +445,11 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
                 metrics.lost();
                 return;
             }
-            Err(e) if lock.now() < hold.lease().valid_until() => {
+            Err(e) if now < hold.lease().valid_until() => {
                 log::warn!("lock {:?}: renewal failed, retrying: {e}", lock.name());
-                let left = hold
-                    .lease()
-                    .valid_until()
-                    .saturating_duration_since(lock.now());
-                entry.due = now + (period / 4).min(left / 2).max(Duration::from_millis(1));
+                let left = hold.lease().valid_until().saturating_duration_since(now);
+                entry.due =
+                    Instant::now() + (period / 4).min(left / 2).max(Duration::from_millis(1));
             }
             Err(e) => {
                 log::warn!(
@@ -444,10 +458,15 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>, no
                 );
                 hold.mark_lost();
                 metrics.lost();
+                // The failed request may have renewed it at the store all the same.
+                give_up = Some(now + w.config.timeout);
                 return;
             }
         }
         // Still under the state mutex with the hold current: its ticket is alive.
         w.reschedule(number, entry);
     });
+    if let Some(until) = give_up {
+        lock.give_up(&started.token, until);
+    }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use dlm_core::backend::{
-    Acquire, BackendError, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
+    Acquire, BackendError, Lease, LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch,
 };
 use dlm_core::{HoldState, Lock, LockClient};
 use dlm_memory::MemoryBackend;
@@ -116,10 +116,10 @@ impl LockBackend for Gated {
         self.inner.extend(name, owner, ttl)
     }
 
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+    fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
         let names: Vec<&LockName> = renewals.iter().map(|r| r.name).collect();
         self.pass(Op::ExtendMany, &names);
-        self.inner.extend_many(renewals)
+        self.inner.extend_many(renewals, renewed)
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {

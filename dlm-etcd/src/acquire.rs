@@ -20,7 +20,7 @@ impl Inner {
     pub(crate) fn range(&self, key: &[u8]) -> Result<(Option<Kv>, i64), BackendError> {
         let reply = self
             .gateway
-            .post("/v3/kv/range", &json!({ "key": b64(key) }))?;
+            .post_read("/v3/kv/range", &json!({ "key": b64(key) }))?;
         let rev = revision(&reply)?;
         match reply
             .get("kvs")
@@ -158,7 +158,7 @@ impl Inner {
             return Ok(None);
         };
         let (_, held_for) = kv.holder(name)?;
-        let reply = self.gateway.post(
+        let reply = self.gateway.post_read(
             "/v3/lease/timetolive",
             &json!({ "ID": kv.lease.to_string() }),
         )?;

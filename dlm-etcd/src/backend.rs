@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlm_core::backend::{
-    Acquire, BackendError, Claim, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal,
-    Watch,
+    Acquire, BackendError, Claim, FencingToken, GroupRequest, Holders, Lease, LockBackend,
+    LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
 };
 
 use crate::acquire::LAST_HELD_REVISION;
@@ -91,8 +91,8 @@ impl LockBackend for EtcdBackend {
         self.inner.extend(name, owner, ttl)
     }
 
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
-        self.inner.extend_many(renewals)
+    fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
+        self.inner.extend_many(renewals, renewed)
     }
 
     /// The token was handed out with the acquisition (the key's `create_revision`); asked
@@ -128,10 +128,7 @@ impl LockBackend for EtcdBackend {
     }
 
     fn supports(&self, claim: Claim) -> bool {
-        matches!(
-            claim,
-            Claim::Exclusive | Claim::Permit { .. } | Claim::Read | Claim::Write
-        )
+        every_hold_kind(claim)
     }
 
     /// One transaction when the resource allows the hold as it is (an empty semaphore, a
@@ -139,16 +136,9 @@ impl LockBackend for EtcdBackend {
     /// else the transaction returns the resource, and a semaphore with a permit left is
     /// taken by a second one that compares that nothing under it changed since. The token
     /// (with every lease) is the holder key's `create_revision`.
-    fn try_acquire_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        ttl: Duration,
-        fenced: bool,
-    ) -> Result<Acquire, BackendError> {
-        let _ = fenced; // every lease carries its token
-        self.inner.try_acquire_claim(name, claim, owner, ttl)
+    /// Every lease carries its token (`request.fenced` changes nothing).
+    fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+        self.inner.try_acquire_claim(request)
     }
 
     fn extend_group(
@@ -200,11 +190,7 @@ impl LockBackend for EtcdBackend {
         self.inner.force_release_claim(name, claim)
     }
 
-    fn inspect_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<Option<(u32, Duration)>, BackendError> {
+    fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
         self.inner.inspect_claim(name, claim)
     }
 

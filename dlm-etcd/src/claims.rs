@@ -16,16 +16,16 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockName, OwnerToken,
-    writer_mark,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holder, Holders,
+    Lease, LockName, OwnerToken, writer_mark,
 };
 use serde_json::{Value, json};
 
 use crate::acquire::LAST_HELD_REVISION;
 use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision, unb64};
 use crate::inner::Inner;
-use crate::kv::{Kv, tag_of, value_of, value_with_fence};
-use crate::leases::claim_class;
+use crate::kv::{Kv, tag_of, value, value_of};
+use crate::leases::{Class, claim_class};
 
 /// Admission transactions one call sends at most: each failed one returns the resource as
 /// it then is, so the next decides on fresh state; after that the call answers `Held`
@@ -53,7 +53,7 @@ impl Resource {
     }
 
     /// The key of `owner`'s hold of kind `claim`.
-    fn holder(&self, claim: Claim, owner: &OwnerToken) -> Vec<u8> {
+    pub(crate) fn holder(&self, claim: Claim, owner: &OwnerToken) -> Vec<u8> {
         let token = owner.encoded();
         let mut suffix = match claim {
             Claim::Permit { permits } => format!("{permits}\0").into_bytes(),
@@ -221,18 +221,16 @@ impl Inner {
         Ok(out)
     }
 
-    /// One bounded attempt at a hold of kind `claim` (see `LockBackend::try_acquire_group`).
+    /// One bounded attempt at a hold (see `LockBackend::try_acquire_group`).
     pub(crate) fn try_acquire_claim(
         &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        ttl: Duration,
+        req: &GroupRequest<'_>,
     ) -> Result<Acquire, BackendError> {
+        let (name, claim, owner, ttl) = (req.name, req.claim, req.owner, req.ttl);
         let res = self.resource(name, claim)?;
         let mine = res.holder(claim, owner);
         let tag = tag_of(&mine, owner);
-        let value = b64(&value_of(owner, ttl));
+        let value = b64(&value(owner, ttl, None, req.label));
         // A semaphore admits while fewer than `permits` hold: after a first look, the
         // admission compares that nothing under the resource changed since.
         let mut unchanged_since: Option<i64> = None;
@@ -241,7 +239,7 @@ impl Inner {
         while attempt < ATTEMPTS {
             attempt += 1;
             let start = Instant::now();
-            let lease = self.lease_in(claim_class(ttl), ttl, start, &tag)?;
+            let lease = self.lease_in(Class::holds(claim_class(ttl)), ttl, start, &tag)?;
             let mut compare = vec![absent(&mine)];
             match (claim, unchanged_since) {
                 (_, Some(rev)) => {
@@ -378,7 +376,8 @@ impl Inner {
         let start = Instant::now();
         // The mark's etcd lease ends within `ceil(mark)` s (plus etcd's expiry check) of
         // this put, and lasts at least half the mark, past the writer's next attempt.
-        let Ok(lease) = self.lease_in(secs_up(mark), mark / 2, start, &mark_tag(res)) else {
+        let Ok(lease) = self.lease_in(Class::marks(secs_up(mark)), mark / 2, start, &mark_tag(res))
+        else {
             return;
         };
         let cmp = match entries.iter().find(|e| e.what == What::Mark) {
@@ -477,8 +476,9 @@ impl Inner {
                 return Ok(None);
             };
             let fence = kv.fence();
+            let label = kv.label().map(str::to_owned);
             let start = Instant::now();
-            let lease = self.lease_in(claim_class(ttl), ttl, start, &rtag)?;
+            let lease = self.lease_in(Class::holds(claim_class(ttl)), ttl, start, &rtag)?;
             let txn = json!({
                 "compare": [{ "key": b64(&wkey), "target": "MOD", "result": "EQUAL",
                               "mod_revision": kv.mod_revision.to_string() }],
@@ -486,20 +486,22 @@ impl Inner {
                     { "request_delete_range": { "key": b64(&wkey) } },
                     { "request_put": {
                         "key": b64(&rkey),
-                        "value": b64(&value_with_fence(reader, ttl, Some(fence.get()))),
+                        "value": b64(&value(reader, ttl, Some(fence.get()), label.as_deref())),
                         "lease": lease.to_string(),
                     }},
                 ],
             });
             let reply = match self.gateway.post("/v3/kv/txn", &txn) {
-                Err(e) => {
+                Err(e) if is_lease_not_found(&e) => {
+                    // Refused before anything was written.
                     self.leases.lock().drop_key(lease, &rtag);
-                    if is_lease_not_found(&e) {
-                        self.forget_lease(lease);
-                        continue;
-                    }
-                    return Err(e);
+                    self.forget_lease(lease);
+                    continue;
                 }
+                // It may have been applied: the read key stays in the record of what the
+                // lease carries (so no keep-alive extends that lease for other keys while
+                // it may carry this one), and the front releases it.
+                Err(e) => return Err(e),
                 Ok(r) => r,
             };
             if succeeded(&reply) {
@@ -529,7 +531,7 @@ impl Inner {
         for _ in 0..ATTEMPTS {
             let reply = self
                 .gateway
-                .post("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
+                .post_read("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
             let rev = revision(&reply)?;
             let entries =
                 self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim)?;
@@ -553,26 +555,24 @@ impl Inner {
         ))
     }
 
-    /// The holders and the longest remaining lease among them: each holder's lease, at
-    /// most its etcd lease's remaining whole seconds (as the mutex's `inspect`).
+    /// Who holds it: each holder's kind, label and remaining lease (its lease, at most its
+    /// etcd lease's remaining whole seconds, as the mutex's `inspect`), and a semaphore's
+    /// permit count.
     pub(crate) fn inspect_claim(
         &self,
         name: &LockName,
         claim: Claim,
-    ) -> Result<Option<(u32, Duration)>, BackendError> {
+    ) -> Result<Holders, BackendError> {
         let res = self.resource(name, claim)?;
         let reply = self
             .gateway
-            .post("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
+            .post_read("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
         let entries = self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim)?;
         let holders: Vec<&Entry> = entries.iter().filter(|e| e.what != What::Mark).collect();
-        if holders.is_empty() {
-            return Ok(None);
-        }
         let mut left: HashMap<i64, Duration> = HashMap::new();
         for e in &holders {
             if let std::collections::hash_map::Entry::Vacant(slot) = left.entry(e.kv.lease) {
-                let r = self.gateway.post(
+                let r = self.gateway.post_read(
                     "/v3/lease/timetolive",
                     &json!({ "ID": e.kv.lease.to_string() }),
                 )?;
@@ -580,15 +580,26 @@ impl Inner {
                 slot.insert(Duration::from_secs(secs));
             }
         }
-        let longest = holders
+        let permits = holders.iter().find_map(|e| match e.what {
+            What::Permit(p) => Some(p),
+            _ => None,
+        });
+        let list = holders
             .iter()
-            .map(|e| e.ms.min(left[&e.kv.lease]))
-            .max()
-            .unwrap_or_default();
-        Ok(Some((
-            u32::try_from(holders.len()).unwrap_or(u32::MAX),
-            longest,
-        )))
+            .map(|e| {
+                let claim = match e.what {
+                    What::Permit(permits) => Claim::Permit { permits },
+                    What::Read => Claim::Read,
+                    _ => Claim::Write,
+                };
+                Holder::new(
+                    claim,
+                    e.ms.min(left[&e.kv.lease]),
+                    e.kv.label().map(str::to_owned),
+                )
+            })
+            .collect();
+        Ok(Holders::new(permits, list))
     }
 }
 

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::gateway::{Gateway, bad_reply, int};
-use crate::leases::{Carried, LEASE_END_SLACK, Leases, Slot, class_of};
+use crate::leases::{Carried, Class, LEASE_END_SLACK, Leases, Slot, class_of};
 use crate::watch::Watcher;
 
 pub(crate) struct Inner {
@@ -62,14 +62,14 @@ impl Inner {
         now: Instant,
         key: &[u8],
     ) -> Result<i64, BackendError> {
-        self.lease_in(class_of(ttl), ttl, now, key)
+        self.lease_in(Class::holds(class_of(ttl)), ttl, now, key)
     }
 
-    /// An etcd lease of `class` seconds that lasts at least `ttl` from `now`: the current
-    /// one of the class or a new one, recorded as (maybe) carrying `key` from now on.
+    /// An etcd lease of `class` that lasts at least `ttl` from `now`: the current one of
+    /// the class or a new one, recorded as (maybe) carrying `key` from now on.
     pub(crate) fn lease_in(
         &self,
-        class: i64,
+        class: Class,
         ttl: Duration,
         now: Instant,
         key: &[u8],
@@ -86,10 +86,10 @@ impl Inner {
         let sent = Instant::now();
         let reply = self
             .gateway
-            .post("/v3/lease/grant", &json!({ "TTL": class.to_string() }))?;
+            .post("/v3/lease/grant", &json!({ "TTL": class.secs.to_string() }))?;
         let id = int(&reply, "ID")?;
         let granted = int(&reply, "TTL")?;
-        if id == 0 || granted < class {
+        if id == 0 || granted < class.secs {
             return Err(bad_reply("TTL"));
         }
         let granted = Duration::from_secs(granted.unsigned_abs());

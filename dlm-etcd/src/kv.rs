@@ -32,43 +32,66 @@ impl Kv {
     /// The owner token and the holder's lease, or `UnexpectedKey` for a value dlm did not
     /// write or a key without an etcd lease.
     pub(crate) fn holder(&self, name: &LockName) -> Result<(&[u8], Duration), BackendError> {
-        let (owner, ms, _) = self.parse().ok_or_else(|| unexpected(name))?;
-        Ok((owner, ms))
+        let p = self.parse().ok_or_else(|| unexpected(name))?;
+        Ok((p.owner, p.held_for))
     }
 
-    /// The value's parts: `owner|ms`, or `owner|ms|token` for a hold whose fencing token
-    /// is not its key's `create_revision` (a read hold made by a downgrade keeps the
-    /// write hold's). `None` for a value of another shape, or a key without an etcd lease.
-    fn parse(&self) -> Option<(&[u8], Duration, Option<u64>)> {
+    /// The value's parts: `owner|ms`, `owner|ms|token` for a hold whose fencing token is
+    /// not its key's `create_revision` (a read hold made by a downgrade keeps the write
+    /// hold's), and `owner|ms|token|label` (the token may be empty) for a hold that
+    /// carries its holder's label. `None` for a value of another shape, or a key without
+    /// an etcd lease.
+    fn parse(&self) -> Option<Parts<'_>> {
         if self.lease == 0 {
             return None;
         }
-        let mut parts = self.value.split(|&b| b == b'|');
+        let mut parts = self.value.splitn(4, |&b| b == b'|');
         let owner = parts.next()?;
-        let num = |p: Option<&[u8]>| -> Option<u64> {
-            std::str::from_utf8(p?).ok().and_then(|s| s.parse().ok())
-        };
-        let ms = num(parts.next())?;
-        let fence = match parts.next() {
+        let num =
+            |p: &[u8]| -> Option<u64> { std::str::from_utf8(p).ok().and_then(|s| s.parse().ok()) };
+        let ms = num(parts.next()?)?;
+        let fence = parts.next();
+        let label = parts.next();
+        let fence = match fence {
             None => None,
-            p => Some(num(p)?),
+            Some(b"") if label.is_some() => None,
+            Some(p) => Some(num(p)?),
         };
-        if parts.next().is_some() || owner.is_empty() {
+        if owner.is_empty() {
             return None;
         }
-        Some((owner, Duration::from_millis(ms), fence))
+        Some(Parts {
+            owner,
+            held_for: Duration::from_millis(ms),
+            fence,
+            label,
+        })
+    }
+
+    /// The label the value carries, if any.
+    pub(crate) fn label(&self) -> Option<&str> {
+        self.parse()
+            .and_then(|p| p.label)
+            .and_then(|l| std::str::from_utf8(l).ok())
+            .filter(|l| !l.is_empty())
     }
 
     /// The hold's fencing token: the one its value carries, else the key's
     /// `create_revision`.
     pub(crate) fn fence(&self) -> FencingToken {
-        let carried = self.parse().and_then(|(_, _, f)| f);
+        let carried = self.parse().and_then(|p| p.fence);
         FencingToken::new(carried.unwrap_or(self.create_revision.unsigned_abs()))
     }
 
     /// The token the value carries, if any (kept when the key is put again).
     pub(crate) fn carried_fence(&self) -> Option<u64> {
-        self.parse().and_then(|(_, _, f)| f)
+        self.parse().and_then(|p| p.fence)
+    }
+
+    /// This hold's value for `owner` and `ttl`, keeping the token and label it carries
+    /// (a renewal that moves the key to another etcd lease).
+    pub(crate) fn value_for(&self, owner: &OwnerToken, ttl: Duration) -> Vec<u8> {
+        value(owner, ttl, self.carried_fence(), self.label())
     }
 
     pub(crate) fn is_owned_by(
@@ -78,6 +101,14 @@ impl Kv {
     ) -> Result<bool, BackendError> {
         Ok(self.holder(name)?.0 == owner.encoded().as_bytes())
     }
+}
+
+/// A value's parts (see [`Kv::parse`]).
+struct Parts<'a> {
+    owner: &'a [u8],
+    held_for: Duration,
+    fence: Option<u64>,
+    label: Option<&'a [u8]>,
 }
 
 /// A key as carried by an etcd lease for one owner: the key, a 0 byte, the owner token
@@ -90,17 +121,29 @@ pub(crate) fn tag_of(key: &[u8], owner: &OwnerToken) -> Vec<u8> {
 }
 
 pub(crate) fn value_of(owner: &OwnerToken, ttl: Duration) -> Vec<u8> {
-    value_with_fence(owner, ttl, None)
+    value(owner, ttl, None, None)
 }
 
-/// `owner|ms`, or `owner|ms|token` when the hold carries its token (see [`Kv::fence`]).
-pub(crate) fn value_with_fence(owner: &OwnerToken, ttl: Duration, fence: Option<u64>) -> Vec<u8> {
+/// `owner|ms`; `owner|ms|token` when the hold carries its token (see [`Kv::fence`]);
+/// `owner|ms|token|label` (the token may be empty) when it carries a label.
+pub(crate) fn value(
+    owner: &OwnerToken,
+    ttl: Duration,
+    fence: Option<u64>,
+    label: Option<&str>,
+) -> Vec<u8> {
     let mut v = owner.encoded().as_bytes().to_vec();
     v.push(b'|');
     v.extend_from_slice(ttl.as_millis().to_string().as_bytes());
-    if let Some(f) = fence {
+    if fence.is_some() || label.is_some() {
         v.push(b'|');
-        v.extend_from_slice(f.to_string().as_bytes());
+        if let Some(f) = fence {
+            v.extend_from_slice(f.to_string().as_bytes());
+        }
+    }
+    if let Some(label) = label {
+        v.push(b'|');
+        v.extend_from_slice(label.as_bytes());
     }
     v
 }

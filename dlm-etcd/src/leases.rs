@@ -17,11 +17,35 @@ pub(crate) struct Slot {
     pub(crate) expires: Instant,
 }
 
+/// What new keys an etcd lease takes: holds of one whole-second TTL, or writers' marks
+/// of one. Marks never share a lease with holds: a lease that carries a hold is kept alive
+/// by that hold's renewals, and a mark on it would outlive the writer that set it (a mark
+/// put by a writer whose record of it a granted writer had just cleared would then hold
+/// new readers back until the next writer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Class {
+    /// The etcd lease's TTL, in whole seconds.
+    pub(crate) secs: i64,
+    pub(crate) marks: bool,
+}
+
+impl Class {
+    /// The class of holds kept on etcd leases of `secs` seconds.
+    pub(crate) fn holds(secs: i64) -> Class {
+        Class { secs, marks: false }
+    }
+
+    /// The class of writers' marks kept on etcd leases of `secs` seconds.
+    pub(crate) fn marks(secs: i64) -> Class {
+        Class { secs, marks: true }
+    }
+}
+
 /// The etcd leases of one backend.
 #[derive(Default)]
 pub(crate) struct Leases {
-    /// The current etcd lease of each class (its TTL in whole seconds): new locks go on it.
-    pub(crate) current: HashMap<i64, Slot>,
+    /// The current etcd lease of each class: new keys of the class go on it.
+    pub(crate) current: HashMap<Class, Slot>,
     /// The keys each etcd lease may carry: a key is added before the request that puts it
     /// there is sent, and removed once it is known to be elsewhere or gone, so this is a
     /// superset. A keep-alive never extends a lease that may carry a key not renewed by

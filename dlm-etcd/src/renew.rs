@@ -3,20 +3,29 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use dlm_core::backend::{BackendError, BackendErrorKind, Lease, LockName, OwnerToken, Renewal};
+use dlm_core::backend::{
+    BackendError, BackendErrorKind, Claim, Lease, LockName, OwnerToken, Renewal, Renewed,
+};
 use serde_json::{Value, json};
 
 use crate::gateway::{b64, bad_reply, is_lease_not_found};
 use crate::inner::Inner;
-use crate::kv::{Kv, tag_of, value_with_fence};
-use crate::leases::class_of;
+use crate::kv::{Kv, tag_of};
+use crate::leases::{Class, claim_class, class_of};
 
 /// etcd's default `--max-txn-ops`: a renewal round reads at most this many keys per
 /// transaction.
 const MAX_TXN_OPS: usize = 128;
 
+/// The most requests of one renewal round in flight at once (each of up to
+/// [`MAX_TXN_OPS`] keys): 1,024 holds cost one round trip per step of the round.
+const PARALLEL: usize = 8;
+
 /// A renewal's index and its key as read.
 type Found = (usize, Kv);
+
+/// A renewal's key, and the class of its etcd lease for a hold's length.
+type KeyOf = (Vec<u8>, fn(Duration) -> i64);
 
 /// A renewal that moves a key to another etcd lease.
 struct Move<'a> {
@@ -96,7 +105,7 @@ impl Inner {
         for (i, m) in moves.iter().enumerate() {
             let tag = tag_of(&m.key, m.owner);
             let start = Instant::now();
-            let target = match self.lease_in((m.class)(m.ttl), m.ttl, start, &tag) {
+            let target = match self.lease_in(Class::holds((m.class)(m.ttl)), m.ttl, start, &tag) {
                 Ok(t) => t,
                 Err(e) => {
                     out[i] = Some(Err(e));
@@ -118,7 +127,7 @@ impl Inner {
         let put_op = |m: &Move<'_>, target: i64| {
             json!({ "request_put": {
                 "key": b64(&m.key),
-                "value": b64(&value_with_fence(m.owner, m.ttl, m.kv.carried_fence())),
+                "value": b64(&m.kv.value_for(m.owner, m.ttl)),
                 "lease": target.to_string(),
             }})
         };
@@ -126,13 +135,18 @@ impl Inner {
             json!({ "key": b64(&m.key), "target": "MOD", "result": "EQUAL",
                     "mod_revision": m.kv.mod_revision.to_string() })
         };
-        for chunk in puts.chunks(MAX_TXN_OPS) {
-            let txn = |items: &[(usize, i64, Instant)]| {
-                json!({
-                    "compare": items.iter().map(|&(i, _, _)| cmp_op(&moves[i])).collect::<Vec<_>>(),
-                    "success": items.iter().map(|&(i, t, _)| put_op(&moves[i], t)).collect::<Vec<_>>(),
-                })
-            };
+        let txn = |items: &[(usize, i64, Instant)]| {
+            json!({
+                "compare": items.iter().map(|&(i, _, _)| cmp_op(&moves[i])).collect::<Vec<_>>(),
+                "success": items.iter().map(|&(i, t, _)| put_op(&moves[i], t)).collect::<Vec<_>>(),
+            })
+        };
+        // One transaction per 128 keys, all at once.
+        let chunks: Vec<&[(usize, i64, Instant)]> = puts.chunks(MAX_TXN_OPS).collect();
+        let replies = self.all_at_once(&chunks, |chunk| {
+            self.gateway.post("/v3/kv/txn", &txn(chunk))
+        });
+        for (chunk, reply) in chunks.into_iter().zip(replies) {
             let done = |out: &mut Vec<Option<Result<Option<Lease>, BackendError>>>,
                         items: &[(usize, i64, Instant)],
                         reply: Result<Value, BackendError>| {
@@ -170,7 +184,6 @@ impl Inner {
                     Ok(_) => false,
                 }
             };
-            let reply = self.gateway.post("/v3/kv/txn", &txn(chunk));
             if done(&mut out, chunk, reply) {
                 continue;
             }
@@ -201,72 +214,94 @@ impl Inner {
         }
     }
 
-    /// A renewal round: the keys read in one transaction per 128; one keep-alive for the
-    /// etcd leases that carry only keys renewed in this round (and of the right class);
+    /// A renewal round, every kind of hold together: the keys read in one transaction per
+    /// 128 (etcd's `--max-txn-ops`), those transactions sent at once; one keep-alive for
+    /// the etcd leases that carry only keys renewed in this round (and of the right class);
     /// the other keys are moved to the current lease of their class, so that a lease
     /// carrying a key nobody renews any more (a fixed lease, a guard past `max_hold`) is
-    /// not extended and ends.
-    pub(crate) fn extend_many(
-        &self,
-        renewals: &[Renewal<'_>],
-    ) -> Vec<Result<Option<Lease>, BackendError>> {
-        let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
-            renewals.iter().map(|_| None).collect();
-        let mut found: Vec<(usize, Kv)> = Vec::new();
-        for (chunk_no, chunk) in renewals.chunks(MAX_TXN_OPS).enumerate() {
-            let base = chunk_no * MAX_TXN_OPS;
+    /// not extended and ends. Each renewal is reported as soon as it is decided: a key
+    /// found gone after the reads, the kept-alive ones after the keep-alive, the moved
+    /// ones after their move.
+    pub(crate) fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
+        // Each renewal's key and the class of its etcd lease.
+        let mut keys: Vec<Option<KeyOf>> = Vec::with_capacity(renewals.len());
+        for (i, r) in renewals.iter().enumerate() {
+            match r.claim {
+                Claim::Exclusive => {
+                    keys.push(Some((self.key(r.name), class_of as fn(Duration) -> i64)))
+                }
+                claim => match self.resource(r.name, claim) {
+                    Ok(res) => keys.push(Some((
+                        res.holder(claim, r.owner),
+                        claim_class as fn(Duration) -> i64,
+                    ))),
+                    Err(e) => {
+                        keys.push(None);
+                        renewed(i, Err(e));
+                    }
+                },
+            }
+        }
+        let asked: Vec<usize> = (0..renewals.len()).filter(|&i| keys[i].is_some()).collect();
+        let key = |i: usize| &keys[i].as_ref().expect("asked").0;
+        let class = |i: usize| keys[i].as_ref().expect("asked").1;
+        // The reads, one transaction per 128 keys, all at once.
+        let chunks: Vec<&[usize]> = asked.chunks(MAX_TXN_OPS).collect();
+        let replies = self.all_at_once(&chunks, |chunk| {
             let ops: Vec<Value> = chunk
                 .iter()
-                .map(|r| json!({ "request_range": { "key": b64(&self.key(r.name)) } }))
+                .map(|&i| json!({ "request_range": { "key": b64(key(i)) } }))
                 .collect();
-            let reply = self.gateway.post("/v3/kv/txn", &json!({ "success": ops }));
-            let responses = reply.and_then(|reply| {
-                reply
-                    .get("responses")
-                    .and_then(Value::as_array)
-                    .filter(|a| a.len() == chunk.len())
-                    .cloned()
-                    .ok_or_else(|| bad_reply("responses"))
-            });
-            match responses {
+            self.gateway
+                .post_read("/v3/kv/txn", &json!({ "success": ops }))
+                .and_then(|reply| {
+                    reply
+                        .get("responses")
+                        .and_then(Value::as_array)
+                        .filter(|a| a.len() == chunk.len())
+                        .cloned()
+                        .ok_or_else(|| bad_reply("responses"))
+                })
+        });
+        let mut found: Vec<Found> = Vec::new();
+        for (chunk, reply) in chunks.iter().zip(replies) {
+            match reply {
                 Err(e) => {
-                    for i in 0..chunk.len() {
-                        out[base + i] = Some(Err(copy(&e)));
+                    for &i in *chunk {
+                        renewed(i, Err(copy(&e)));
                     }
                 }
                 Ok(responses) => {
-                    for (i, (r, resp)) in chunk.iter().zip(&responses).enumerate() {
+                    for (&i, resp) in chunk.iter().zip(&responses) {
+                        let r = &renewals[i];
                         let kv = resp
                             .pointer("/response_range/kvs/0")
                             .map(Kv::from_json)
                             .transpose();
-                        out[base + i] = match kv {
-                            Err(e) => Some(Err(e)),
-                            Ok(None) => Some(Ok(None)),
+                        match kv {
+                            Err(e) => renewed(i, Err(e)),
+                            Ok(None) => renewed(i, Ok(None)),
                             Ok(Some(kv)) => match kv.is_owned_by(r.name, r.owner) {
-                                Err(e) => Some(Err(e)),
-                                Ok(false) => Some(Ok(None)),
-                                Ok(true) => {
-                                    found.push((base + i, kv));
-                                    None
-                                }
+                                Err(e) => renewed(i, Err(e)),
+                                Ok(false) => renewed(i, Ok(None)),
+                                Ok(true) => found.push((i, kv)),
                             },
-                        };
+                        }
                     }
                 }
             }
         }
         // A lease is kept alive only if every key it may carry is renewed here, each of
         // the right class; the keys of any other lease are moved.
-        let renewed: HashSet<Vec<u8>> = found
+        let tags: HashSet<Vec<u8>> = found
             .iter()
-            .map(|(i, _)| tag_of(&self.key(renewals[*i].name), renewals[*i].owner))
+            .map(|(i, _)| tag_of(key(*i), renewals[*i].owner))
             .collect();
         let fits = |i: usize, kv: &Kv| {
             let r = &renewals[i];
-            kv.holder(r.name).is_ok_and(|(_, held_for)| {
-                class_of(held_for) == class_of(r.ttl) && held_for >= r.ttl
-            })
+            let class = class(i);
+            kv.holder(r.name)
+                .is_ok_and(|(_, held_for)| class(held_for) == class(r.ttl) && held_for >= r.ttl)
         };
         let mut alive: Vec<i64> = Vec::new();
         {
@@ -276,7 +311,7 @@ impl Inner {
                 if alive.contains(&kv.lease) || refused.contains(&kv.lease) {
                     continue;
                 }
-                let ok = leases.only_carries(kv.lease, &|t: &[u8]| renewed.contains(t))
+                let ok = leases.only_carries(kv.lease, &|t: &[u8]| tags.contains(t))
                     && found
                         .iter()
                         .filter(|(_, k)| k.lease == kv.lease)
@@ -296,18 +331,19 @@ impl Inner {
             match self.keep_alive(&alive, sent) {
                 Err(e) => {
                     for (i, _) in &batched {
-                        out[*i] = Some(Err(copy(&e)));
+                        renewed(*i, Err(copy(&e)));
                     }
                 }
-                Ok(renewed) => {
+                Ok(kept) => {
                     for (i, kv) in batched {
                         let r = &renewals[i];
-                        let granted = renewed.get(&kv.lease).copied().unwrap_or(0);
+                        let granted = kept.get(&kv.lease).copied().unwrap_or(0);
                         let fence = kv.fence();
                         if granted <= 0 {
-                            out[i] = Some(Ok(None));
+                            renewed(i, Ok(None));
                         } else if Duration::from_secs(granted.unsigned_abs()) >= r.ttl {
-                            out[i] = Some(
+                            renewed(
+                                i,
                                 self.lease_from(sent, r.ttl)
                                     .map(|l| Some(l.with_fence(fence))),
                             );
@@ -322,8 +358,8 @@ impl Inner {
             let moves: Vec<Move<'_>> = to_move
                 .iter()
                 .map(|(i, kv)| Move {
-                    key: self.key(renewals[*i].name),
-                    class: class_of,
+                    key: key(*i).clone(),
+                    class: class(*i),
                     name: renewals[*i].name,
                     owner: renewals[*i].owner,
                     ttl: renewals[*i].ttl,
@@ -331,11 +367,43 @@ impl Inner {
                 })
                 .collect();
             for ((i, _), r) in to_move.iter().zip(self.move_keys(&moves)) {
-                out[*i] = Some(r);
+                renewed(*i, r);
             }
         }
+    }
+
+    /// `request(chunk)` for every chunk, at once (one thread per chunk beyond the first,
+    /// at most [`PARALLEL`] requests in flight): a round of many holds costs a round trip,
+    /// not one per 128 holds. The replies in the chunks' order.
+    fn all_at_once<C: Sync, T: Send>(
+        &self,
+        chunks: &[C],
+        request: impl Fn(&C) -> Result<T, BackendError> + Sync,
+    ) -> Vec<Result<T, BackendError>> {
+        if chunks.len() <= 1 {
+            return chunks.iter().map(&request).collect();
+        }
+        let mut out: Vec<Option<Result<T, BackendError>>> = chunks.iter().map(|_| None).collect();
+        for (wave, slots) in chunks.chunks(PARALLEL).zip(out.chunks_mut(PARALLEL)) {
+            std::thread::scope(|scope| {
+                let request = &request;
+                let handles: Vec<_> = wave[1..]
+                    .iter()
+                    .map(|c| scope.spawn(move || request(c)))
+                    .collect();
+                slots[0] = Some(request(&wave[0]));
+                for (slot, h) in slots[1..].iter_mut().zip(handles) {
+                    *slot = Some(h.join().unwrap_or_else(|_| {
+                        Err(BackendError::new(
+                            BackendErrorKind::Other,
+                            "a renewal request panicked",
+                        ))
+                    }));
+                }
+            });
+        }
         out.into_iter()
-            .map(|r| r.expect("every renewal has a result"))
+            .map(|r| r.expect("every chunk answered"))
             .collect()
     }
 }

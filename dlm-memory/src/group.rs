@@ -3,8 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, OwnerToken, WaitList, writer_mark,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Holder, Holders, OwnerToken,
+    WaitList, writer_mark,
 };
 
 /// Which of a name's group resources: its semaphore or its read-write lock.
@@ -32,6 +35,8 @@ pub(crate) struct Member {
     pub(crate) write: bool,
     pub(crate) expires_at: Instant,
     pub(crate) fence: Option<FencingToken>,
+    /// Who holds it, as its client says.
+    pub(crate) label: Option<Arc<str>>,
 }
 
 /// The holders of a semaphore or a read-write lock.
@@ -74,6 +79,7 @@ impl Group {
         owner: &OwnerToken,
         now: Instant,
         ttl: Duration,
+        label: Option<&str>,
         draw: impl FnOnce() -> Option<FencingToken>,
     ) -> Result<Result<Option<FencingToken>, Duration>, BackendError> {
         if let Claim::Permit { permits } = claim
@@ -141,6 +147,7 @@ impl Group {
             write,
             expires_at: now + ttl,
             fence,
+            label: label.map(Arc::from),
         });
         Ok(Ok(fence))
     }
@@ -189,10 +196,27 @@ impl Group {
         Some(fence)
     }
 
-    /// The number of holders and the longest remaining lease among them.
-    pub(crate) fn inspect(&self, now: Instant) -> Option<(u32, Duration)> {
-        let longest = self.members.iter().map(|m| m.expires_at - now).max()?;
-        Some((self.members.len() as u32, longest))
+    /// Who holds it: each holder, and the permit count while a permit is held.
+    pub(crate) fn inspect(&self, kind: GroupKind, now: Instant) -> Holders {
+        let holders = self
+            .members
+            .iter()
+            .map(|m| {
+                let claim = match kind {
+                    GroupKind::Semaphore => Claim::Permit {
+                        permits: self.permits,
+                    },
+                    GroupKind::ReadWrite if m.write => Claim::Write,
+                    GroupKind::ReadWrite => Claim::Read,
+                };
+                Holder::new(
+                    claim,
+                    m.expires_at - now,
+                    m.label.as_deref().map(str::to_owned),
+                )
+            })
+            .collect();
+        Holders::new((self.permits != 0).then_some(self.permits), holders)
     }
 }
 

@@ -36,8 +36,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockBackend, LockName,
-    OwnerToken, WaitList, Watch,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holders, Lease,
+    LockBackend, LockName, OwnerToken, WaitList, Watch, every_hold_kind,
 };
 use group::{Group, GroupKind};
 use parking_lot::Mutex;
@@ -180,14 +180,16 @@ impl MemoryBackend {
     ) -> Result<T, BackendError> {
         self.inner.faults.before_call()?;
         let now = self.inner.clock.now();
-        let mut store = self.inner.store.lock();
-        let store = &mut *store;
+        let mut guard = self.inner.store.lock();
+        let store = &mut *guard;
         let entry = match store.entries.get_mut(name) {
             Some(entry) => entry,
             None => store.entries.entry(name.clone()).or_default(),
         };
         let out = f(entry, &mut store.fence, now);
         store.tidy(name, now);
+        drop(guard);
+        self.inner.faults.after_call()?;
         Ok(out)
     }
 
@@ -204,8 +206,8 @@ impl MemoryBackend {
         })?;
         self.inner.faults.before_call()?;
         let now = self.inner.clock.now();
-        let mut store = self.inner.store.lock();
-        let store = &mut *store;
+        let mut guard = self.inner.store.lock();
+        let store = &mut *guard;
         let key = (name.clone(), kind);
         let group = store.groups.entry(key.clone()).or_default();
         group.expire(now);
@@ -213,6 +215,8 @@ impl MemoryBackend {
         if store.groups.get_mut(&key).is_some_and(|g| g.is_idle(now)) {
             store.groups.remove(&key);
         }
+        drop(guard);
+        self.inner.faults.after_call()?;
         Ok(out)
     }
 
@@ -358,25 +362,16 @@ impl LockBackend for MemoryBackend {
     }
 
     fn supports(&self, claim: Claim) -> bool {
-        matches!(
-            claim,
-            Claim::Exclusive | Claim::Permit { .. } | Claim::Read | Claim::Write
-        )
+        every_hold_kind(claim)
     }
 
-    fn try_acquire_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        ttl: Duration,
-        fenced: bool,
-    ) -> Result<Acquire, BackendError> {
-        let _ = fenced; // tokens are handed out with every lease
+    /// Tokens are handed out with every lease (`request.fenced` changes nothing).
+    fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+        let (claim, ttl) = (request.claim, request.ttl);
         let started = self.inner.clock.now();
         let fencing = self.inner.fencing;
-        let admitted = self.with_group(name, claim, |group, last_fence, now| {
-            group.try_admit(claim, owner, now, ttl, || {
+        let admitted = self.with_group(request.name, claim, |group, last_fence, now| {
+            group.try_admit(claim, request.owner, now, ttl, request.label, || {
                 fencing.then(|| {
                     *last_fence += 1;
                     FencingToken::new(*last_fence)
@@ -453,12 +448,11 @@ impl LockBackend for MemoryBackend {
         self.with_group(name, claim, |group, _, _| group.clear())
     }
 
-    fn inspect_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<Option<(u32, Duration)>, BackendError> {
-        self.with_group(name, claim, |group, _, now| group.inspect(now))
+    fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
+        let kind = GroupKind::of(claim);
+        self.with_group(name, claim, |group, _, now| {
+            group.inspect(kind.expect("checked by with_group"), now)
+        })
     }
 }
 
@@ -503,6 +497,7 @@ impl MemoryBackendBuilder {
 #[derive(Debug, Default)]
 pub struct Faults {
     fail_next: Mutex<Option<(u64, BackendErrorKind)>>,
+    lose_replies: Mutex<u64>,
     delay: Mutex<Duration>,
     calls: AtomicU64,
 }
@@ -511,6 +506,13 @@ impl Faults {
     /// Makes the next `n` calls fail with an error of `kind`.
     pub fn fail_next(&self, n: u64, kind: BackendErrorKind) {
         *self.fail_next.lock() = (n > 0).then_some((n, kind));
+    }
+
+    /// Makes the next `n` calls take effect and then fail with a
+    /// [`Timeout`](BackendErrorKind::Timeout), as when a reply is lost on its way back:
+    /// the store has done what was asked, the caller does not know it.
+    pub fn lose_replies(&self, n: u64) {
+        *self.lose_replies.lock() = n;
     }
 
     /// Makes every call take at least `delay` (zero: no delay), like a slow network.
@@ -532,7 +534,19 @@ impl Faults {
         let mut fail = self.fail_next.lock();
         if let Some((n, kind)) = *fail {
             *fail = (n > 1).then_some((n - 1, kind));
-            return Err(BackendError::new(kind, "injected fault"));
+            return Err(BackendError::new(kind, "injected fault").never_sent());
+        }
+        Ok(())
+    }
+
+    fn after_call(&self) -> Result<(), BackendError> {
+        let mut lose = self.lose_replies.lock();
+        if *lose > 0 {
+            *lose -= 1;
+            return Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                "injected fault: the reply was lost (the call took effect)",
+            ));
         }
         Ok(())
     }

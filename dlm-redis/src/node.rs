@@ -221,7 +221,8 @@ impl Node {
         f: &dyn Fn(&mut Wire) -> redis::RedisResult<T>,
         asking: bool,
     ) -> Result<redis::RedisResult<T>, BackendError> {
-        let mut conn = self.connection()?;
+        // No connection: the request was not sent.
+        let mut conn = self.connection().map_err(BackendError::never_sent)?;
         let conn: &mut Conn = &mut conn;
         let result = if asking {
             redis::cmd("ASKING")

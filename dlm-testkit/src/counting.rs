@@ -5,13 +5,16 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use dlm_core::backend::{
-    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
+    Acquire, BackendError, Claim, FencingToken, GroupRequest, Holders, Lease, LockBackend,
+    LockName, OwnerToken, Renewal, Renewed, Watch,
 };
 
-/// Wraps a backend and counts the calls that reach it (`watch` excluded: it is not a
-/// request to the store), the acquisitions that asked for the fencing token with them
-/// ([`LockBackend::try_acquire_fenced`]), and records each renewal round
-/// ([`LockBackend::extend_many`]): how many holds it renewed and how long it took.
+/// Wraps a backend and counts the calls that reach it (`watch`, `watch_group` and
+/// `supports` excluded: they are not requests to the store), the acquisitions that asked
+/// for the fencing token with them ([`LockBackend::try_acquire_fenced`], or a fenced
+/// [`GroupRequest`]), and records each renewal round ([`LockBackend::extend_many`]): how
+/// many holds of each kind it renewed and how long it took. Every call, the groups'
+/// included, is forwarded.
 #[derive(Debug)]
 pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
@@ -26,6 +29,9 @@ pub struct CountingBackend {
 pub struct Round {
     /// How many holds it renewed (or tried to).
     pub holds: usize,
+    /// How many of them were the mutex's ([`Claim::Exclusive`]); the others were
+    /// permits, read or write holds.
+    pub exclusive: usize,
     /// How many of them were renewed.
     pub renewed: usize,
     /// How long the call took.
@@ -97,16 +103,25 @@ impl LockBackend for CountingBackend {
     }
 
     /// One call, however many renewals it carries.
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
+    fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
         self.count();
         let start = Instant::now();
-        let results = self.inner.extend_many(renewals);
+        let mut ok = 0;
+        self.inner.extend_many(renewals, &mut |i, result| {
+            if matches!(result, Ok(Some(_))) {
+                ok += 1;
+            }
+            renewed(i, result);
+        });
         self.rounds.lock().push(Round {
             holds: renewals.len(),
-            renewed: results.iter().filter(|r| matches!(r, Ok(Some(_)))).count(),
+            exclusive: renewals
+                .iter()
+                .filter(|r| r.claim == Claim::Exclusive)
+                .count(),
+            renewed: ok,
             took: start.elapsed(),
         });
-        results
     }
 
     fn fence(
@@ -148,5 +163,73 @@ impl LockBackend for CountingBackend {
 
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+
+    fn supports(&self, claim: Claim) -> bool {
+        self.inner.supports(claim)
+    }
+
+    fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+        self.count();
+        if request.fenced {
+            self.fenced.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.try_acquire_group(request)
+    }
+
+    fn extend_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        self.count();
+        self.inner.extend_group(name, claim, owner, ttl)
+    }
+
+    fn release_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        self.count();
+        self.inner.release_group(name, claim, owner)
+    }
+
+    fn fence_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        self.count();
+        self.inner.fence_group(name, claim, owner)
+    }
+
+    fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        self.inner.watch_group(name, claim)
+    }
+
+    fn downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        self.count();
+        self.inner.downgrade(name, writer, reader, ttl)
+    }
+
+    fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        self.count();
+        self.inner.force_release_group(name, claim)
+    }
+
+    fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
+        self.count();
+        self.inner.inspect_group(name, claim)
     }
 }

@@ -47,8 +47,13 @@ never waits for a lock.
   `Timeout`, `NoQuorum`, `Busy`) within the caller's deadline, and returns the others
   at once: pick a transient kind only for a failure a later attempt may not see.
   Messages never hold a password or an owner token.
+- A call that fails may have been applied (a lost reply): return the error. The front
+  undoes what it may have written (it releases the attempt's owner token, again in the
+  background while that fails); never send such a request again as if it had not been
+  applied.
 - Optional: [`extend_many`](dlm_core::backend::LockBackend::extend_many) (batch the watchdog's
-  renewals: one round trip per server, however many holds), [`watch`](dlm_core::backend::LockBackend::watch)
+  renewals of every kind: one round trip per server, however many holds; report each
+  renewal as soon as its reply is in), [`watch`](dlm_core::backend::LockBackend::watch)
   and [`wake_pending`](dlm_core::backend::LockBackend::wake_pending) (release hints: a waiter wakes
   when the lock is released instead of at the holder's lease end;
   [`WaitList`](dlm_core::backend::WaitList) does the bookkeeping), and

@@ -40,6 +40,9 @@ pub(crate) fn lock_for(
     if let Some(max) = args.max_hold {
         builder = builder.max_hold(max);
     }
+    if let Some(label) = &args.label {
+        builder = builder.label(label);
+    }
     if let Some(wait) = args.wait {
         // Transient backend errors (unreachable, no quorum) are retried for the whole wait,
         // not only for the library's default 10 s.
@@ -167,7 +170,7 @@ impl StatusLine {
                 // The holders and their longest lease (`Ok(Some)`), a free lock
                 // (`Ok(None)`), or whether the backend failed transiently (`Err`), asked
                 // every few seconds.
-                let mut seen: Result<Option<(u32, Duration)>, bool> = Err(false);
+                let mut seen: Result<dlm_core::Holders, bool> = Err(false);
                 let mut asked = Instant::now();
                 let mut first = true;
                 loop {
@@ -179,9 +182,9 @@ impl StatusLine {
                         asked = Instant::now();
                         first = false;
                     }
-                    let holder = match seen {
-                        Ok(Some((n, r))) => lock.holders_text(n, r.saturating_sub(asked.elapsed())),
-                        Ok(None) => "free a moment ago".to_owned(),
+                    let holder = match &seen {
+                        Ok(h) if h.is_free() => "free a moment ago".to_owned(),
+                        Ok(h) => lock.holders_text(h, asked.elapsed()),
                         Err(true) => "the backend does not answer; retrying".to_owned(),
                         Err(false) => "held by another owner".to_owned(),
                     };

@@ -101,6 +101,10 @@ pub(crate) struct LockArgs {
     /// NAME, the semaphore NAME and the read-write lock NAME are three separate resources.
     #[arg(long)]
     exclusive: bool,
+    /// How `dlm status` names this holder (default: HOST:PID). Kept with permits and read
+    /// and write holds; 1 to 256 bytes, no control characters.
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) label: Option<String>,
 }
 
 impl LockArgs {
@@ -209,8 +213,10 @@ fn run_to_release(conn: &Connection, args: &RunArgs) -> Result<u8, Failure> {
         &lock,
         &mut signals,
     )?;
-    match got {
+    let status = match got {
         Ok(guard) => supervise::run_child(args, guard, &mut signals, &command, lease),
         Err(code) => Ok(code),
-    }
+    };
+    lock.flush_releases();
+    status
 }

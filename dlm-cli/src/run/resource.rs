@@ -3,13 +3,12 @@
 //! `--exclusive`). [`Resource`] makes the acquisition pluggable: the run and hold code
 //! needs a [`Held`] guard, however it was acquired.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use dlm_core::backend::{Claim, LockBackend};
+use dlm_core::backend::Claim;
 use dlm_core::{
-    BackendErrorKind, DistributedLock, Error, Interrupt, Lock, LockClient, LockGuard, LockName,
-    ReadWriteLock, Semaphore, WriteGuard,
+    BackendErrorKind, DistributedLock, Error, Holder, Holders, Interrupt, Lock, LockClient,
+    LockGuard, LockName, ReadWriteLock, Semaphore, WriteGuard,
 };
 
 use crate::backend::Connection;
@@ -41,25 +40,14 @@ impl Kind {
             Kind::Rw => "--rw",
         }
     }
-
-    /// The backend's name for it, as [`LockBackend::inspect_group`] takes it.
-    fn claim(self) -> Claim {
-        match self {
-            Kind::Lock => Claim::Exclusive,
-            Kind::Permits(permits) => Claim::Permit { permits },
-            Kind::Shared | Kind::Rw => Claim::Read,
-            Kind::Exclusive => Claim::Write,
-        }
-    }
 }
 
 /// A handle on the resource `dlm` takes, built without I/O.
 #[derive(Clone)]
 pub(crate) struct Resource {
     handle: Handle,
-    backend: Arc<dyn LockBackend>,
-    name: LockName,
     kind: Kind,
+    client: LockClient,
 }
 
 #[derive(Clone)]
@@ -110,14 +98,25 @@ impl Resource {
         };
         Ok(Resource {
             handle,
-            backend: client.backend().clone(),
-            name: name.clone(),
             kind,
+            client: client.clone(),
         })
     }
 
     pub(crate) fn kind(&self) -> Kind {
         self.kind
+    }
+
+    /// Before dlm exits: waits (at most the client's release wait, 5 s) for the releases
+    /// that failed transiently and are being sent again, so that the lock is free for
+    /// others now rather than at the end of its lease.
+    pub(crate) fn flush_releases(&self) {
+        let left = self
+            .client
+            .flush_releases(dlm_core::RetryPolicy::new().release_wait_value());
+        if left > 0 {
+            log::warn!("{left} release(s) could not be sent; they end with their leases");
+        }
     }
 
     /// One attempt: the hold, or `None` when it is taken.
@@ -154,25 +153,49 @@ impl Resource {
         }
     }
 
-    /// Who holds it now: the number of holders and the longest remaining lease among
-    /// them, `None` when free (asks the backend).
-    pub(crate) fn inspect(&self) -> dlm_core::Result<Option<(u32, Duration)>> {
+    /// Who holds it now (asks the backend): the lock's holder (its label is not kept), a
+    /// semaphore's permits and the count it is held with, a read-write lock's readers or
+    /// writer; no holders when it is free.
+    pub(crate) fn inspect(&self) -> dlm_core::Result<Holders> {
         match &self.handle {
-            Handle::Lock(l) => Ok(l.remaining_lease()?.map(|r| (1, r))),
-            _ => Ok(self.backend.inspect_group(&self.name, self.kind.claim())?),
+            Handle::Lock(l) => Ok(Holders::new(
+                None,
+                l.remaining_lease()?
+                    .map(|r| Holder::new(Claim::Exclusive, r, None))
+                    .into_iter()
+                    .collect(),
+            )),
+            Handle::Semaphore(s) => s.inspect(),
+            Handle::Rw(rw) => rw.inspect(),
         }
     }
 
-    /// What holds it, for the line shown while waiting: `holders` and `lease` from
-    /// [`Resource::inspect`].
-    pub(crate) fn holders_text(&self, holders: u32, lease: Duration) -> String {
-        let secs = lease.as_secs();
+    /// Releases it whoever holds it (every permit, every read and write hold and a
+    /// waiting writer's mark): whether anything was held.
+    pub(crate) fn force_unlock(&self) -> dlm_core::Result<bool> {
+        match &self.handle {
+            Handle::Lock(l) => l.force_unlock(),
+            Handle::Semaphore(s) => s.force_unlock(),
+            Handle::Rw(rw) => rw.force_unlock(),
+        }
+    }
+
+    /// What holds it, for the line shown while waiting: `holders` from
+    /// [`Resource::inspect`], asked `ago`.
+    pub(crate) fn holders_text(&self, holders: &Holders, ago: Duration) -> String {
+        let secs = holders.longest().saturating_sub(ago).as_secs();
+        let n = holders.holders.len();
         match self.kind {
             Kind::Lock => format!("held by another owner, lease ends in {secs}s"),
-            Kind::Permits(n) => format!("{holders} of {n} permits taken"),
+            Kind::Permits(asked) => match holders.permits {
+                Some(count) if count != asked => format!(
+                    "{n} of {count} permits taken: it is held with {count} permits, not {asked}"
+                ),
+                _ => format!("{n} of {asked} permits taken"),
+            },
             Kind::Shared | Kind::Exclusive | Kind::Rw => format!(
-                "{holders} holder{}, the longest lease ends in {secs}s",
-                if holders == 1 { "" } else { "s" }
+                "{n} holder{}, the longest lease ends in {secs}s",
+                if n == 1 { "" } else { "s" }
             ),
         }
     }

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::{LockName, OwnerToken};
+
 /// The longest a writer's waiting mark lasts (see [`writer_mark`]).
 pub const WRITER_MARK: Duration = Duration::from_secs(3);
 
@@ -67,5 +69,73 @@ impl fmt::Display for Claim {
             Claim::Read => f.write_str("read"),
             Claim::Write => f.write_str("write"),
         }
+    }
+}
+
+/// The answer of [`LockBackend::supports`](super::LockBackend::supports) for a backend
+/// that keeps every kind of hold this version of dlm-core defines: the mutex, permits,
+/// read and write holds. A kind added in a later version answers `false` until the
+/// backend learns it.
+///
+/// ```
+/// use dlm_core::backend::{Claim, every_hold_kind};
+///
+/// assert!(every_hold_kind(Claim::Permit { permits: 3 }));
+/// assert!(every_hold_kind(Claim::Read));
+/// ```
+pub fn every_hold_kind(claim: Claim) -> bool {
+    matches!(
+        claim,
+        Claim::Exclusive | Claim::Permit { .. } | Claim::Read | Claim::Write
+    )
+}
+
+/// One attempt at a group hold, for
+/// [`LockBackend::try_acquire_group`](super::LockBackend::try_acquire_group).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct GroupRequest<'a> {
+    /// The resource's name.
+    pub name: &'a LockName,
+    /// The kind of hold: never [`Claim::Exclusive`].
+    pub claim: Claim,
+    /// The owner token of this attempt.
+    pub owner: &'a OwnerToken,
+    /// The lease to set.
+    pub ttl: Duration,
+    /// Draw the fencing token with the hold (see
+    /// [`try_acquire_fenced`](super::LockBackend::try_acquire_fenced)).
+    pub fenced: bool,
+    /// Who holds it, kept with the hold for
+    /// [`inspect_group`](super::LockBackend::inspect_group): the client's label (host and
+    /// process by default), at most [`MAX_LABEL_LEN`](super::MAX_LABEL_LEN) bytes, no control
+    /// characters.
+    pub label: Option<&'a str>,
+}
+
+impl<'a> GroupRequest<'a> {
+    /// An attempt of `owner` at a hold of kind `claim` of `name` for `ttl`, without a token
+    /// drawn with it and without a label.
+    pub fn new(name: &'a LockName, claim: Claim, owner: &'a OwnerToken, ttl: Duration) -> Self {
+        GroupRequest {
+            name,
+            claim,
+            owner,
+            ttl,
+            fenced: false,
+            label: None,
+        }
+    }
+
+    /// The same attempt, drawing the token with the hold when `fenced`.
+    pub fn fenced(mut self, fenced: bool) -> Self {
+        self.fenced = fenced;
+        self
+    }
+
+    /// The same attempt, with `label` kept with the hold.
+    pub fn label(mut self, label: Option<&'a str>) -> Self {
+        self.label = label;
+        self
     }
 }

@@ -14,6 +14,7 @@
 //! an incompatible release of dlm-core. Nothing outside this module exposes it.
 
 mod claim;
+mod holders;
 mod lease;
 mod name;
 mod owner;
@@ -27,9 +28,11 @@ use std::time::{Duration, Instant};
 pub use crossbeam_channel as channel;
 
 pub use crate::error::{BackendError, BackendErrorKind};
-pub use claim::{Claim, WRITER_MARK, writer_mark};
+pub use claim::{Claim, GroupRequest, WRITER_MARK, every_hold_kind, writer_mark};
+pub use holders::{Holder, Holders};
 pub use lease::{FencingToken, Lease};
-pub use name::{LockName, MAX_NAME_LEN};
+pub(crate) use name::check_label;
+pub use name::{LockName, MAX_LABEL_LEN, MAX_NAME_LEN};
 pub(crate) use owner::random_client_id;
 pub use owner::{EncodedOwnerToken, OwnerToken};
 pub use waiters::WaitList;
@@ -55,6 +58,10 @@ pub enum Acquire {
 pub struct Renewal<'a> {
     /// The lock's name.
     pub name: &'a LockName,
+    /// The kind of hold: [`Claim::Exclusive`] for the mutex's (renewed as
+    /// [`extend`](LockBackend::extend) would), another claim for a semaphore's or
+    /// read-write lock's (as [`extend_group`](LockBackend::extend_group) would).
+    pub claim: Claim,
     /// The holder's token.
     pub owner: &'a OwnerToken,
     /// The lease to set from now.
@@ -62,11 +69,21 @@ pub struct Renewal<'a> {
 }
 
 impl<'a> Renewal<'a> {
-    /// A renewal of `name`, held by `owner`, for `ttl`.
-    pub fn new(name: &'a LockName, owner: &'a OwnerToken, ttl: Duration) -> Self {
-        Renewal { name, owner, ttl }
+    /// A renewal of `owner`'s hold of kind `claim` of `name`, for `ttl`.
+    pub fn new(name: &'a LockName, claim: Claim, owner: &'a OwnerToken, ttl: Duration) -> Self {
+        Renewal {
+            name,
+            claim,
+            owner,
+            ttl,
+        }
     }
 }
+
+/// Where [`LockBackend::extend_many`] reports each renewal's outcome: called once per
+/// renewal, with its index in the round and what [`extend`](LockBackend::extend) (or
+/// [`extend_group`](LockBackend::extend_group)) would have returned.
+pub type Renewed<'a> = dyn FnMut(usize, Result<Option<Lease>, BackendError>) + 'a;
 
 /// A lock store: one bounded attempt per call, never sleeping, never retrying.
 ///
@@ -86,7 +103,13 @@ impl<'a> Renewal<'a> {
 ///    the token still holds the name, and never re-create a missing entry.
 /// 4. Return within your I/O deadline; map failures to [`BackendError`] kinds so the front
 ///    knows what to retry.
-/// 5. Run the conformance suite of `dlm-testkit` against it.
+/// 5. A call that fails may still have been applied (its reply was lost): return the
+///    error and leave the rest to the front, which undoes what the call may have written
+///    (it releases the attempt's owner token, again in the background while that fails)
+///    and retries with a new token. Never send a request again as if it had not been
+///    applied when it may have been: the second answer ("not yours", "already held")
+///    would be about the first.
+/// 6. Run the conformance suite of `dlm-testkit` against it.
 ///
 /// For a walk-through, see the `dlm-testkit` crate's `guide` module: the contract in
 /// detail, a complete backend (a map behind a mutex) and the conformance suite run
@@ -170,18 +193,33 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError>;
 
-    /// Renews several holds at once: the watchdog's renewal round. One result per
-    /// renewal, in order, each what [`extend`](LockBackend::extend) would return for it.
+    /// Renews several holds at once: the watchdog's renewal round. The round holds every
+    /// due hold of the client, whatever its kind: the mutex's and the groups' alike
+    /// ([`Renewal::claim`]). Each renewal's outcome goes to `renewed`, once, with its index:
+    /// what [`extend`](LockBackend::extend) or [`extend_group`](LockBackend::extend_group)
+    /// would return for it.
     ///
-    /// The default calls `extend` for each in turn. A backend that talks to servers
-    /// should batch them (one round trip per server, whatever the number of holds), so
-    /// that a client holding many locks does not lose them to one slow server: the
-    /// renewals of one round must all be done well within a third of the lease.
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
-        renewals
-            .iter()
-            .map(|r| self.extend(r.name, r.owner, r.ttl))
-            .collect()
+    /// **Report each outcome as soon as its request has come back.** The front judges a
+    /// renewal by the moment it is reported: a renewal reported after the hold's previous
+    /// lease ended is not applied (the hold is lost, and its token released in the
+    /// background), and the new lease runs from when the request was sent (the lease's
+    /// `valid_until`, as for `extend`). So a backend that reports a whole round at its end
+    /// makes its first renewals look as late as its last. Do not hold a lock of your own
+    /// while calling `renewed`: the front takes the hold's state lock in it.
+    ///
+    /// The default calls `extend` (or `extend_group`) for each in turn and reports each as
+    /// it returns. A backend that talks to servers should batch them (one request or
+    /// pipeline per server, whatever the number and the kinds of the holds), so that a
+    /// client holding many locks does not lose them to one slow server: the renewals of one
+    /// round must all be done well within a third of the lease.
+    fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
+        for (i, r) in renewals.iter().enumerate() {
+            let outcome = match r.claim {
+                Claim::Exclusive => self.extend(r.name, r.owner, r.ttl),
+                claim => self.extend_group(r.name, claim, r.owner, r.ttl),
+            };
+            renewed(i, outcome);
+        }
     }
 
     /// Draws the fencing token of `owner`'s hold of `name`: one bounded, atomic step that
@@ -276,13 +314,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// entry, extensions and releases only by the holder, fencing tokens ordered across
     /// holders) plus the claim's: at most `permits` holders of a semaphore, never a reader
     /// beside a writer, no new reader while a writer waits. dlm-memory's `group.rs` is the
-    /// reference; the conformance suite checks them.
+    /// reference; the conformance suite checks them. A backend that keeps every kind
+    /// answers with [`every_hold_kind`].
     fn supports(&self, claim: Claim) -> bool {
         claim == Claim::Exclusive
     }
 
-    /// [`try_acquire`](LockBackend::try_acquire) of a group hold (drawing its token with
-    /// it when `fenced`, as [`try_acquire_fenced`](LockBackend::try_acquire_fenced)).
+    /// [`try_acquire`](LockBackend::try_acquire) of a group hold: `request.owner`'s hold of
+    /// kind `request.claim` of `request.name` for `request.ttl`, drawing its token with it
+    /// when `request.fenced` (as [`try_acquire_fenced`](LockBackend::try_acquire_fenced)),
+    /// and keeping `request.label` with it for [`inspect_group`](LockBackend::inspect_group).
     /// [`Acquire::Held`] when the claim's rule refuses it now.
     ///
     /// A [`Claim::Write`] attempt refused because others hold the lock marks it as awaited
@@ -292,16 +333,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// whose `permits` differs from the count the semaphore's current holders hold it with
     /// fails with [`BackendErrorKind::Conflict`]. The default refuses
     /// ([`BackendErrorKind::Unsupported`]).
-    fn try_acquire_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        ttl: Duration,
-        fenced: bool,
-    ) -> Result<Acquire, BackendError> {
-        let _ = (name, owner, ttl, fenced);
-        Err(unsupported(claim))
+    fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+        Err(unsupported(request.claim))
     }
 
     /// [`extend`](LockBackend::extend) of a group hold. The default refuses.
@@ -352,8 +385,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Turns `writer`'s write hold of the read-write lock `name` into a read hold of
     /// `reader` for `ttl`, in one atomic step: no other writer can get in between.
-    /// `Ok(None)`: `writer` no longer holds it. The read hold's lease keeps the write
-    /// hold's fencing token, if it had one. The default refuses.
+    /// `Ok(None)`: `writer` no longer holds it. The read hold keeps the write hold's
+    /// fencing token, if it had one, and its label. Like an acquisition, a downgrade that
+    /// fails may have been applied: the front then releases `reader`'s read hold (and the
+    /// write hold). The default refuses.
     fn downgrade(
         &self,
         name: &LockName,
@@ -373,14 +408,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Err(unsupported(claim))
     }
 
-    /// Who holds the group resource `name`: the number of holders (for a read-write lock,
-    /// readers and writer) and the longest remaining lease among them, `None` when free.
-    /// The default refuses.
-    fn inspect_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<Option<(u32, Duration)>, BackendError> {
+    /// Who holds the group resource `name` now: each live holder (its kind, its remaining
+    /// lease, its label) and, for a semaphore with a permit held, the permit count its
+    /// holders hold it with. A free resource has no holders. The default refuses.
+    fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
         let _ = name;
         Err(unsupported(claim))
     }

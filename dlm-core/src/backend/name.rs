@@ -8,6 +8,35 @@ use crate::error::InvalidArgument;
 /// The longest lock name accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 512;
 
+/// The longest label a client gives its holds, in bytes (see
+/// [`LockClientBuilder::label`](crate::LockClientBuilder::label)).
+pub const MAX_LABEL_LEN: usize = 256;
+
+/// Checks a holder label: 1 to [`MAX_LABEL_LEN`] bytes without control characters.
+pub(crate) fn check_label(label: &str) -> Result<(), InvalidArgument> {
+    check("label", label, MAX_LABEL_LEN)
+}
+
+/// `text` is 1 to `max` bytes without control characters.
+fn check(what: &'static str, text: &str, max: usize) -> Result<(), InvalidArgument> {
+    if text.is_empty() {
+        return Err(InvalidArgument::new(what, "must not be empty"));
+    }
+    if text.len() > max {
+        return Err(InvalidArgument::new(
+            what,
+            format!("is {} bytes, at most {max} allowed", text.len()),
+        ));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Err(InvalidArgument::new(
+            what,
+            format!("contains the control character {c:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// A validated lock name: 1 to [`MAX_NAME_LEN`] bytes of UTF-8 without control characters.
 ///
 /// Cheap to clone. Backends receive names only in this form, so they never see an empty,
@@ -22,21 +51,7 @@ impl LockName {
     /// [`InvalidArgument`] (argument `"name"`) when it is empty, longer than
     /// [`MAX_NAME_LEN`] bytes, or contains a control character (NUL, newline, ...).
     pub fn new(name: &str) -> Result<Self, InvalidArgument> {
-        if name.is_empty() {
-            return Err(InvalidArgument::new("name", "must not be empty"));
-        }
-        if name.len() > MAX_NAME_LEN {
-            return Err(InvalidArgument::new(
-                "name",
-                format!("is {} bytes, at most {MAX_NAME_LEN} allowed", name.len()),
-            ));
-        }
-        if let Some(c) = name.chars().find(|c| c.is_control()) {
-            return Err(InvalidArgument::new(
-                "name",
-                format!("contains the control character {c:?}"),
-            ));
-        }
+        check("name", name, MAX_NAME_LEN)?;
         Ok(LockName(name.into()))
     }
 

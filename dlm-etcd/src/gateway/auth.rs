@@ -48,9 +48,7 @@ impl Gateway {
     /// The token to send to member `i` (asked of it when there is none yet); `None`
     /// without credentials or when etcd has authentication disabled.
     pub(crate) fn token(&self, i: usize) -> Result<Option<Arc<str>>, BackendError> {
-        self.token_or_outcome(i).map_err(|o| match o {
-            Outcome::TryNext(e) | Outcome::Fail(e) => e,
-        })
+        self.token_or_outcome(i).map_err(Outcome::into_error)
     }
 
     /// Forgets `used` if it is still the current token (etcd refused it): the next

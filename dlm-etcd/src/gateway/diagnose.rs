@@ -131,7 +131,7 @@ pub(super) fn transport_error(member: &str, t: &ureq::Transport) -> Outcome {
     match t.kind() {
         // Nothing was sent: another member may serve it.
         K::Dns | K::ConnectionFailed => {
-            Outcome::TryNext(BackendError::new(BackendErrorKind::Unavailable, msg))
+            Outcome::TryNext(BackendError::new(BackendErrorKind::Unavailable, msg).never_sent())
         }
         K::Io => {
             let timed_out = t
@@ -200,8 +200,9 @@ pub(super) fn status_error(member: &str, path: &str, http: u16, body: &str) -> O
         return Outcome::Fail(BackendError::new(BackendErrorKind::Auth, msg));
     }
     let kind = match code {
-        // UNAVAILABLE: no leader, not ready, ...; the request was not applied.
-        14 => return Outcome::TryNext(BackendError::new(BackendErrorKind::Unavailable, msg)),
+        // UNAVAILABLE: no leader, not ready, but also "request timed out", "leader
+        // changed", "server stopped": a change may still be applied.
+        14 => return Outcome::Unavailable(BackendError::new(BackendErrorKind::Unavailable, msg)),
         // DEADLINE_EXCEEDED: "request timed out" (may still apply).
         4 => BackendErrorKind::Timeout,
         // CANCELED
@@ -226,15 +227,27 @@ mod tests {
 
     #[test]
     fn etcd_errors_map_to_kinds() {
-        let kind = |code: i64| match status_error(
-            "m",
-            "/p",
-            500,
-            &format!(r#"{{"error":"e","message":"e","code":{code}}}"#),
-        ) {
-            Outcome::Fail(e) | Outcome::TryNext(e) => e.kind(),
+        let kind = |code: i64| {
+            status_error(
+                "m",
+                "/p",
+                500,
+                &format!(r#"{{"error":"e","message":"e","code":{code}}}"#),
+            )
+            .into_error()
+            .kind()
         };
         assert_eq!(kind(14), BackendErrorKind::Unavailable);
+        // A change answered UNAVAILABLE may still apply: it is not the next member's.
+        assert!(matches!(
+            status_error(
+                "m",
+                "/p",
+                503,
+                r#"{"error":"etcdserver: request timed out","message":"etcdserver: request timed out","code":14}"#
+            ),
+            Outcome::Unavailable(_)
+        ));
         assert_eq!(kind(4), BackendErrorKind::Timeout);
         assert_eq!(kind(16), BackendErrorKind::Auth);
         assert_eq!(kind(7), BackendErrorKind::Permission);

@@ -63,11 +63,32 @@ impl<T: std::io::Read + std::io::Write + Send> ReadWrite for T {}
 
 /// What one request to one member came to.
 enum Outcome {
-    /// Not sent, or refused before it could apply (no connection, no leader): the next
-    /// member may take it.
+    /// Not sent (no connection): the next member may take it.
     TryNext(BackendError),
+    /// Answered `UNAVAILABLE` (gRPC code 14): no leader, but also "request timed out",
+    /// "leader changed" or "server stopped", after which a change may still be applied.
+    /// A read goes to the next member; a change is returned as it is (as etcd's own
+    /// client does: it sends a change again only when it was never sent).
+    Unavailable(BackendError),
     /// May have been applied, or is a verdict: returned as it is.
     Fail(BackendError),
+}
+
+impl Outcome {
+    fn into_error(self) -> BackendError {
+        match self {
+            Outcome::TryNext(e) | Outcome::Unavailable(e) | Outcome::Fail(e) => e,
+        }
+    }
+}
+
+/// Whether a request may be sent to another member after one answered `UNAVAILABLE`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// It changes nothing (a read, a keep-alive, a token): safe to send again.
+    Again,
+    /// It may change the store: sent again only when it was never sent.
+    Once,
 }
 
 impl Gateway {
@@ -154,20 +175,33 @@ impl Gateway {
             .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// POSTs `body` to `path` (`/v3/kv/txn`, ...), on the preferred member, then on the
-    /// others while a member cannot be reached or has no leader. A request that may have
-    /// been applied (the connection broke or timed out after it was sent) is not sent
-    /// again: its error is returned (transient: the front's retry then asks again, and
-    /// every operation here is safe to repeat).
+    /// POSTs `body`, a request that may change the store (`/v3/kv/txn` with a put or a
+    /// delete, a lease grant), to `path` on the preferred member, then on the others while
+    /// a member cannot be reached. A request that may have been applied is never sent
+    /// again as if it had not been: not when the connection broke or timed out after it
+    /// was sent, and not when the member answered `UNAVAILABLE` (code 14), which etcd also
+    /// says after a change it may still apply ("request timed out", "leader changed").
+    /// Its error is returned, transient: the front then handles a step that may have been
+    /// applied (it undoes an acquisition, sends a release again, retries a renewal) and
+    /// asks again.
     pub(crate) fn post(&self, path: &str, body: &Value) -> Result<Value, BackendError> {
         let text = body.to_string();
-        self.failover(|i| self.post_to(i, path, &text))
+        self.failover(Sent::Once, |i| self.post_to(i, path, &text))
+    }
+
+    /// POSTs `body`, a request that changes nothing (a range, a transaction of ranges, a
+    /// lease's time to live), as [`post`](Self::post) does, and also to the next member
+    /// when one answers `UNAVAILABLE` (no leader).
+    pub(crate) fn post_read(&self, path: &str, body: &Value) -> Result<Value, BackendError> {
+        let text = body.to_string();
+        self.failover(Sent::Again, |i| self.post_to(i, path, &text))
     }
 
     /// POSTs `text` and returns the reply body as it comes (for the keep-alive stream's
-    /// several replies), failing over as [`post`](Self::post) does.
+    /// several replies), failing over as [`post_read`](Self::post_read) does: a keep-alive
+    /// sent twice keeps its leases alive twice, which changes nothing.
     pub(crate) fn post_raw(&self, path: &str, text: &str) -> Result<String, BackendError> {
-        self.failover(|i| self.send(i, path, text))
+        self.failover(Sent::Again, |i| self.send(i, path, text))
     }
 
     /// Whether member `i` serves the cluster: a linearizable read of `key` (which the
@@ -183,18 +217,19 @@ impl Gateway {
         });
         match self.send(i, "/v3/kv/range", &body.to_string()) {
             Ok(_) => true,
-            Err(Outcome::Fail(e) | Outcome::TryNext(e)) => !matches!(
-                e.kind(),
+            Err(o) => !matches!(
+                o.into_error().kind(),
                 BackendErrorKind::Unavailable | BackendErrorKind::Timeout
             ),
         }
     }
 
     /// Runs `attempt` on the preferred member, then on the others while it says
-    /// `TryNext`; a `Fail` is returned as it is (and moves the preference on when
-    /// transient).
+    /// `TryNext` (or `Unavailable`, for a request that may be `sent` again); a `Fail` is
+    /// returned as it is (and moves the preference on when transient).
     fn failover<T>(
         &self,
+        sent: Sent,
         attempt: impl Fn(usize) -> Result<T, Outcome>,
     ) -> Result<T, BackendError> {
         self.check_members()?;
@@ -210,7 +245,11 @@ impl Gateway {
                     }
                     return Err(e);
                 }
-                Err(Outcome::TryNext(e)) => {
+                Err(Outcome::Unavailable(e)) if sent == Sent::Once => {
+                    self.skip(i);
+                    return Err(e);
+                }
+                Err(Outcome::TryNext(e) | Outcome::Unavailable(e)) => {
                     self.skip(i);
                     last = Some(e);
                 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockBackend, LockName,
-    OwnerToken, Renewal, Watch,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holders, Lease,
+    LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
 };
 
 use parking_lot::Mutex;
@@ -216,6 +216,25 @@ impl RedisBackend {
         self.inner.target.node(|| self.inner.keys.slot(name))
     }
 
+    /// The node that serves `r`'s hold now: the lock key's, or the group resource's hash's.
+    fn node_of_renewal(&self, r: &Renewal<'_>) -> Result<Arc<Node>, BackendError> {
+        match r.claim {
+            Claim::Exclusive => self.node_of(r.name),
+            claim => self
+                .inner
+                .target
+                .node(|| self.inner.keys.claim_slot(r.name, claim)),
+        }
+    }
+
+    /// The request that renews `r` (the mutex's extend script, or the claim script's).
+    fn renewal_call(&self, node: &Node, r: &Renewal<'_>) -> Call {
+        match r.claim {
+            Claim::Exclusive => node.keys.extend_call(r.name, r.owner, r.ttl),
+            claim => self.claim_extend_call(r.name, claim, r.owner, r.ttl),
+        }
+    }
+
     /// What one renewal of a batch came to, from its reply (`acked`: how many replicas
     /// acknowledged the batch, when `WAIT` was asked for). A renewal the node refused
     /// with a cluster redirection (its slot moved) is sent again on its own, where the
@@ -229,12 +248,16 @@ impl RedisBackend {
         start: Instant,
     ) -> Result<Option<Lease>, BackendError> {
         if Redirect::of_value(&value).is_some() {
-            return self.extend(r.name, r.owner, r.ttl);
+            return match r.claim {
+                Claim::Exclusive => self.extend(r.name, r.owner, r.ttl),
+                claim => self.claim_extend(r.name, claim, r.owner, r.ttl),
+            };
         }
-        let ok = value
-            .extract_error()
-            .map_err(|e| node.endpoint.error(&e))
-            .and_then(|v| node.reader().flag(v))?;
+        let value = value.extract_error().map_err(|e| node.endpoint.error(&e))?;
+        let ok = match r.claim {
+            Claim::Exclusive => node.reader().flag(value)?,
+            claim => self.claim_answer(node, r.name, claim, value)?.code == 1,
+        };
         if let Some(w) = self.inner.options.replica_wait
             && ok
             && acked.unwrap_or(0) < w.replicas
@@ -267,9 +290,8 @@ impl RedisBackend {
         if let (NodeAcquire::Acquired, Some(w)) = (answer, wait)
             && acked.unwrap_or(0) < w.replicas
         {
-            // Not on enough replicas: a failover could lose it. Undone, as if never
-            // granted (if the release fails too, the key ends with its lease).
-            let _ = node.release(name, owner, ReleaseId::Undo.random());
+            // Not on enough replicas: a failover could lose it. The front undoes it, as
+            // it undoes every failed step that may have written a hold.
             return Err(node.not_replicated(w, acked, "the grant"));
         }
         match answer {
@@ -278,17 +300,15 @@ impl RedisBackend {
                     Some(t) => lease.with_fence(FencingToken::new(t)),
                     None => lease,
                 })),
-                None => {
-                    let _ = node.release(name, owner, ReleaseId::Undo.random());
-                    Err(BackendError::new(
-                        BackendErrorKind::Timeout,
-                        format!(
-                            "{}: acquiring took {:?}, more than the lease's validity",
-                            node.endpoint,
-                            start.elapsed()
-                        ),
-                    ))
-                }
+                // Granted too late to be of use: an error, which the front undoes.
+                None => Err(BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!(
+                        "{}: acquiring took {:?}, more than the lease's validity",
+                        node.endpoint,
+                        start.elapsed()
+                    ),
+                )),
             },
             NodeAcquire::Held { remaining } => Ok(Acquire::Held {
                 retry_after: Some(remaining),
@@ -370,21 +390,19 @@ impl LockBackend for RedisBackend {
         })
     }
 
-    /// Each node's extensions go pipelined in one write (followed by `WAIT` when asked
-    /// for), to every node at once through the fan-out: a round costs one round trip,
-    /// whatever the number of holds and (in a cluster) of masters, and a stopped master
-    /// delays nobody else's renewals: they are applied on the other masters at once, and
-    /// the round ends when every node answered or after a quarter of the shortest lease
-    /// (at most the request deadline). A node that did not answer by then fails its
-    /// renewals with `Timeout`; its late replies go to the drainer, and while they are
-    /// outstanding the node counts as busy.
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
-        let mut out: Vec<Option<Result<Option<Lease>, BackendError>>> =
-            renewals.iter().map(|_| None).collect();
+    /// Each node's renewals, every kind of hold together, go pipelined in one write
+    /// (followed by `WAIT` when asked for), to every node at once through the fan-out: a
+    /// round costs one round trip, whatever the number and the kinds of the holds and (in
+    /// a cluster) the masters. Each node's renewals are reported as its reply is read, so
+    /// a stopped master delays nobody else's: the round ends when every node answered or
+    /// after a quarter of the shortest lease (at most the request deadline). A node that
+    /// did not answer by then fails its renewals with `Timeout`; its late replies go to
+    /// the drainer, and while they are outstanding the node counts as busy.
+    fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
         let mut nodes: Vec<Arc<Node>> = Vec::new();
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, r) in renewals.iter().enumerate() {
-            match self.node_of(r.name) {
+            match self.node_of_renewal(r) {
                 Ok(node) => match nodes.iter().position(|n| Arc::ptr_eq(n, &node)) {
                     Some(g) => groups[g].push(i),
                     None => {
@@ -392,8 +410,11 @@ impl LockBackend for RedisBackend {
                         groups.push(vec![i]);
                     }
                 },
-                Err(e) => out[i] = Some(Err(e)),
+                Err(e) => renewed(i, Err(e)),
             }
+        }
+        if nodes.is_empty() {
+            return;
         }
         let wait = self.inner.options.replica_wait;
         let start = Instant::now();
@@ -408,58 +429,62 @@ impl LockBackend for RedisBackend {
             .min()
             .unwrap_or_default()
             .min(options.connect_timeout + options.io_timeout);
+        // Reported from inside the fan-out, as each node's reply is read.
+        let sink = std::cell::RefCell::new(renewed);
         let replies = self.inner.fanout.call_all(
             &nodes,
             start + budget,
             None,
             None,
             |g, node| {
-                let extends = groups[g].iter().map(|&i| {
-                    node.keys
-                        .extend_call(renewals[i].name, renewals[i].owner, renewals[i].ttl)
-                });
-                Call::batch(extends.chain(wait.map(Call::wait)))
+                let calls = groups[g]
+                    .iter()
+                    .map(|&i| self.renewal_call(node, &renewals[i]));
+                Call::batch(calls.chain(wait.map(Call::wait)))
             },
-            |node, call, reply| node.reader().values(reply, call.len()),
+            |node, call, reply| {
+                let mut values = node.reader().values(reply, call.len())?;
+                let acked = match wait {
+                    Some(_) => match values.pop() {
+                        Some(redis::Value::Int(n)) => {
+                            Some(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+                        }
+                        _ => Some(0),
+                    },
+                    None => None,
+                };
+                let g = nodes
+                    .iter()
+                    .position(|n| std::ptr::eq(&**n, node))
+                    .expect("a node of this round");
+                for (&i, value) in groups[g].iter().zip(values) {
+                    let result = self.renewal(node, &renewals[i], value, acked, start);
+                    (sink.borrow_mut())(i, result);
+                }
+                Ok(())
+            },
             // Every node's answer is needed: each serves its own holds.
             |_| false,
             Late::Drop,
         );
+        let renewed = sink.into_inner();
         for ((node, group), reply) in nodes.iter().zip(&groups).zip(replies.replies) {
-            match reply {
-                Some(Ok(mut values)) => {
-                    let acked = match wait {
-                        Some(_) => match values.pop() {
-                            Some(redis::Value::Int(n)) => {
-                                Some(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
-                            }
-                            _ => Some(0),
-                        },
-                        None => None,
-                    };
-                    for (&i, value) in group.iter().zip(values) {
-                        out[i] = Some(self.renewal(node, &renewals[i], value, acked, start));
-                    }
-                }
-                failed => {
-                    let e = failed.and_then(Result::err).unwrap_or_else(|| {
-                        BackendError::new(
-                            BackendErrorKind::Timeout,
-                            format!(
-                                "{}: no answer to the renewals within {budget:?}",
-                                node.endpoint,
-                            ),
-                        )
-                    });
-                    for &i in group {
-                        out[i] = Some(Err(BackendError::new(e.kind(), e.message().to_owned())));
-                    }
-                }
+            if let Some(Ok(())) = reply {
+                continue;
+            }
+            let e = reply.and_then(Result::err).unwrap_or_else(|| {
+                BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!(
+                        "{}: no answer to the renewals within {budget:?}",
+                        node.endpoint,
+                    ),
+                )
+            });
+            for &i in group {
+                renewed(i, Err(BackendError::new(e.kind(), e.message().to_owned())));
             }
         }
-        out.into_iter()
-            .map(|r| r.expect("every renewal has its result"))
-            .collect()
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
@@ -509,21 +534,11 @@ impl LockBackend for RedisBackend {
     /// Semaphores and read-write locks: one hash per resource (`prefix:{name}:sem`,
     /// `prefix:{name}:rw`) that the claim script reads and writes in one step.
     fn supports(&self, claim: Claim) -> bool {
-        matches!(
-            claim,
-            Claim::Exclusive | Claim::Permit { .. } | Claim::Read | Claim::Write
-        )
+        every_hold_kind(claim)
     }
 
-    fn try_acquire_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        ttl: Duration,
-        fenced: bool,
-    ) -> Result<Acquire, BackendError> {
-        self.claim_acquire(name, claim, owner, ttl, fenced)
+    fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+        self.claim_acquire(request)
     }
 
     fn extend_group(
@@ -577,11 +592,7 @@ impl LockBackend for RedisBackend {
         self.claim_force_release(name, claim)
     }
 
-    fn inspect_group(
-        &self,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<Option<(u32, Duration)>, BackendError> {
+    fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
         self.claim_inspect(name, claim)
     }
 }

@@ -109,14 +109,21 @@ impl<T> Replies<T> {
         let first = errors
             .first()
             .map_or_else(|| "timed out".to_owned(), |e| e.to_string());
-        BackendError::new(
+        let e = BackendError::new(
             BackendErrorKind::NoQuorum,
             format!(
                 "{what}: {} of {} nodes failed ({timeouts} timed out), {quorum} needed; first error: {first}",
                 self.failures(),
                 self.replies.len(),
             ),
-        )
+        );
+        // No node that was asked got the request: nothing was applied anywhere.
+        let unsent = self
+            .replies
+            .iter()
+            .zip(&self.asked)
+            .all(|(r, asked)| !asked || matches!(r, Some(Err(e)) if !e.may_have_applied()));
+        if unsent { e.never_sent() } else { e }
     }
 }
 
@@ -190,7 +197,7 @@ impl Fanout {
                 continue;
             }
             if let Some(e) = node.down().or_else(|| node.busy(key)) {
-                replies.replies[i] = Some(Err(e));
+                replies.replies[i] = Some(Err(e.never_sent()));
                 continue;
             }
             let call = make(i, node);
@@ -323,9 +330,11 @@ impl Fanout {
                 Err(BackendError::new(
                     BackendErrorKind::Timeout,
                     format!("{}: not connected in time", node.endpoint),
-                ))
+                )
+                .never_sent())
             } else {
                 node.connection()
+                    .map_err(BackendError::never_sent)
                     .and_then(|mut conn| match call.send(&mut conn.con) {
                         Ok(()) => Ok(conn),
                         Err(e) => {

@@ -5,17 +5,17 @@
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockName, OwnerToken,
-    writer_mark,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holder, Holders,
+    Lease, LockName, OwnerToken, writer_mark,
 };
 
 use super::RedisBackend;
 use crate::node::Node;
-use crate::protocol::{ReleaseId, claim_member, millis, token_of_id};
+use crate::protocol::{Call, ReleaseId, claim_member, millis, token_of_id};
 
 /// What the claim script answered: its code and its second value.
-struct Answer {
-    code: i64,
+pub(super) struct Answer {
+    pub(super) code: i64,
     value: redis::Value,
 }
 
@@ -33,18 +33,35 @@ impl RedisBackend {
     }
 
     /// The claim script's reply read: a foreign key is `UnexpectedKey`.
-    fn claim_answer(
+    pub(super) fn claim_answer(
         &self,
         node: &Node,
         name: &LockName,
         claim: Claim,
         reply: redis::Value,
     ) -> Result<Answer, BackendError> {
-        let (code, value): (i64, redis::Value) = node.reader().parse(reply)?;
+        let mut parts = match reply {
+            redis::Value::Array(parts) if parts.len() >= 2 => parts.into_iter(),
+            other => return Err(node.reader().protocol("the claim script", &other)),
+        };
+        let code: i64 = node.reader().parse(parts.next().expect("two parts"))?;
+        let value = parts.next().expect("two parts");
+        self.claim_code(node, name, claim, code)?;
+        Ok(Answer { code, value })
+    }
+
+    /// `UnexpectedKey` for the claim script's codes of a foreign key.
+    fn claim_code(
+        &self,
+        node: &Node,
+        name: &LockName,
+        claim: Claim,
+        code: i64,
+    ) -> Result<(), BackendError> {
         let what = match code {
             -1 => "is not a hash",
             -2 => "is a hash without an expiry or with fields dlm does not write",
-            _ => return Ok(Answer { code, value }),
+            _ => return Ok(()),
         };
         Err(BackendError::new(
             BackendErrorKind::UnexpectedKey,
@@ -79,20 +96,14 @@ impl RedisBackend {
         }
     }
 
-    pub(super) fn claim_acquire(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        ttl: Duration,
-        fenced: bool,
-    ) -> Result<Acquire, BackendError> {
+    pub(super) fn claim_acquire(&self, req: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+        let (name, claim, owner, ttl) = (req.name, req.claim, req.owner, req.ttl);
         let member = claim_member(claim, owner);
         let permits = match claim {
             Claim::Permit { permits } => permits,
             _ => 0,
         };
-        let fenced = fenced && self.inner.options.fencing;
+        let fenced = req.fenced && self.inner.options.fencing;
         let (mut ttl_ms, mut permits_s, mut mark_ms, mut stream_ttl) = (
             itoa::Buffer::new(),
             itoa::Buffer::new(),
@@ -110,6 +121,7 @@ impl RedisBackend {
                 if fenced { b"1" } else { b"0" },
                 mark_ms.format(millis(writer_mark(ttl))).as_bytes(),
                 stream_ttl.format(self.inner.keys.fence_ttl_ms).as_bytes(),
+                req.label.unwrap_or("").as_bytes(),
             ],
         );
         self.claim_run(name, claim, |node| {
@@ -143,9 +155,8 @@ impl RedisBackend {
             if let Some(w) = wait
                 && acked.unwrap_or(0) < w.replicas
             {
-                // Not on enough replicas: a failover could lose it. Undone, as if never
-                // granted (if the release fails too, the hold ends with its lease).
-                let _ = self.claim_release_on(node, name, claim, owner, ReleaseId::Undo.random());
+                // Not on enough replicas: a failover could lose it. The front undoes it,
+                // as it undoes every failed step that may have written a hold.
                 return Err(node.not_replicated(w, acked, "the grant"));
             }
             match self.lease(start, ttl) {
@@ -153,20 +164,36 @@ impl RedisBackend {
                     Some(t) => lease.with_fence(t),
                     None => lease,
                 })),
-                None => {
-                    let _ =
-                        self.claim_release_on(node, name, claim, owner, ReleaseId::Undo.random());
-                    Err(BackendError::new(
-                        BackendErrorKind::Timeout,
-                        format!(
-                            "{}: acquiring took {:?}, more than the lease's validity",
-                            node.endpoint,
-                            start.elapsed()
-                        ),
-                    ))
-                }
+                // Granted too late to be of use: an error, which the front undoes.
+                None => Err(BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!(
+                        "{}: acquiring took {:?}, more than the lease's validity",
+                        node.endpoint,
+                        start.elapsed()
+                    ),
+                )),
             }
         })
+    }
+
+    /// The claim script's extension of `owner`'s hold (alone, or in a renewal batch).
+    pub(super) fn claim_extend_call(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Call {
+        let member = claim_member(claim, owner);
+        let mut ms = itoa::Buffer::new();
+        self.inner.keys.claim_call(
+            name,
+            claim,
+            "extend",
+            &member,
+            &[ms.format(millis(ttl)).as_bytes()],
+        )
     }
 
     pub(super) fn claim_extend(
@@ -176,15 +203,7 @@ impl RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        let member = claim_member(claim, owner);
-        let mut ms = itoa::Buffer::new();
-        let call = self.inner.keys.claim_call(
-            name,
-            claim,
-            "extend",
-            &member,
-            &[ms.format(millis(ttl)).as_bytes()],
-        );
+        let call = self.claim_extend_call(name, claim, owner, ttl);
         self.claim_run(name, claim, |node| {
             let start = Instant::now();
             let wait = self.inner.options.replica_wait;
@@ -360,18 +379,52 @@ impl RedisBackend {
         &self,
         name: &LockName,
         claim: Claim,
-    ) -> Result<Option<(u32, Duration)>, BackendError> {
+    ) -> Result<Holders, BackendError> {
         let call = self.inner.keys.claim_call(name, claim, "inspect", b"", &[]);
         self.claim_run(name, claim, |node| {
             let reply = node.execute(&call)?;
-            let answer = self.claim_answer(node, name, claim, reply)?;
-            let longest: i64 = node.reader().parse(answer.value)?;
-            Ok((answer.code > 0).then(|| {
-                (
-                    u32::try_from(answer.code).unwrap_or(u32::MAX),
-                    Duration::from_millis(longest.max(0) as u64),
-                )
-            }))
+            let bad =
+                |what: &redis::Value| node.reader().protocol("the claim script's inspect", what);
+            let parts = match reply {
+                redis::Value::Array(parts) => parts,
+                other => return Err(bad(&other)),
+            };
+            let code = match parts.first() {
+                Some(redis::Value::Int(code)) => *code,
+                _ => return Err(bad(&redis::Value::Array(parts))),
+            };
+            self.claim_code(node, name, claim, code)?;
+            let (permits, list) = match parts.as_slice() {
+                [_, redis::Value::Int(permits), redis::Value::Array(list)] => (*permits, list),
+                _ => return Err(bad(&redis::Value::Array(parts.clone()))),
+            };
+            let permits = u32::try_from(permits).ok().filter(|&p| p > 0);
+            let mut holders = Vec::with_capacity(list.len() / 3);
+            for h in list.chunks(3) {
+                let [class, ms, label] = h else {
+                    return Err(bad(&redis::Value::Array(list.clone())));
+                };
+                let text = |v: &redis::Value| match v {
+                    redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    redis::Value::SimpleString(s) => Some(s.clone()),
+                    _ => None,
+                };
+                let claim = match text(class).as_deref() {
+                    Some("p") => Claim::Permit {
+                        permits: permits.unwrap_or(0),
+                    },
+                    Some("r") => Claim::Read,
+                    Some("w") => Claim::Write,
+                    _ => return Err(bad(class)),
+                };
+                let ms = match ms {
+                    redis::Value::Int(ms) => Duration::from_millis((*ms).max(0) as u64),
+                    other => return Err(bad(other)),
+                };
+                let label = text(label).filter(|l| !l.is_empty());
+                holders.push(Holder::new(claim, ms, label));
+            }
+            Ok(Holders::new(permits, holders))
         })
     }
 }

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal, Watch,
+    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal,
+    Renewed, Watch,
 };
 
 use crate::fanout::{Fanout, Late, Replies};
@@ -200,8 +201,10 @@ impl LockBackend for Redlock {
     /// One batch per node (all the extensions in one write), all nodes at once: a round
     /// costs one round trip, whatever the number of holds; a node that has not answered
     /// when every hold is decided is left to the drainer.
-    fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<Option<Lease>, BackendError>> {
-        self.extend_holds(renewals)
+    fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
+        for (i, result) in self.extend_holds(renewals).into_iter().enumerate() {
+            renewed(i, result);
+        }
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {

@@ -2,7 +2,8 @@
 -- KEYS[1] the resource's hash (prefix:{name}:sem or prefix:{name}:rw), KEYS[2] the
 -- fencing stream of that key's slot.
 -- The hash's fields: 'h:<member>' one per holder, value '<expiry ms>,<stream ID or empty>'
--- (member 'p:<owner>' a permit, 'r:<owner>' a read hold, 'w:<owner>' a write hold);
+-- or '<expiry ms>,<stream ID or empty>,<label>' (member 'p:<owner>' a permit, 'r:<owner>'
+-- a read hold, 'w:<owner>' a write hold; the label says who holds it, for inspection);
 -- 'p' the semaphore's permit count while anyone holds a permit; 'm' until when a waiting
 -- writer holds new readers back (ms); 'x' set by a refused attempt: someone waits, so a
 -- release publishes. Expiries are the server's clock (TIME), never the client's. The key
@@ -10,16 +11,19 @@
 -- anything is decided.
 -- ARGV[1] the operation, ARGV[2] the member, then per operation:
 --   acquire   ARGV[3] ttl ms, ARGV[4] permits ('0': read-write lock), ARGV[5] '1' to draw
---             the token, ARGV[6] the writer's mark in ms, ARGV[7] the stream's ttl in ms
+--             the token, ARGV[6] the writer's mark in ms, ARGV[7] the stream's ttl in ms,
+--             ARGV[8] the holder's label ('' for none)
 --             -> {1, id} acquired (id '' when no token), {0, ms} held (retry after),
 --                {-4, permits} the semaphore is held with another permit count
 --   extend    ARGV[3] ttl ms -> {1, ''} extended, {0, ''} not ours
 --   release   ARGV[3] channel, ARGV[4] release id -> {1, ''} released, {0, ''} not ours
 --   downgrade ARGV[3] ttl ms, ARGV[4] the reader's member, ARGV[5] channel, ARGV[6]
---             release id -> {1, id} the read hold (the write hold's token), {0, ''}
+--             release id -> {1, id} the read hold (the write hold's token and label),
+--             {0, ''}
 --   fence     ARGV[3] the stream's ttl in ms -> {0, 0} not ours, else what draw() returns
 --   force     ARGV[3] channel, ARGV[4] release id -> {1, ''} something was held, {0, ''}
---   inspect   -> {holders, longest remaining ms} (read only)
+--   inspect   -> {holders, permit count (0: none), {class, remaining ms, label, ...}} with
+--             class 'p', 'r' or 'w' per holder (read only)
 -- Every operation answers {-1, 0} for a key of another type and {-2, 0} for a hash that
 -- dlm did not write (no expiry, or fields of another shape), and leaves such a key as it was.
 local key, op, member = KEYS[1], ARGV[1], ARGV[2]
@@ -70,13 +74,13 @@ if exists then
   for i = 1, #flat, 2 do
     local f, v = flat[i], flat[i + 1]
     if string.sub(f, 1, 2) == 'h:' then
-      local exp, id = string.match(v, '^(%d+),(.*)$')
+      local exp, id, rest = string.match(v, '^(%d+),([^,]*)(.*)$')
       if not exp then
         return {-2, 0}
       end
       exp = tonumber(exp)
       if exp > now then
-        holders[string.sub(f, 3)] = {exp, id}
+        holders[string.sub(f, 3)] = {exp, id, string.sub(rest, 2)}
         count = count + 1
       else
         gone[#gone + 1] = f
@@ -101,30 +105,34 @@ if exists then
 end
 
 if op == 'inspect' then
-  local longest = 0
-  for _, h in pairs(holders) do
-    if h[1] - now > longest then
-      longest = h[1] - now
-    end
+  local list = {}
+  for m, h in pairs(holders) do
+    list[#list + 1] = string.sub(m, 1, 1)
+    list[#list + 1] = h[1] - now
+    list[#list + 1] = h[3]
   end
-  return {count, longest}
+  return {count, tonumber(permits or '0') or 0, list}
 end
 if #gone > 0 then
   redis.call('HDEL', key, unpack(gone))
 end
 
--- Sets holder m's field (and, for a new permit holder, the permit count in the same
--- call: `extra` is {'p', count} or nil).
-local function put(m, exp, id, extra)
+-- Sets holder m's field, labelled `label` ('' for none) (and, for a new permit holder,
+-- the permit count in the same call: `extra` is {'p', count} or nil).
+local function put(m, exp, id, label, extra)
+  local v = string.format('%.0f,%s', exp, id)
+  if label ~= '' then
+    v = v .. ',' .. label
+  end
   if extra then
-    redis.call('HSET', key, 'h:' .. m, string.format('%.0f,%s', exp, id), extra[1], extra[2])
+    redis.call('HSET', key, 'h:' .. m, v, extra[1], extra[2])
   else
-    redis.call('HSET', key, 'h:' .. m, string.format('%.0f,%s', exp, id))
+    redis.call('HSET', key, 'h:' .. m, v)
   end
   if not holders[m] then
     count = count + 1
   end
-  holders[m] = {exp, id}
+  holders[m] = {exp, id, label}
 end
 
 local function drop(m)
@@ -196,7 +204,7 @@ if op == 'acquire' then
     if fenced and id == '' then
       id = token(ARGV[7])
     end
-    put(member, now + ttl, id)
+    put(member, now + ttl, id, mine[3])
     settle()
     return {1, id}
   end
@@ -237,14 +245,14 @@ if op == 'acquire' then
   if fenced then
     id = token(ARGV[7])
   end
-  put(member, now + ttl, id, extra)
+  put(member, now + ttl, id, ARGV[8] or '', extra)
   settle()
   return {1, id}
 elseif op == 'extend' then
   if not mine then
     return {0, ''}
   end
-  put(member, now + tonumber(ARGV[3]), mine[2])
+  put(member, now + tonumber(ARGV[3]), mine[2], mine[3])
   settle()
   return {1, ''}
 elseif op == 'release' then
@@ -260,7 +268,7 @@ elseif op == 'downgrade' then
     return {0, ''}
   end
   drop(member)
-  put(ARGV[4], now + tonumber(ARGV[3]), mine[2])
+  put(ARGV[4], now + tonumber(ARGV[3]), mine[2], mine[3])
   announce(ARGV[5], ARGV[6])
   settle()
   return {1, mine[2]}
@@ -272,7 +280,7 @@ elseif op == 'fence' then
   if r.err or r[1] < 0 then
     return r
   end
-  put(member, mine[1], r[2])
+  put(member, mine[1], r[2], mine[3])
   return r
 elseif op == 'force' then
   if not exists then

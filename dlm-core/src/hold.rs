@@ -1,269 +1,32 @@
-//! What the handles of a client share: the client's settings and its registry of locks,
-//! and each lock's hold state (what this process knows about its own hold of a lock).
+//! The hold state of one lock of one client (what this process knows about its own hold
+//! of it: [`LockShared`], [`Holding`]), and the backend calls of a hold, each choosing
+//! between the mutex's call and the groups' in one place.
 //!
 //! No state mutex is held across a backend call: an extension, a renewal or a release
 //! takes what it needs under the mutex, lets go, makes the request, and applies the
 //! answer only if the hold is still the same acquisition (its generation).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::backend::{
-    Acquire, BackendError, Claim, FencingToken, Lease, LockBackend, LockName, OwnerToken, Watch,
+    Acquire, BackendError, Claim, FencingToken, GroupRequest, Lease, LockName, OwnerToken, Watch,
 };
-use crate::error::{Error, InvalidArgument, Result};
+use crate::error::{Error, Result};
 use crate::observe::Metrics;
-use crate::retry::RetryPolicy;
+use crate::predictions::PredictionSlot;
+use crate::registry::{ClientShared, HoldKey, thread_no};
 use crate::signal::Signal;
 use crate::token_draw::TokenDraw;
-use crate::watchdog::{Renewable, RenewedHold, Started, Ticket, Watchdog};
-
-/// The settings and registry of one client, shared by its handles.
-pub(crate) struct ClientShared {
-    pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) id: [u8; 16],
-    /// The fixed lease of handles that set none; `None`: watchdog-renewed leases.
-    pub(crate) lease: Option<Duration>,
-    pub(crate) max_lease: Duration,
-    /// Renews watchdog-managed holds (its thread starts with the first of them).
-    pub(crate) watchdog: Arc<Watchdog>,
-    pub(crate) reentrant: bool,
-    pub(crate) retry: RetryPolicy,
-    /// The client's metrics (the locks' own, with their names as a label, when
-    /// `metrics_lock_names`).
-    pub(crate) metrics: Arc<Metrics>,
-    metrics_lock_names: bool,
-    pub(crate) token_draw: TokenDraw,
-    /// Per lock name (by a hash), whether its last hold read its fencing token.
-    predictions: Predictions,
-    seq: AtomicU64,
-    registry: Mutex<HashMap<HoldKey, Weak<LockShared>>>,
-}
-
-/// What one [`LockShared`] keeps the holds of: a name as a resource of one kind (the
-/// mutex, a semaphore with a permit count, a read-write lock's reads or writes) and, for
-/// the kinds that several threads of a process hold at once (permits, reads), the thread.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct HoldKey {
-    pub(crate) name: LockName,
-    pub(crate) claim: Claim,
-    /// The holding thread, for shared kinds; `None` for exclusive ones.
-    pub(crate) thread: Option<u64>,
-}
-
-impl HoldKey {
-    /// The key of `claim` on `name` for the calling thread.
-    pub(crate) fn new(name: LockName, claim: Claim) -> Self {
-        let thread = match claim {
-            Claim::Permit { .. } | Claim::Read => Some(thread_no()),
-            _ => None,
-        };
-        HoldKey {
-            name,
-            claim,
-            thread,
-        }
-    }
-}
-
-/// The settings of a client, for [`ClientShared::new`].
-pub(crate) struct Settings {
-    pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) id: [u8; 16],
-    pub(crate) lease: Option<Duration>,
-    pub(crate) max_lease: Duration,
-    pub(crate) watchdog: Arc<Watchdog>,
-    pub(crate) reentrant: bool,
-    pub(crate) retry: RetryPolicy,
-    /// Metrics on (registered now, with the recorder in place).
-    pub(crate) metrics: bool,
-    /// Each lock's metrics carry its name.
-    pub(crate) metrics_lock_names: bool,
-    pub(crate) token_draw: TokenDraw,
-}
-
-impl ClientShared {
-    pub(crate) fn new(s: Settings) -> Self {
-        let metrics = if s.metrics {
-            crate::observe::describe();
-            Metrics::register(s.backend.kind(), None)
-        } else {
-            Metrics::off()
-        };
-        ClientShared {
-            backend: s.backend,
-            id: s.id,
-            lease: s.lease,
-            max_lease: s.max_lease,
-            watchdog: s.watchdog,
-            reentrant: s.reentrant,
-            retry: s.retry,
-            metrics: Arc::new(metrics),
-            metrics_lock_names: s.metrics && s.metrics_lock_names,
-            token_draw: s.token_draw,
-            predictions: Predictions::new(),
-            seq: AtomicU64::new(0),
-            registry: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The owner token of the calling thread's next acquisition: unique to it (re-entry is
-    /// counted here and never reaches the backend), so that a request that arrives late at
-    /// a server, or a clean-up of a failed attempt, can only ever touch the key of the
-    /// acquisition that sent it, never a later one of the same thread.
-    pub(crate) fn token_for_current_thread(&self) -> OwnerToken {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        OwnerToken::new(self.id, thread_no(), seq)
-    }
-
-    /// The shared state of the lock called `name`: the one every live handle to it
-    /// shares, or a new one.
-    pub(crate) fn lock_state(self: &Arc<Self>, name: LockName) -> Arc<LockShared> {
-        self.hold_state(HoldKey::new(name, Claim::Exclusive))
-    }
-
-    /// The shared state of the holds `key` names, as [`lock_state`](Self::lock_state).
-    pub(crate) fn hold_state(self: &Arc<Self>, key: HoldKey) -> Arc<LockShared> {
-        let mut registry = self.registry.lock();
-        if let Some(shared) = registry.get(&key).and_then(Weak::upgrade) {
-            return shared;
-        }
-        let name = key.name.clone();
-        let prediction = self.predictions.slot(&name);
-        let metrics = if self.metrics_lock_names {
-            Arc::new(Metrics::register(self.backend.kind(), Some(name.as_str())))
-        } else {
-            self.metrics.clone()
-        };
-        let shared = Arc::new(LockShared::new(
-            self.clone(),
-            key.clone(),
-            metrics,
-            prediction,
-        ));
-        registry.insert(key, Arc::downgrade(&shared));
-        shared
-    }
-
-    /// The shared state of `key` if a handle or guard keeps it alive (no new one).
-    pub(crate) fn existing_state(&self, key: &HoldKey) -> Option<Arc<LockShared>> {
-        self.registry.lock().get(key).and_then(Weak::upgrade)
-    }
-
-    /// Forgets `lock` when its last handle is gone.
-    fn unregister(&self, key: &HoldKey, lock: *const LockShared) {
-        let mut registry = self.registry.lock();
-        if registry.get(key).is_some_and(|w| w.as_ptr() == lock) {
-            registry.remove(key);
-        }
-    }
-
-    pub(crate) fn check_lease(&self, lease: Duration) -> Result<Duration, InvalidArgument> {
-        check_lease(lease, self.max_lease)
-    }
-}
-
-/// `lease` if it is at least 1 ms, at most `max_lease`, and fits the monotonic clock.
-pub(crate) fn check_lease(
-    lease: Duration,
-    max_lease: Duration,
-) -> Result<Duration, InvalidArgument> {
-    if lease < Duration::from_millis(1) {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} is below the minimum of 1 ms"),
-        ));
-    }
-    if lease > max_lease {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} exceeds the maximum of {:?}", max_lease),
-        ));
-    }
-    if Instant::now().checked_add(lease).is_none() {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} overflows the monotonic clock"),
-        ));
-    }
-    Ok(lease)
-}
-
-/// How many lock names a client's prediction table tells apart (one bit each).
-const PREDICTION_BITS: usize = 4096;
-
-/// Whether the last hold of a lock read its fencing token, per lock name of one client:
-/// a table of bits indexed by a hash of the name. Kept by the client, not in the lock's
-/// [`LockShared`]: that goes with the last handle of the lock, and a program that calls
-/// `client.get_lock(name)?.lock()?` for each use (a common style) would never have a
-/// prediction. Bounded (512 bytes) whatever the number of names; two names that share a
-/// bit share a prediction, which costs at most a misprediction (an unused draw, or one
-/// more request), never a guarantee.
-struct Predictions {
-    bits: Box<[AtomicU64]>,
-    hasher: RandomState,
-}
-
-/// A lock name's place in [`Predictions`]: a word and a bit.
-#[derive(Clone, Copy)]
-pub(crate) struct PredictionSlot {
-    word: usize,
-    mask: u64,
-}
-
-impl Predictions {
-    fn new() -> Self {
-        Predictions {
-            bits: (0..PREDICTION_BITS / 64)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            hasher: RandomState::new(),
-        }
-    }
-
-    fn slot(&self, name: &LockName) -> PredictionSlot {
-        let bit = (self.hasher.hash_one(name) % PREDICTION_BITS as u64) as usize;
-        PredictionSlot {
-            word: bit / 64,
-            mask: 1 << (bit % 64),
-        }
-    }
-
-    fn read_last_time(&self, slot: PredictionSlot) -> bool {
-        self.bits[slot.word].load(Ordering::Relaxed) & slot.mask != 0
-    }
-
-    /// Records how a hold ended: it read its token (draw with the next acquisition), or
-    /// its token was drawn with the acquisition and never read (draw on read next time).
-    /// A hold that neither read nor drew changes nothing.
-    fn record(&self, slot: PredictionSlot, read: bool, drew_at_acquisition: bool) {
-        let word = &self.bits[slot.word];
-        let set = word.load(Ordering::Relaxed) & slot.mask != 0;
-        if read && !set {
-            word.fetch_or(slot.mask, Ordering::Relaxed);
-        } else if !read && drew_at_acquisition && set {
-            word.fetch_and(!slot.mask, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A small number unique to the calling thread for the life of the process.
-pub(crate) fn thread_no() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static NO: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    NO.with(|n| *n)
-}
+use crate::watchdog::{Renewable, RenewedHold, Started, Ticket};
 
 /// What [`LockShared::end_hold`] hands to the release at the backend.
 pub(crate) struct Ended {
     pub(crate) token: OwnerToken,
+    /// The end of its lease (the backend's clock): the release is sent again until then.
+    pub(crate) until: Instant,
     /// The hold's lost signal, if one was made: to be ended with the verdict.
     pub(crate) signal: Option<Signal>,
     pub(crate) was_valid: bool,
@@ -389,7 +152,7 @@ impl RenewedHold for Holding {
 }
 
 impl LockShared {
-    fn new(
+    pub(crate) fn new(
         client: Arc<ClientShared>,
         key: HoldKey,
         metrics: Arc<Metrics>,
@@ -427,18 +190,38 @@ impl LockShared {
             // The mutex's own calls: its hot path stays one virtual call.
             Claim::Exclusive if fenced => backend.try_acquire_fenced(&self.name, owner, ttl),
             Claim::Exclusive => backend.try_acquire(&self.name, owner, ttl),
-            claim => backend.try_acquire_group(&self.name, claim, owner, ttl, fenced),
+            claim => backend.try_acquire_group(
+                &GroupRequest::new(&self.name, claim, owner, ttl)
+                    .fenced(fenced)
+                    .label(self.client.label.as_deref()),
+            ),
         }
     }
 
-    /// Releases `owner`'s hold at the backend.
+    /// Releases `owner`'s hold at the backend; if that fails transiently while its lease
+    /// (ending at `until`, the backend's clock) lasts, again in the background. The first
+    /// answer.
     pub(crate) fn release_at_backend(
         &self,
         owner: &OwnerToken,
+        until: Instant,
     ) -> std::result::Result<bool, BackendError> {
-        match self.claim {
-            Claim::Exclusive => self.client.backend.release(&self.name, owner),
-            claim => self.client.backend.release_group(&self.name, claim, owner),
+        self.client
+            .releaser
+            .release(&self.name, self.claim, owner, until, &self.metrics)
+    }
+
+    /// Undoes a step that failed but may have written `owner`'s hold (an acquisition, a
+    /// downgrade): releases it, again in the background while that fails transiently and
+    /// the hold it may have written (for `ttl` from now) lasts.
+    pub(crate) fn undo(&self, owner: &OwnerToken, ttl: Duration) {
+        let until = self.client.backend.now() + ttl;
+        if let Err(e) = self.release_at_backend(owner, until) {
+            log::debug!(
+                "{} {:?}: undoing a step that may have written a hold failed: {e}",
+                self.claim.primitive(),
+                self.name
+            );
         }
     }
 
@@ -493,6 +276,7 @@ impl LockShared {
     pub(crate) fn release_hold(&self, generation: u64, all: bool) -> Result<()> {
         let Some(Ended {
             token,
+            until,
             signal,
             was_valid,
             counted_lost,
@@ -500,7 +284,7 @@ impl LockShared {
         else {
             return Ok(());
         };
-        let released = self.metrics.check(self.release_at_backend(&token));
+        let released = self.release_at_backend(&token, until);
         if !counted_lost && (!was_valid || matches!(released, Ok(false))) {
             self.metrics.lost();
         }
@@ -533,6 +317,7 @@ impl LockShared {
         }
         let ended = Ended {
             token: holding.token,
+            until: holding.lease.valid_until(),
             signal: holding.signal.take(),
             was_valid: holding.is_valid(self.client.backend.now()),
             counted_lost: holding.lost,
@@ -596,6 +381,12 @@ impl Renewable for LockShared {
 
     fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    fn give_up(&self, token: &OwnerToken, until: Instant) {
+        self.client
+            .releaser
+            .release_later(&self.name, self.claim, token, until, &self.metrics);
     }
 }
 
