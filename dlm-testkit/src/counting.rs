@@ -20,6 +20,7 @@ pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
     calls: AtomicU64,
     fenced: AtomicU64,
+    extends: AtomicU64,
     rounds: Mutex<Vec<Round>>,
 }
 
@@ -45,6 +46,7 @@ impl CountingBackend {
             inner,
             calls: AtomicU64::new(0),
             fenced: AtomicU64::new(0),
+            extends: AtomicU64::new(0),
             rounds: Mutex::new(Vec::new()),
         }
     }
@@ -63,6 +65,13 @@ impl CountingBackend {
     /// [`calls`](Self::calls) too).
     pub fn fenced_acquisitions(&self) -> u64 {
         self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// The renewals sent one at a time ([`LockBackend::extend`] and
+    /// [`LockBackend::extend_group`], counted in [`calls`](Self::calls) too): a guard's
+    /// [`extend`](dlm_core::LockGuard::extend), never the watchdog, which renews in rounds.
+    pub fn single_extends(&self) -> u64 {
+        self.extends.load(Ordering::SeqCst)
     }
 
     fn count(&self) {
@@ -99,6 +108,7 @@ impl LockBackend for CountingBackend {
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
         self.count();
+        self.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(name, owner, ttl)
     }
 
@@ -185,6 +195,7 @@ impl LockBackend for CountingBackend {
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
         self.count();
+        self.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend_group(name, claim, owner, ttl)
     }
 

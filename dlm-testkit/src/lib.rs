@@ -19,6 +19,8 @@
 //! - [`guide`]: writing a backend, a complete one, and the conformance suite run on it.
 //! - [`CountingBackend`]: a wrapper that counts backend calls (to prove that bad input is
 //!   rejected before any I/O, or that a waiter sends nothing while it waits).
+//! - [`FaultyBackend`]: a wrapper that loses replies of requests the store applied, or
+//!   fails requests before they are sent (what the front must undo or send again).
 #![deny(missing_docs)]
 
 pub mod cluster;
@@ -26,6 +28,7 @@ pub mod conformance;
 mod counting;
 pub mod etcd;
 pub mod faults;
+mod faulty;
 pub mod guide;
 pub mod history;
 pub mod logs;
@@ -36,6 +39,7 @@ pub mod tls;
 
 pub use conformance::fixture::Fixture;
 pub use counting::{CountingBackend, Round};
+pub use faulty::FaultyBackend;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

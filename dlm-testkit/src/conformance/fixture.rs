@@ -166,9 +166,12 @@ macro_rules! conformance_tests {
             an_unread_token_writes_no_fencing_key,
             a_read_token_comes_with_the_next_acquisition,
             a_mispredicted_draw_is_released_with_the_lock,
-            token_draw_settings_are_followed
+            token_draw_settings_are_followed,
+            a_step_whose_reply_was_lost_leaves_no_hold,
+            a_release_that_failed_is_sent_again
         );
         $crate::conformance_tests!(@cases write ($pred, $why) $fixture;
+            renewals_of_every_kind_share_one_round,
             expiry_frees_the_lock,
             extend_prolongs_the_lease,
             interrupt_wakes_a_waiter,

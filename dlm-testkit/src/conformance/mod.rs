@@ -6,7 +6,9 @@
 //! sleeping.
 //!
 //! The cases are grouped by theme, one file each: the basics, waiting (hints and
-//! hand-over), leases (the watchdog and the lost signal), fencing; the [`Fixture`] trait
+//! hand-over), leases (the watchdog and the lost signal), fencing, the semaphore and the
+//! read-write lock (primitives), and the rules every kind of hold keeps (rules: undo
+//! after a lost reply, releases sent again, renewals in one round); the [`Fixture`] trait
 //! and the [`conformance_tests!`](crate::conformance_tests) macro are in `fixture.rs`.
 
 mod basics;
@@ -14,6 +16,7 @@ mod fencing;
 pub(crate) mod fixture;
 mod leases;
 mod primitives;
+mod rules;
 mod waiting;
 
 pub use basics::{
@@ -46,6 +49,10 @@ pub use primitives::{
     semaphore_leaked_permit_comes_back_with_its_lease, semaphore_permit_count_is_fixed_while_held,
     semaphore_release_wakes_a_waiter, semaphore_second_permit_on_a_thread_is_refused,
     semaphore_watchdog_keeps_a_permit, unsupported_primitives_are_refused_at_the_call,
+};
+pub use rules::{
+    a_release_that_failed_is_sent_again, a_step_whose_reply_was_lost_leaves_no_hold,
+    renewals_of_every_kind_share_one_round,
 };
 pub use waiting::{
     interrupt_wakes_a_waiter, local_waiters_are_served_in_turn,
