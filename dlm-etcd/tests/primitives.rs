@@ -179,3 +179,126 @@ fn a_names_mutex_semaphore_and_read_write_lock_are_separate() {
     assert_eq!(other.get_semaphore(&name, 1).unwrap().holders().unwrap(), 1);
     drop((permit, write));
 }
+
+/// The keys under the read-write lock `name`'s resource (`dlm/lock/{name} 0 rw 0`): each
+/// key's suffix (`r...`, `w...`, `m`) and its etcd lease.
+fn rw_keys(server: &EtcdServer, name: &str) -> Vec<(String, String)> {
+    let prefix = format!("dlm/lock/{name}\0rw\0");
+    let end = format!("dlm/lock/{name}\0rw\u{1}");
+    let reply = call(
+        server,
+        "/v3/kv/range",
+        &format!(
+            r#"{{"key":"{}","range_end":"{}"}}"#,
+            b64(prefix.as_bytes()),
+            b64(end.as_bytes())
+        ),
+    );
+    reply["kvs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|kv| {
+            let key = STANDARD.decode(kv["key"].as_str().unwrap()).unwrap();
+            let suffix = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            (suffix, kv["lease"].as_str().unwrap_or("0").to_owned())
+        })
+        .collect()
+}
+
+/// A downgrade whose reply the network loses after etcd applied it (the proxy drops the
+/// transaction's response): the read key it wrote is deleted by the client at once, and
+/// the write key with it; another client takes the write lock right away. (It used to
+/// stay, and a watchdog renewing the client's other holds kept its etcd lease alive: the
+/// orphan outlived the lease it was put with.)
+#[test]
+fn a_downgrade_whose_reply_is_lost_leaves_no_hold() {
+    use dlm_testkit::faults::FaultProxy;
+    let server = EtcdServer::spawn();
+    let proxy = FaultProxy::start_http(server.client_port());
+    let via = format!("http://127.0.0.1:{}", proxy.port());
+    let backend = std::sync::Arc::new(
+        dlm_etcd::EtcdBackend::builder(&[via])
+            .io_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    );
+    // Another hold of the same client on the same etcd lease class, renewed by the
+    // watchdog (3 s) the whole time.
+    let client = LockClient::builder(backend)
+        .watchdog_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let other_hold = client
+        .get_lock(&unique_name("kept"))
+        .unwrap()
+        .lock()
+        .unwrap();
+    let name = unique_name("lost-downgrade");
+    let write = client.get_rw_lock(&name).unwrap().write().unwrap();
+    proxy.drop_http_replies("/v3/kv/txn", 1);
+    let e = write.downgrade().expect_err("its reply was lost");
+    assert!(e.is_transient(), "{e}");
+    assert_eq!(
+        proxy.http_replies_to_drop(),
+        0,
+        "no transaction's reply was lost"
+    );
+    assert_eq!(
+        rw_keys(&server, &name),
+        vec![],
+        "the lost downgrade left a key"
+    );
+    let other = LockClient::new(common::backend(&[server.url()]));
+    other
+        .get_rw_lock(&name)
+        .unwrap()
+        .try_write()
+        .unwrap()
+        .expect("free at once")
+        .unlock()
+        .unwrap();
+    other_hold.unlock().unwrap();
+}
+
+/// A waiting writer's mark goes on an etcd lease of its own, never on one that carries a
+/// hold: a hold's renewals keep its lease alive, and a mark on it would outlive the
+/// writer that set it, holding new readers back. (Readers of 2 s and a writer of 3 s put
+/// their keys on etcd leases of the same length, and the mark used to share the readers'.)
+#[test]
+fn a_writers_mark_never_shares_an_etcd_lease_with_a_hold() {
+    let server = EtcdServer::spawn();
+    let backend = std::sync::Arc::new(common::backend(&[server.url()]));
+    let readers = LockClient::builder(backend.clone())
+        .lease(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let writer = LockClient::builder(backend)
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let name = unique_name("mark-lease");
+    let read = readers.get_rw_lock(&name).unwrap().read().unwrap();
+    assert!(
+        writer
+            .get_rw_lock(&name)
+            .unwrap()
+            .try_write()
+            .unwrap()
+            .is_none()
+    );
+    let keys = rw_keys(&server, &name);
+    let lease_of = |prefix: &str| {
+        keys.iter()
+            .find(|(k, _)| k.starts_with(prefix))
+            .map(|(_, lease)| lease.clone())
+            .unwrap_or_else(|| panic!("no {prefix:?} key: {keys:?}"))
+    };
+    let (mark, reader) = (lease_of("m"), lease_of("r"));
+    assert_ne!(
+        mark, reader,
+        "the writer's mark is on the reader's etcd lease"
+    );
+    read.unlock().unwrap();
+}

@@ -234,59 +234,42 @@ fn a_connection_reset_during_a_release_is_a_typed_error_and_leaves_nothing_held(
     lock.try_lock().unwrap().expect("free").unlock().unwrap();
 }
 
+/// A downgrade whose reply the network loses after the server applied it: the read hold
+/// it wrote is released by the client at once, and so is the write hold; another client
+/// takes the write lock right away, not when the lease (60 s) ends. (It used to stay: one
+/// holder for the whole lease, nobody's.)
 #[test]
-fn a_thousand_holds_survive_fifty_milliseconds_of_latency_per_request() {
+fn a_downgrade_whose_reply_is_lost_leaves_no_hold() {
     let _serial = SERIAL.lock();
     let server = RedisServer::spawn();
     let proxy = FaultProxy::start(server.port());
-    let counting = Arc::new(CountingBackend::new(Arc::new(
+    let client = LockClient::builder(
         RedisBackend::builder(&proxy.url())
-            .io_timeout(Duration::from_secs(1))
+            .io_timeout(Duration::from_millis(500))
             .build()
             .unwrap(),
-    )));
-    let watchdog = Duration::from_secs(2);
-    let client = LockClient::builder(counting.clone())
-        .watchdog_timeout(watchdog)
-        .build()
+    )
+    .lease(Duration::from_secs(60))
+    .build()
+    .unwrap();
+    let name = unique_name("lost-downgrade");
+    let write = client.get_rw_lock(&name).unwrap().write().unwrap();
+    proxy.drop_replies(1);
+    let e = write.downgrade().expect_err("its reply was lost");
+    assert!(e.is_transient(), "{e}");
+    assert_eq!(
+        proxy.replies_to_drop(),
+        0,
+        "the downgrade's reply was not the one lost"
+    );
+    let other = LockClient::new(RedisBackend::new(&server.url()).unwrap());
+    let rw = other.get_rw_lock(&name).unwrap();
+    assert_eq!(rw.holders().unwrap(), 0, "the lost downgrade left a hold");
+    rw.try_write()
+        .unwrap()
+        .expect("free at once")
+        .unlock()
         .unwrap();
-    let prefix = unique_name("latency");
-    let guards: Vec<_> = (0..1_000)
-        .map(|i| {
-            client
-                .get_lock(&format!("{prefix}-{i}"))
-                .unwrap()
-                .lock()
-                .unwrap()
-        })
-        .collect();
-    proxy.set_latency(Direction::ToServer, Duration::from_millis(50));
-    let rounds_before = counting.rounds().len();
-    let start = Instant::now();
-    while start.elapsed() < watchdog * 3 {
-        let lost = guards.iter().filter(|g| !g.is_held()).count();
-        assert_eq!(lost, 0, "{lost} holds lost with 50 ms per request");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let rounds = counting.rounds()[rounds_before..].to_vec();
-    let mut took: Vec<Duration> = rounds.iter().map(|r| r.took).collect();
-    took.sort_unstable();
-    eprintln!(
-        "1,000 holds, 50 ms per request: {} renewal rounds, median {:?}, slowest {:?}",
-        rounds.len(),
-        took[took.len() / 2],
-        took[took.len() - 1]
-    );
-    assert!(rounds.len() >= 3);
-    assert!(
-        took[took.len() - 1] < watchdog / 6,
-        "a round took {:?}",
-        took[took.len() - 1]
-    );
-    proxy.heal();
-    for g in guards {
-        g.unlock().unwrap();
-    }
 }
 
 #[test]

@@ -96,6 +96,23 @@ fn a_grant_or_renewal_the_replicas_do_not_acknowledge_is_refused() {
     let g = client(&t, 1).get_lock(&name).unwrap().try_lock().unwrap();
     assert!(g.is_some());
     t.data_node(t.replica_indexes()[0]).resume();
+    drop(g);
+
+    // A downgrade the replicas do not acknowledge is refused and undone like a grant: the
+    // read hold it wrote on the master is released with the write hold, none is left.
+    let rw = c.get_rw_lock(&name).unwrap();
+    let write = rw
+        .try_write_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("both replicas acknowledge");
+    t.data_node(t.replica_indexes()[0]).pause();
+    let e = not_replicated(write.downgrade().unwrap_err());
+    assert!(e.contains("the downgrade"), "{e}");
+    assert!(
+        !exists(&mut t.master().connection(), &format!("dlm:{{{name}}}:rw")),
+        "the unacknowledged downgrade left a hold on the master"
+    );
+    t.data_node(t.replica_indexes()[0]).resume();
 }
 
 /// The negative control of `sentinel.rs` with `wait_for_replicas(1)`: one replica is cut

@@ -46,6 +46,7 @@
 mod builder;
 mod migration;
 mod nodes;
+mod proxied;
 mod query;
 mod slots;
 

@@ -7,6 +7,7 @@
 //! | [`stall`](FaultProxy::stall) | nothing is delivered; bytes are kept and delivered on [`heal`](FaultProxy::heal) |
 //! | [`blackhole`](FaultProxy::blackhole) | every byte is discarded; the connection stays open |
 //! | [`drop_replies`](FaultProxy::drop_replies) | the next N whole RESP replies are discarded (the server did the work) |
+//! | [`drop_http_replies`](FaultProxy::drop_http_replies) | the responses to the next N HTTP requests to a path are discarded (a proxy made with [`start_http`](FaultProxy::start_http)) |
 //! | [`reset_all`](FaultProxy::reset_all) | every open connection is reset (RST to both peers) |
 //! | [`refuse_new`](FaultProxy::refuse_new) | new connections are accepted and reset at once |
 //!
@@ -35,6 +36,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+mod http;
 
 /// How often a proxy thread looks up from its socket (to notice a fault, a due delivery or
 /// the end).
@@ -72,6 +75,8 @@ struct Faults {
     blackhole: [bool; 2],
     /// Whole replies still to discard.
     drop_replies: usize,
+    /// HTTP requests to this path whose responses are discarded, and how many more.
+    drop_http: Option<(String, usize)>,
     refuse: bool,
     /// Incremented by `reset_all`: connections older than it reset themselves.
     resets: u64,
@@ -79,6 +84,8 @@ struct Faults {
 
 struct Shared {
     upstream: u16,
+    /// The proxy frames HTTP/1.1 messages (for `drop_http_replies`).
+    http: bool,
     faults: Mutex<Faults>,
     stop: AtomicBool,
     accepted: AtomicU64,
@@ -111,6 +118,20 @@ impl FaultProxy {
     /// # Panics
     /// If it cannot listen on a port.
     pub fn start(upstream_port: u16) -> FaultProxy {
+        FaultProxy::started(upstream_port, false)
+    }
+
+    /// A proxy like [`start`](Self::start)'s that also finds the HTTP/1.1 messages in
+    /// each connection, so that [`drop_http_replies`](Self::drop_http_replies) can
+    /// discard whole responses (an etcd member's gateway).
+    ///
+    /// # Panics
+    /// If it cannot listen on a port.
+    pub fn start_http(upstream_port: u16) -> FaultProxy {
+        FaultProxy::started(upstream_port, true)
+    }
+
+    fn started(upstream_port: u16, http: bool) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fault proxy");
         listener
             .set_nonblocking(true)
@@ -118,6 +139,7 @@ impl FaultProxy {
         let port = listener.local_addr().expect("local_addr").port();
         let shared = Arc::new(Shared {
             upstream: upstream_port,
+            http,
             faults: Mutex::new(Faults::default()),
             stop: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
@@ -172,6 +194,7 @@ impl FaultProxy {
         f.stalled = [false; 2];
         f.blackhole = [false; 2];
         f.drop_replies = 0;
+        f.drop_http = None;
     }
 
     /// Discards the next `n` whole replies from the server (whatever connection they are
@@ -183,6 +206,31 @@ impl FaultProxy {
     /// How many replies are still to be dropped.
     pub fn replies_to_drop(&self) -> usize {
         self.shared.faults.lock().drop_replies
+    }
+
+    /// Discards the responses to the next `n` HTTP requests to `path` (`/v3/kv/txn`),
+    /// on whatever connection they come: the server did the work, the client never hears
+    /// of it (it waits on the connection until its own timeout). Only on a proxy made
+    /// with [`start_http`](Self::start_http).
+    ///
+    /// # Panics
+    /// On a proxy made with [`start`](Self::start).
+    pub fn drop_http_replies(&self, path: &str, n: usize) {
+        assert!(
+            self.shared.http,
+            "drop_http_replies needs FaultProxy::start_http"
+        );
+        self.shared.faults.lock().drop_http = Some((path.to_owned(), n));
+    }
+
+    /// How many HTTP responses are still to be dropped.
+    pub fn http_replies_to_drop(&self) -> usize {
+        self.shared
+            .faults
+            .lock()
+            .drop_http
+            .as_ref()
+            .map_or(0, |(_, n)| *n)
     }
 
     /// Resets every open connection: both peers see a reset (RST). New connections are
@@ -271,13 +319,16 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
         // Set by the first pump to end: the other one ends too.
         let done = Arc::new(AtomicBool::new(false));
         let ended = Arc::new(AtomicU64::new(0));
+        // HTTP: whether each response to come on this connection is delivered, in order.
+        let fates: Option<Fates> = shared.http.then(Fates::default);
         let mut pumps = shared.pumps.lock();
         for (way, from, to) in [(UP, client, server), (DOWN, server2, client2)] {
             let (s, done, ended) = (shared.clone(), done.clone(), ended.clone());
+            let fates = fates.clone();
             let spawned = thread::Builder::new()
                 .name("dlm-fault-pump".into())
                 .spawn(move || {
-                    pump(way, from, to, &s, resets, &done);
+                    pump(way, from, to, &s, resets, &done, fates.as_ref());
                     // The second pump to end closes the connection's count.
                     if ended.fetch_add(1, Ordering::SeqCst) == 1 {
                         s.open.fetch_sub(1, Ordering::SeqCst);
@@ -291,6 +342,10 @@ fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
     }
 }
 
+/// Whether each response to come on an HTTP connection is delivered, in order: the
+/// requests' pump pushes, the responses' pump pops.
+type Fates = Arc<Mutex<VecDeque<bool>>>;
+
 /// Moves bytes one way, applying the faults of that way, until either side closes, the
 /// proxy stops, or a reset.
 fn pump(
@@ -300,8 +355,10 @@ fn pump(
     shared: &Shared,
     resets: u64,
     done: &AtomicBool,
+    fates: Option<&Fates>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut framer = http::Framer::new();
     // Chunks read and not yet delivered, with the time they are due.
     let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     // Replies being dropped: the bytes of a partial reply seen so far.
@@ -359,8 +416,27 @@ fn pump(
                     continue;
                 }
                 let mut chunk = buf[..n].to_vec();
-                if way == DOWN {
-                    chunk = drop_whole_replies(&mut faults, &mut partial, chunk);
+                match (fates, way) {
+                    (None, DOWN) => chunk = drop_whole_replies(&mut faults, &mut partial, chunk),
+                    (None, _) => {}
+                    // Requests: each is delivered; its response's fate is decided here.
+                    (Some(fates), UP) => {
+                        framer.feed(&chunk, &mut |head| {
+                            let drop = match &mut faults.drop_http {
+                                Some((path, n)) if *n > 0 && http::path_of(head) == Some(path) => {
+                                    *n -= 1;
+                                    true
+                                }
+                                _ => false,
+                            };
+                            fates.lock().push_back(!drop);
+                            true
+                        });
+                    }
+                    (Some(fates), _) => {
+                        chunk =
+                            framer.feed(&chunk, &mut |_| fates.lock().pop_front().unwrap_or(true));
+                    }
                 }
                 if !chunk.is_empty() {
                     queue.push_back((Instant::now() + faults.latency[way], chunk));
