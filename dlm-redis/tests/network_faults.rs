@@ -14,7 +14,7 @@ use dlm_core::{BackendErrorKind, Error, Lock, LockClient, RetryPolicy};
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::faults::{Direction, FaultProxy};
 use dlm_testkit::redis_server::RedisServer;
-use dlm_testkit::{CountingBackend, unique_name};
+use dlm_testkit::unique_name;
 
 static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
