@@ -474,3 +474,127 @@ fn a_lost_permit_or_write_hold_stops_the_command() {
         );
     }
 }
+
+/// The labels `dlm status` shows: each row of `held_by`, as (hold, label).
+fn held_by(row: &Json) -> Vec<(String, String)> {
+    let mut list: Vec<(String, String)> = row
+        .get("held_by")
+        .array()
+        .iter()
+        .map(|h| {
+            assert!(h.get("remaining_ms").u64() > 0, "{h:?}");
+            let label = match h.get("label") {
+                Json::Null => String::new(),
+                l => l.str().to_owned(),
+            };
+            (h.get("hold").str().to_owned(), label)
+        })
+        .collect();
+    list.sort();
+    list
+}
+
+/// Administering what `dlm run --permits` and `--shared` take: `dlm status` shows the
+/// count a semaphore is held with (and says so when `--permits` gives another), who holds
+/// each permit or read hold (the `--label`, or `HOST:PID` by default) and how long each
+/// has left; `dlm unlock --force --permits` and `--rw` clear them, and the holders learn
+/// it at their next renewal (their commands are stopped: exit 70). It used to print the
+/// count typed (`1 of 2 permits` for a semaphore held with 3) and could not clear either.
+#[test]
+fn status_shows_and_unlock_clears_semaphores_and_read_write_locks() {
+    let _serial = SERIAL.lock();
+    let server = server();
+    let url = server.url();
+    let stage = Stage::new();
+    let held = ["--permits", "3", "--watchdog", "1"];
+    let mut a = stage.start(
+        &url,
+        &[&held[..], &["--label", "alpha"]].concat(),
+        "jobs",
+        "a",
+    );
+    let mut b = stage.start(&url, &held, "jobs", "b");
+    stage.wait_for("start", "a");
+    stage.wait_for("start", "b");
+
+    let (_, holders, row) = status(&url, &["--permits", "2"], "jobs");
+    assert_eq!(holders, 2, "{row:?}");
+    assert_eq!(row.get("permits").u64(), 2);
+    assert_eq!(row.get("held_with").u64(), 3, "{row:?}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let default_label = format!("{}:{}", host.trim(), b.pid());
+    assert_eq!(
+        held_by(&row),
+        vec![
+            ("permit".to_owned(), "alpha".to_owned()),
+            ("permit".to_owned(), default_label.clone()),
+        ]
+    );
+    let text = run(dlm().args(["status", "--redis", &url, "--permits", "2", "jobs"]));
+    text.expect(0);
+    assert!(
+        text.stdout.contains("2 of 3 permits (held with 3, not 2"),
+        "{}",
+        text.stdout
+    );
+    for label in ["alpha", default_label.as_str()] {
+        assert!(
+            text.stdout.contains(&format!("  permit\t{label}\t")),
+            "{label}: {}",
+            text.stdout
+        );
+    }
+
+    run(dlm().args(["unlock", "--redis", &url, "--permits", "jobs"])).expect(2);
+    let unlocked = run(dlm().args([
+        "unlock",
+        "--force",
+        "--yes",
+        "--redis",
+        &url,
+        "--permits",
+        "jobs",
+    ]));
+    unlocked.expect(0);
+    assert_eq!(unlocked.stdout, "jobs\treleased\n");
+    let (held_now, holders, row) = status(&url, &["--permits", "3"], "jobs");
+    assert!(!held_now && holders == 0, "{row:?}");
+    assert_eq!(row.get("held_with"), &Json::Null);
+    // The holders find their permits gone at their next renewal (every 1/3 s).
+    a.wait(LIMIT).expect(70);
+    b.wait(LIMIT).expect(70);
+
+    let mut r = stage.start(
+        &url,
+        &["--shared", "--watchdog", "1", "--label", "reader"],
+        "cfg",
+        "r",
+    );
+    stage.wait_for("start", "r");
+    let (_, holders, row) = status(&url, &["--rw"], "cfg");
+    assert_eq!(holders, 1, "{row:?}");
+    assert_eq!(
+        held_by(&row),
+        vec![("read".to_owned(), "reader".to_owned())]
+    );
+    let unlocked = run(dlm().args(["unlock", "--force", "-y", "--redis", &url, "--rw", "cfg"]));
+    unlocked.expect(0);
+    assert_eq!(unlocked.stdout, "cfg\treleased\n");
+    r.wait(LIMIT).expect(70);
+    let (held_now, _, row) = status(&url, &["--rw"], "cfg");
+    assert!(!held_now, "{row:?}");
+    // A bad label is a usage error before any I/O.
+    run(dlm().args([
+        "run",
+        "--redis",
+        &url,
+        "--permits",
+        "2",
+        "--label",
+        "",
+        "x",
+        "--",
+        "true",
+    ]))
+    .expect(2);
+}

@@ -368,3 +368,73 @@ fn a_client_cut_off_learns_it_lost_the_lock_before_another_gets_it() {
     }
     drop(guard);
 }
+
+/// Holds of every kind released right after the leader is killed: a release that fails
+/// during the election (no leader yet: it times out, or is refused) is sent again in the
+/// background, and each name is free within a second of the new leader, not at the end
+/// of its lease (20 s). It used to be given up: the name stayed taken for the lease.
+#[test]
+fn releases_that_fail_during_an_election_are_completed_after_it() {
+    let mut cluster = EtcdCluster::spawn(3);
+    let client = LockClient::builder(
+        EtcdBackend::builder(&cluster.urls())
+            .io_timeout(Duration::from_millis(200))
+            .connect_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    )
+    .lease(Duration::from_secs(20))
+    .build()
+    .unwrap();
+    let name = unique_name("release-in-election");
+    let lock = client.get_lock(&name).unwrap();
+    let sem = client.get_semaphore(&name, 2).unwrap();
+    let rw = client.get_rw_lock(&name).unwrap();
+    let guards = [
+        ("lock", lock.lock().unwrap()),
+        ("permit", sem.acquire().unwrap()),
+        ("write", rw.write().unwrap().into_guard()),
+    ];
+    let leader = cluster.wait_for_leader();
+    cluster.get_mut(leader).kill();
+    let mut failed = Vec::new();
+    for (what, g) in guards {
+        if let Err(e) = g.unlock() {
+            assert!(e.is_transient(), "{what}: {e}");
+            failed.push(what);
+        }
+    }
+    let new_leader = cluster.wait_for_leader();
+    let elected = Instant::now();
+    assert_ne!(new_leader, leader);
+    // Another client, which looks at the cluster as it is now.
+    let other = client_on(&cluster.urls());
+    let free = || {
+        !other.get_lock(&name).unwrap().is_locked().unwrap()
+            && other.get_semaphore(&name, 2).unwrap().holders().unwrap() == 0
+            && other.get_rw_lock(&name).unwrap().holders().unwrap() == 0
+    };
+    while !free() {
+        assert!(
+            elected.elapsed() < Duration::from_secs(5),
+            "still held 5 s after the new leader (releases that failed: {failed:?})"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let took = elected.elapsed();
+    eprintln!(
+        "releases that failed during the election: {failed:?}; all free {took:?} after the new leader"
+    );
+    assert!(
+        !failed.is_empty(),
+        "no release failed during the election: the test did not exercise the retry"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "free only {took:?} after the new leader"
+    );
+}
+
+fn client_on(urls: &[String]) -> LockClient {
+    LockClient::new(common::backend(urls))
+}
