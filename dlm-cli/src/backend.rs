@@ -15,12 +15,15 @@ pub(crate) const URL_VAR: &str = "DLM_REDIS_URL";
 pub(crate) const ETCD_VAR: &str = "DLM_ETCD_ENDPOINTS";
 /// The environment variable with the password for URLs that have none.
 pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
+/// The environment variable with the password for etcd URLs that name a user and have
+/// none; `DLM_REDIS_PASSWORD` is read when it is not set.
+pub(crate) const ETCD_PASSWORD_VAR: &str = "DLM_ETCD_PASSWORD";
 
 /// dlm's environment variables that hold a secret, which the command does not get: the
 /// password, and the URLs (Redis or etcd) when one of them carries a password (as `user:pw@` or, for a
 /// unix socket, `?pass=`). A URL list without one stays, for a nested `dlm`.
 pub(crate) fn secret_vars() -> Vec<&'static str> {
-    let mut vars = vec![PASSWORD_VAR];
+    let mut vars = vec![PASSWORD_VAR, ETCD_PASSWORD_VAR];
     let has_password = |u: &str| {
         url::Url::parse(u.trim()).is_ok_and(|u| {
             u.password().is_some_and(|p| !p.is_empty())
@@ -66,7 +69,7 @@ impl Connection {
                 )));
             }
         };
-        let password = password(args)?;
+        let password = password(args, &[PASSWORD_VAR])?;
         // With Sentinel the password is the data nodes', not the sentinels'.
         let url_password = password.as_deref().filter(|_| args.sentinel.is_none());
         let urls: Vec<String> = list
@@ -179,7 +182,8 @@ impl Connection {
 }
 
 /// An etcd backend on the members `list` (comma-separated client URLs) from `source`.
-/// The Redis-only options were refused by the argument parser.
+/// The options of Redis deployments (`--cluster`, `--sentinel`, `--wait-replicas`) were
+/// refused by the argument parser.
 fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Failure> {
     let urls: Vec<&str> = list
         .split(',')
@@ -187,12 +191,13 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
         .filter(|u| !u.is_empty())
         .collect();
     let mut b = dlm_etcd::EtcdBackend::builder(&urls);
-    // The password of --password-file or $DLM_REDIS_PASSWORD is for URLs that name a
-    // user and have no password (etcd has no default user, so it needs one).
+    // The password of --password-file, $DLM_ETCD_PASSWORD or $DLM_REDIS_PASSWORD is for
+    // URLs that name a user and have no password (etcd has no default user, so it needs
+    // one).
     let parsed: Vec<Option<url::Url>> = urls.iter().map(|u| url::Url::parse(u).ok()).collect();
     let has_user = parsed.iter().flatten().any(|u| !u.username().is_empty());
     let has_password = parsed.iter().flatten().any(|u| u.password().is_some());
-    if let Some(password) = password(args)? {
+    if let Some(password) = password(args, &[ETCD_PASSWORD_VAR, PASSWORD_VAR])? {
         if !has_user && args.password_file.is_some() {
             return Err(Failure::usage(format!(
                 "--password-file with etcd needs a user: name it in the URL of {source} (http://USER@host:port)"
@@ -247,8 +252,8 @@ fn not_a_sentinel(e: &dlm_core::Error) -> bool {
     })
 }
 
-/// The password from `--password-file` or the environment, if any.
-fn password(args: &BackendArgs) -> Result<Option<String>, Failure> {
+/// The password from `--password-file` or the first of `vars` that is set, if any.
+fn password(args: &BackendArgs, vars: &[&str]) -> Result<Option<String>, Failure> {
     if let Some(path) = &args.password_file {
         let text = std::fs::read_to_string(path).map_err(|e| {
             Failure::usage(format!(
@@ -265,7 +270,9 @@ fn password(args: &BackendArgs) -> Result<Option<String>, Failure> {
         }
         return Ok(Some(line.to_owned()));
     }
-    Ok(std::env::var(PASSWORD_VAR).ok().filter(|p| !p.is_empty()))
+    Ok(vars
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|p| !p.is_empty())))
 }
 
 /// `url` with `password` put in when it has none. Errors never echo the URL (it may hold

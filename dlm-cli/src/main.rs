@@ -1,5 +1,7 @@
-//! `dlm`: runs a command under a distributed lock on Redis, for cron jobs, batch jobs and
-//! shell scripts (`flock(1)` across machines). See `dlm --help` and the README.
+//! `dlm`: runs a command under a distributed lock on Redis (one server, Sentinel, Cluster,
+//! Redlock) or etcd, for cron jobs, batch jobs and shell scripts (`flock(1)` across
+//! machines): a lock, one of N permits of a semaphore, or a read or write hold of a
+//! read-write lock. See `dlm --help` and the README.
 
 mod backend;
 mod exit;
@@ -41,26 +43,32 @@ Examples:
   dlm run --shared config -- ./read-config.sh
   dlm run --exclusive config -- ./rewrite-config.sh
 
-  # is it held, and for how long? How many permits or holds are taken?
+  # is it held, and for how long? Who holds the permits or the read-write lock?
   dlm status nightly-export reindex --json
   dlm status --permits 3 exports; dlm status --rw config
+  # clear a semaphore or a read-write lock whoever holds it
+  dlm unlock --force --permits exports; dlm unlock --force --rw config
 
 Exit status:
   0      the command succeeded (or: status and unlock succeeded)
   N      the command's own status; 128+N when it was killed by signal N
   1      the lock was not obtained (-n, -w): change with -E/--conflict-exit-code
-  2      usage error: bad arguments, a bad URL or name, no command, no backend; a backend
-         without semaphores or read-write locks (Redlock); another --permits count in use
+  2      usage error: bad arguments, a bad URL, name or label, no command, no backend; a
+         backend without semaphores or read-write locks (Redlock); another --permits count
+         in use
   69     the backend failed: unreachable, refused the credentials, no quorum
   70     the lock was lost while the command ran (the command was stopped)
   126    the command cannot be executed; 127: the command was not found
 
 Environment:
   DLM_REDIS_URL        the backend when --redis is not given (one URL or several, comma-separated)
-  DLM_REDIS_PASSWORD   the password for URLs that have none (never shown anywhere)
+  DLM_REDIS_PASSWORD   the password for Redis URLs that have none (never shown anywhere)
   DLM_ETCD_ENDPOINTS   etcd members when neither --redis nor --etcd nor DLM_REDIS_URL is given
+  DLM_ETCD_PASSWORD    the password for etcd URLs that name a user and have none
+                       (default: DLM_REDIS_PASSWORD)
   The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS, and
-  not dlm's secrets: DLM_REDIS_PASSWORD, and DLM_REDIS_URL when a URL in it has a password.";
+  not dlm's secrets: DLM_REDIS_PASSWORD, DLM_ETCD_PASSWORD, and DLM_REDIS_URL or
+  DLM_ETCD_ENDPOINTS when a URL in it has a password.";
 
 const HOLD_EXAMPLES: &str = "\
 Output: one line, DLM_LOCK_NAME='NAME' DLM_FENCING_TOKEN=N DLM_LEASE_MS=N (the token empty
@@ -86,7 +94,7 @@ SIGINT, SIGHUP, SIGQUIT (exit 128+N). Exit status as dlm run's: 1 (-E) not obtai
 69 backend failed, 70 the lock was lost (its lease ran out unrenewed).";
 
 /// Runs a command under a distributed lock on Redis (single instance, Sentinel, Cluster or
-/// Redlock) or etcd.
+/// Redlock) or etcd: a lock, a permit of a semaphore, or a read or write hold.
 #[derive(Debug, Parser)]
 #[command(name = "dlm", version, about, after_long_help = EXAMPLES)]
 struct Cli {
@@ -103,10 +111,12 @@ enum Command {
     /// input ends, standard output's reader goes, or SIGTERM/SIGINT; then release it.
     #[command(after_long_help = HOLD_EXAMPLES)]
     Hold(hold::HoldArgs),
-    /// Whether each NAME is held, and the remaining lease (with --permits or --rw: a
-    /// semaphore's or read-write lock's holders and their longest lease).
+    /// Whether each NAME is held, and the remaining lease (with --permits or --rw: the
+    /// holders of a semaphore or read-write lock, each with its label and lease, and the
+    /// count a semaphore is held with).
     Status(status::StatusArgs),
-    /// Release NAME whoever holds it (administration).
+    /// Release NAME whoever holds it (administration; --permits or --rw: every hold of
+    /// the semaphore or read-write lock NAME).
     Unlock(status::UnlockArgs),
     /// Internal: becomes the command (after setting the parent-death signal).
     #[command(name = "__exec", hide = true)]
@@ -126,7 +136,7 @@ struct BackendArgs {
     /// more give failover): the locks live in etcd's Raft log. Default, when neither
     /// --redis nor $DLM_REDIS_URL is given: $DLM_ETCD_ENDPOINTS. With etcd auth, the
     /// user goes in the URL (http://USER@host:2379) and the password comes from
-    /// --password-file, $DLM_REDIS_PASSWORD or the URL.
+    /// --password-file, $DLM_ETCD_PASSWORD (else $DLM_REDIS_PASSWORD) or the URL.
     #[arg(long, value_name = "URL[,URL...]", conflicts_with_all = [
         "redis", "cluster", "sentinel", "wait_replicas",
     ])]
@@ -165,7 +175,8 @@ struct BackendArgs {
     /// the URL's host.
     #[arg(long, value_name = "NAME")]
     tls_server_name: Option<String>,
-    /// The key prefix of dlm's Redis keys (default: dlm).
+    /// The prefix of dlm's keys (default: dlm on Redis, dlm/ on etcd): locks under
+    /// another prefix are other locks.
     #[arg(long, value_name = "PREFIX")]
     prefix: Option<String>,
     /// More messages on stderr (-v: what dlm does, -vv: the library's debug messages).

@@ -185,7 +185,15 @@ fn etcd_auth_takes_the_password_as_on_redis_and_never_shows_it() {
         .arg(&file)
         .args(["job", "--", "true"]))
     .expect(0);
-    // $DLM_REDIS_PASSWORD, the same variable as for Redis.
+    // $DLM_ETCD_PASSWORD, etcd's own variable (before $DLM_REDIS_PASSWORD); the command
+    // gets neither.
+    run(dlm()
+        .env("DLM_ETCD_PASSWORD", "alice-pw")
+        .env("DLM_REDIS_PASSWORD", "wrong-pw")
+        .args(["run", "--etcd", &user_url, "job", "--", "sh", "-c"])
+        .arg("test -z \"$DLM_ETCD_PASSWORD$DLM_REDIS_PASSWORD\""))
+    .expect(0);
+    // $DLM_REDIS_PASSWORD when $DLM_ETCD_PASSWORD is not set.
     run(dlm()
         .env("DLM_REDIS_PASSWORD", "alice-pw")
         .args(["run", "--etcd", &user_url, "job", "--", "true"]))

@@ -32,8 +32,12 @@ use crate::watch::Watcher;
 ///   it is renewed in that round (one keep-alive for all such leases); other renewed
 ///   keys move to the current lease of their class, so a lock nobody renews (a fixed
 ///   lease, a leaked guard past `max_hold`) ends with its own etcd lease whatever the
-///   other locks do. So the server may keep a lock up to about 2 s longer than asked (the rounding, plus etcd's own expiry check every 0.5 s); the
-///   holder's validity is the lease asked for, never more.
+///   other locks do. So the server may keep a lock whose holder is gone up to about 2 s
+///   longer than asked (the rounding, plus etcd's own expiry check every 0.5 s), **plus up
+///   to one etcd lease (`ceil(lease) + 1` s) per leader election**: a new leader gives
+///   every etcd lease its full TTL again (etcd-io/etcd#9395, intended there; a 4 s lock
+///   whose holder went away, the leader killed 3 s in, was free after 9.5 s in
+///   `tests/cluster_faults.rs`). The holder's validity is the lease asked for, never more.
 /// - **Release** deletes the key only if its value is still the owner's (compared in the
 ///   transaction). Waiters are woken by one streaming `/v3/watch` per backend.
 /// - **Semaphores and read-write locks** ([`LockClient::get_semaphore`],

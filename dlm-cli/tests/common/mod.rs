@@ -65,6 +65,7 @@ pub(crate) fn dlm() -> Command {
     c.env_remove("DLM_REDIS_URL")
         .env_remove("DLM_REDIS_PASSWORD")
         .env_remove("DLM_ETCD_ENDPOINTS")
+        .env_remove("DLM_ETCD_PASSWORD")
         .stdin(Stdio::null());
     c
 }
