@@ -459,7 +459,9 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>) {
                 hold.mark_lost();
                 metrics.lost();
                 // The failed request may have renewed it at the store all the same.
-                give_up = Some(now + w.config.timeout);
+                if e.may_have_applied() {
+                    give_up = Some(now + w.config.timeout);
+                }
                 return;
             }
         }

@@ -256,20 +256,35 @@ fn backend_errors_count_by_kind_and_a_failed_acquisition_once() {
     let client = r.build(fixed(backend.clone()));
     let lock = client.get_lock("m-err").unwrap();
 
-    // Not transient: the acquisition fails (its clean-up release fails too).
+    // Not transient: the acquisition fails. The injected fault says the request was
+    // never sent, so there is nothing to clean up (no release is sent).
     backend.faults().fail_next(2, BackendErrorKind::Auth);
     assert!(lock.lock().is_err());
     assert_eq!(r.counter(names::ACQUISITIONS, FAILED), 1);
     assert_eq!(
         r.counter(names::BACKEND_ERRORS, &[(names::KIND, "auth")]),
-        2
+        1
+    );
+    backend.faults().fail_next(0, BackendErrorKind::Auth);
+    // A reply lost after the store took it: the clean-up release is sent (and counted
+    // nowhere: it succeeds).
+    backend.faults().lose_replies(1);
+    assert!(lock.try_lock().is_err());
+    assert_eq!(r.counter(names::ACQUISITIONS, FAILED), 2);
+    assert_eq!(
+        r.counter(names::BACKEND_ERRORS, &[(names::KIND, "timeout")]),
+        1
+    );
+    assert!(
+        !lock.is_locked().unwrap(),
+        "the lost reply's grant was left"
     );
 
     // Transient, then fine: retried within the wait, acquired; each error counts.
     backend.faults().fail_next(3, BackendErrorKind::Unavailable);
     let guard = lock.lock().unwrap();
     assert_eq!(r.counter(names::ACQUISITIONS, ACQUIRED), 1);
-    assert_eq!(r.counter(names::ACQUISITIONS, FAILED), 1);
+    assert_eq!(r.counter(names::ACQUISITIONS, FAILED), 2);
     assert_eq!(
         r.counter(names::BACKEND_ERRORS, &[(names::KIND, "unavailable")]),
         3
@@ -284,9 +299,15 @@ fn backend_errors_count_by_kind_and_a_failed_acquisition_once() {
         r.counter(names::BACKEND_ERRORS, &[(names::KIND, "no_quorum")]),
         1
     );
+    // The lost reply's and the release's (sent again in the background, which succeeds).
     assert_eq!(
         r.counter(names::BACKEND_ERRORS, &[(names::KIND, "timeout")]),
-        1
+        2
+    );
+    assert_eq!(client.flush_releases(Duration::from_secs(5)), 0);
+    assert!(
+        !lock.is_locked().unwrap(),
+        "the failed release was not sent again"
     );
     assert_eq!(
         r.histogram(names::HOLD).len(),
