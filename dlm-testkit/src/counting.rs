@@ -19,6 +19,7 @@ use dlm_core::backend::{
 pub struct CountingBackend {
     inner: Arc<dyn LockBackend>,
     calls: AtomicU64,
+    acquisitions: AtomicU64,
     fenced: AtomicU64,
     extends: AtomicU64,
     rounds: Mutex<Vec<Round>>,
@@ -45,6 +46,7 @@ impl CountingBackend {
         CountingBackend {
             inner,
             calls: AtomicU64::new(0),
+            acquisitions: AtomicU64::new(0),
             fenced: AtomicU64::new(0),
             extends: AtomicU64::new(0),
             rounds: Mutex::new(Vec::new()),
@@ -59,6 +61,14 @@ impl CountingBackend {
     /// Calls so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The acquisition attempts so far, of every kind ([`LockBackend::try_acquire`],
+    /// [`LockBackend::try_acquire_fenced`], [`LockBackend::try_acquire_group`]; counted in
+    /// [`calls`](Self::calls) too): the clean-up releases of failed attempts, and releases
+    /// sent again in the background, are not among them.
+    pub fn acquisitions(&self) -> u64 {
+        self.acquisitions.load(Ordering::SeqCst)
     }
 
     /// The calls so far that were [`LockBackend::try_acquire_fenced`] (counted in
@@ -87,6 +97,7 @@ impl LockBackend for CountingBackend {
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
         self.count();
+        self.acquisitions.fetch_add(1, Ordering::SeqCst);
         self.inner.try_acquire(name, owner, ttl)
     }
 
@@ -97,6 +108,7 @@ impl LockBackend for CountingBackend {
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
         self.count();
+        self.acquisitions.fetch_add(1, Ordering::SeqCst);
         self.fenced.fetch_add(1, Ordering::SeqCst);
         self.inner.try_acquire_fenced(name, owner, ttl)
     }
@@ -181,6 +193,7 @@ impl LockBackend for CountingBackend {
 
     fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
         self.count();
+        self.acquisitions.fetch_add(1, Ordering::SeqCst);
         if request.fenced {
             self.fenced.fetch_add(1, Ordering::SeqCst);
         }
