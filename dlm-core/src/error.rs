@@ -328,10 +328,23 @@ impl BackendError {
         self
     }
 
-    /// Whether the failed request may have been applied: `true` unless the backend said
-    /// it was [`never_sent`](BackendError::never_sent).
+    /// Whether the failed request may have been applied: a timeout, a lost connection, a
+    /// missing quorum or replica acknowledgement, a reply dlm could not read, another
+    /// failure (`Timeout`, `Unavailable`, `NoQuorum`, `NotReplicated`, `Protocol`,
+    /// `Other`), unless the backend said it was [`never_sent`](BackendError::never_sent).
+    /// A refusal (credentials, permissions, TLS, a foreign key, a conflict, a read-only
+    /// or out-of-memory or busy server, an unsupported call) applied nothing.
     pub fn may_have_applied(&self) -> bool {
         !self.never_sent
+            && matches!(
+                self.kind,
+                BackendErrorKind::Timeout
+                    | BackendErrorKind::Unavailable
+                    | BackendErrorKind::NoQuorum
+                    | BackendErrorKind::NotReplicated
+                    | BackendErrorKind::Protocol
+                    | BackendErrorKind::Other
+            )
     }
 
     /// Attaches the underlying error, which `Display` does not repeat: reports print it as
