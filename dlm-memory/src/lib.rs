@@ -497,7 +497,8 @@ impl MemoryBackendBuilder {
 #[derive(Debug, Default)]
 pub struct Faults {
     fail_next: Mutex<Option<(u64, BackendErrorKind)>>,
-    lose_replies: Mutex<u64>,
+    /// Replies still to lose (an atomic: every call reads it).
+    lose_replies: AtomicU64,
     delay: Mutex<Duration>,
     calls: AtomicU64,
 }
@@ -512,7 +513,7 @@ impl Faults {
     /// [`Timeout`](BackendErrorKind::Timeout), as when a reply is lost on its way back:
     /// the store has done what was asked, the caller does not know it.
     pub fn lose_replies(&self, n: u64) {
-        *self.lose_replies.lock() = n;
+        self.lose_replies.store(n, Ordering::SeqCst);
     }
 
     /// Makes every call take at least `delay` (zero: no delay), like a slow network.
@@ -540,9 +541,12 @@ impl Faults {
     }
 
     fn after_call(&self) -> Result<(), BackendError> {
-        let mut lose = self.lose_replies.lock();
-        if *lose > 0 {
-            *lose -= 1;
+        if self.lose_replies.load(Ordering::Relaxed) > 0
+            && self
+                .lose_replies
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
             return Err(BackendError::new(
                 BackendErrorKind::Timeout,
                 "injected fault: the reply was lost (the call took effect)",
