@@ -12,7 +12,7 @@ use crate::kv::{Kv, tag_of, value_of};
 
 thread_local! {
     /// The revision of this thread's last attempt that found a lock held: the shared watch,
-    /// when this thread starts it, starts just after it (see `watch`).
+    /// when this thread starts it, starts just after it (see `hints`).
     pub(crate) static LAST_HELD_REVISION: Cell<i64> = const { Cell::new(0) };
 }
 
@@ -95,9 +95,9 @@ impl Inner {
     ) -> Result<bool, BackendError> {
         let deleted_at = self.release_at(&self.key(name), owner)?;
         if let Some(rev) = deleted_at
-            && let Some(w) = self.watcher.lock().as_ref()
+            && let Some(h) = self.hints.lock().as_ref()
         {
-            w.announce(name, rev);
+            h.announce(name, rev);
         }
         Ok(deleted_at.is_some())
     }

@@ -11,8 +11,8 @@ use dlm_core::backend::{
 };
 
 use crate::acquire::LAST_HELD_REVISION;
+use crate::hints::Hints;
 use crate::inner::Inner;
-use crate::watch::Watcher;
 
 /// A lock backend on an etcd cluster (or a single member), over etcd's v3 HTTP/JSON
 /// gateway.
@@ -204,10 +204,10 @@ impl LockBackend for EtcdBackend {
 
     fn wake_pending(&self, name: &LockName) -> bool {
         self.inner
-            .watcher
+            .hints
             .lock()
             .as_ref()
-            .is_some_and(|w| w.wake_pending(name))
+            .is_some_and(|h| h.wake_pending(name))
     }
 }
 
@@ -215,20 +215,20 @@ impl EtcdBackend {
     /// A subscription to the hints of `resource` (a lock's name or a resource id),
     /// starting the backend's watch if it is not running.
     fn subscribe(&self, resource: &[u8]) -> Option<Watch> {
-        let mut watcher = self.inner.watcher.lock();
-        let w = watcher.get_or_insert_with(|| {
+        let mut hints = self.inner.hints.lock();
+        let h = hints.get_or_insert_with(|| {
             let start = LAST_HELD_REVISION.with(Cell::get);
             let from = if start > 0 { start + 1 } else { 0 };
-            Watcher::start(&self.inner.gateway, &self.inner.key_prefix, from)
+            Hints::start(&self.inner.gateway, &self.inner.key_prefix, from)
         });
-        w.subscribe_to(resource)
+        h.subscribe_to(resource)
     }
 }
 
 impl Drop for EtcdBackend {
     fn drop(&mut self) {
-        if let Some(w) = self.inner.watcher.lock().take() {
-            w.stop();
+        if let Some(h) = self.inner.hints.lock().take() {
+            h.stop();
         }
     }
 }

@@ -452,8 +452,8 @@ impl Inner {
     }
 
     fn wake_local(&self, res: &Resource) {
-        if let Some(w) = self.watcher.lock().as_ref() {
-            w.wake_all(&res.id);
+        if let Some(h) = self.hints.lock().as_ref() {
+            h.wake_all(&res.id);
         }
     }
 

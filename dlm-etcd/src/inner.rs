@@ -1,8 +1,8 @@
 //! The state one `EtcdBackend` shares with its watch thread and renewals: the gateway to
-//! the members, the key prefix, the etcd leases it granted; and the lease bookkeeping
-//! every operation uses (which etcd lease a hold goes on, keep-alives). Below the
+//! the members, the key prefix, the etcd leases it granted, the release hints; and the lease
+//! bookkeeping every operation uses (which etcd lease a hold goes on, keep-alives). Below the
 //! operations (`acquire`, `renew`, `claims`) and the `LockBackend` impl (`backend`),
-//! above the pieces it holds (`gateway`, `leases`, `watch`).
+//! above the pieces it holds (`gateway`, `leases`, `hints`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::gateway::{Gateway, bad_reply, int};
+use crate::hints::Hints;
 use crate::leases::{Carried, Class, LEASE_END_SLACK, Leases, Slot, class_of};
-use crate::watch::Watcher;
 
 pub(crate) struct Inner {
     /// Shared with the watch thread.
@@ -25,7 +25,8 @@ pub(crate) struct Inner {
     /// The etcd leases this backend granted: the current one of each class, and the keys
     /// each may carry.
     pub(crate) leases: Mutex<Leases>,
-    pub(crate) watcher: Mutex<Option<Watcher>>,
+    /// The release-hint subscriptions and the watch thread, started by the first waiter.
+    pub(crate) hints: Mutex<Option<Hints>>,
 }
 
 impl Inner {

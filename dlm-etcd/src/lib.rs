@@ -29,12 +29,12 @@ mod backend;
 mod builder;
 mod claims;
 mod gateway;
+mod hints;
 mod inner;
 mod kv;
 mod leases;
 mod renew;
 mod tls;
-mod watch;
 
 pub use backend::EtcdBackend;
 pub use builder::EtcdBackendBuilder;
