@@ -1,4 +1,5 @@
-//! Acquisition, release, force-release and inspection, each one transaction.
+//! A mutex's acquisition, release, force-release, inspection and fencing token, each one
+//! request; `release_at`, the owner-checked delete every release uses.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -9,160 +10,168 @@ use serde_json::{Value, json};
 use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision};
 use crate::inner::Inner;
 use crate::kv::{Kv, tag_of, value_of};
+use crate::renew;
 
 thread_local! {
     /// The revision of this thread's last attempt that found a lock held: the shared watch,
-    /// when this thread starts it, starts just after it (see `watch`).
+    /// when this thread starts it, starts just after it (see `hints`).
     pub(crate) static LAST_HELD_REVISION: Cell<i64> = const { Cell::new(0) };
 }
 
-impl Inner {
-    pub(crate) fn range(&self, key: &[u8]) -> Result<(Option<Kv>, i64), BackendError> {
-        let reply = self
-            .gateway
-            .post_read("/v3/kv/range", &json!({ "key": b64(key) }))?;
-        let rev = revision(&reply)?;
-        match reply
-            .get("kvs")
-            .and_then(Value::as_array)
-            .and_then(|a| a.first())
-        {
-            Some(kv) => Ok((Some(Kv::from_json(kv)?), rev)),
-            None => Ok((None, rev)),
-        }
-    }
-
-    pub(crate) fn try_acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquire, BackendError> {
-        let key_bytes = self.key(name);
-        let tag = tag_of(&key_bytes, owner);
-        let key = b64(&key_bytes);
-        let value = b64(&value_of(owner, ttl));
-        let mut fresh_lease = false;
-        loop {
-            let start = Instant::now();
-            let lease = self.lease_for(ttl, start, &tag)?;
-            let txn = json!({
-                "compare": [{ "key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
-                "success": [{ "request_put": { "key": key, "value": value, "lease": lease.to_string() } }],
-                "failure": [{ "request_range": { "key": key } }],
-            });
-            let reply = match self.gateway.post("/v3/kv/txn", &txn) {
-                Err(e) if is_lease_not_found(&e) && !fresh_lease => {
-                    self.forget_lease(lease);
-                    fresh_lease = true;
-                    continue;
-                }
-                r => r?,
-            };
-            let rev = revision(&reply)?;
-            if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
-                let fence = FencingToken::new(rev.unsigned_abs());
-                return Ok(Acquire::Acquired(
-                    self.lease_from(start, ttl)?.with_fence(fence),
-                ));
-            }
-            let kv = reply
-                .pointer("/responses/0/response_range/kvs/0")
-                .ok_or_else(|| bad_reply("responses"))?;
-            let kv = Kv::from_json(kv)?;
-            if kv.lease != lease {
-                self.leases.lock().drop_key(lease, &tag);
-            }
-            if kv.is_owned_by(name, owner)? {
-                // Ours already (a retry after a lost reply): refresh it.
-                return match self.extend_found(name, owner, ttl, &kv)? {
-                    Some(lease) => Ok(Acquire::Acquired(lease)),
-                    None => Ok(Acquire::Held { retry_after: None }),
-                };
-            }
-            LAST_HELD_REVISION.with(|r| r.set(rev));
-            let (_, holder_ttl) = kv.holder(name)?;
-            return Ok(Acquire::Held {
-                retry_after: Some(holder_ttl),
-            });
-        }
-    }
-
-    pub(crate) fn release(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-    ) -> Result<bool, BackendError> {
-        let deleted_at = self.release_at(&self.key(name), owner)?;
-        if let Some(rev) = deleted_at
-            && let Some(w) = self.watcher.lock().as_ref()
-        {
-            w.announce(name, rev);
-        }
-        Ok(deleted_at.is_some())
-    }
-
-    /// Deletes `key` if its value is `owner`'s: the revision of the deletion, `None` if
-    /// it was not `owner`'s (any more).
-    pub(crate) fn release_at(
-        &self,
-        key_bytes: &[u8],
-        owner: &OwnerToken,
-    ) -> Result<Option<i64>, BackendError> {
-        let key = b64(key_bytes);
-        // The value is `token|ms` (or `token|ms|fence`): ours if it lies strictly between
-        // `token|` and `token}` (no token holds `|` or `}`).
-        let token = owner.encoded();
-        let mut low = token.as_bytes().to_vec();
-        low.push(b'|');
-        let mut high = token.as_bytes().to_vec();
-        high.push(b'}');
+/// One attempt at `name` for `owner`: a put-if-absent transaction that reads the holder
+/// when it fails. A key already `owner`'s (a retry after a lost reply) is renewed.
+pub(crate) fn try_acquire(
+    inner: &Inner,
+    name: &LockName,
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> Result<Acquire, BackendError> {
+    let key_bytes = inner.key(name);
+    let tag = tag_of(&key_bytes, owner);
+    let key = b64(&key_bytes);
+    let value = b64(&value_of(owner, ttl));
+    let mut fresh_lease = false;
+    loop {
+        let start = Instant::now();
+        let lease = inner.lease_for(ttl, start, &tag)?;
         let txn = json!({
-            "compare": [
-                { "key": key, "target": "VALUE", "result": "GREATER", "value": b64(&low) },
-                { "key": key, "target": "VALUE", "result": "LESS", "value": b64(&high) },
-            ],
-            "success": [{ "request_delete_range": { "key": key } }],
+            "compare": [{ "key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
+            "success": [{ "request_put": { "key": key, "value": value, "lease": lease.to_string() } }],
+            "failure": [{ "request_range": { "key": key } }],
         });
-        let reply = self.gateway.post("/v3/kv/txn", &txn)?;
-        // Either way this owner's key is on no etcd lease any more.
-        self.leases
-            .lock()
-            .drop_key_everywhere(&tag_of(key_bytes, owner));
-        if reply.get("succeeded").and_then(Value::as_bool) != Some(true) {
-            return Ok(None);
-        }
-        let deleted = reply
-            .pointer("/responses/0/response_delete_range")
-            .map(|d| int(d, "deleted"))
-            .transpose()?
-            .unwrap_or(0);
-        if deleted > 0 {
-            Ok(Some(revision(&reply)?))
-        } else {
-            Ok(None)
-        }
-    }
-
-    pub(crate) fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
-        let reply = self.gateway.post(
-            "/v3/kv/deleterange",
-            &json!({ "key": b64(&self.key(name)) }),
-        )?;
-        Ok(int(&reply, "deleted")? > 0)
-    }
-
-    pub(crate) fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
-        let (kv, _) = self.range(&self.key(name))?;
-        let Some(kv) = kv else {
-            return Ok(None);
+        let reply = match inner.gateway.post("/v3/kv/txn", &txn) {
+            Err(e) if is_lease_not_found(&e) && !fresh_lease => {
+                inner.forget_lease(lease);
+                fresh_lease = true;
+                continue;
+            }
+            r => r?,
         };
-        let (_, held_for) = kv.holder(name)?;
-        let reply = self.gateway.post_read(
-            "/v3/lease/timetolive",
-            &json!({ "ID": kv.lease.to_string() }),
-        )?;
-        let left = int(&reply, "TTL")?.max(0).unsigned_abs();
-        Ok(Some(held_for.min(Duration::from_secs(left))))
+        let rev = revision(&reply)?;
+        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
+            let fence = FencingToken::new(rev.unsigned_abs());
+            return Ok(Acquire::Acquired(
+                inner.lease_from(start, ttl)?.with_fence(fence),
+            ));
+        }
+        let kv = reply
+            .pointer("/responses/0/response_range/kvs/0")
+            .ok_or_else(|| bad_reply("responses"))?;
+        let kv = Kv::from_json(kv)?;
+        if kv.lease != lease {
+            inner.leases.lock().drop_key(lease, &tag);
+        }
+        if kv.is_owned_by(name, owner)? {
+            // Ours already (a retry after a lost reply): refresh it.
+            return match renew::extend_found(inner, name, owner, ttl, &kv)? {
+                Some(lease) => Ok(Acquire::Acquired(lease)),
+                None => Ok(Acquire::Held { retry_after: None }),
+            };
+        }
+        LAST_HELD_REVISION.with(|r| r.set(rev));
+        let (_, holder_ttl) = kv.holder(name)?;
+        return Ok(Acquire::Held {
+            retry_after: Some(holder_ttl),
+        });
     }
+}
+
+/// Releases `name` if it is `owner`'s; a release that deleted the key wakes one of this
+/// backend's waiters at once (the watch event then wakes nobody else).
+pub(crate) fn release(
+    inner: &Inner,
+    name: &LockName,
+    owner: &OwnerToken,
+) -> Result<bool, BackendError> {
+    let deleted_at = release_at(inner, &inner.key(name), owner)?;
+    if let Some(rev) = deleted_at
+        && let Some(h) = inner.hints.lock().as_ref()
+    {
+        h.announce(name, rev);
+    }
+    Ok(deleted_at.is_some())
+}
+
+/// Deletes `key` if its value is `owner`'s: the revision of the deletion, `None` if
+/// it was not `owner`'s (any more).
+pub(crate) fn release_at(
+    inner: &Inner,
+    key_bytes: &[u8],
+    owner: &OwnerToken,
+) -> Result<Option<i64>, BackendError> {
+    let key = b64(key_bytes);
+    // The value is `token|ms` (or `token|ms|fence`): ours if it lies strictly between
+    // `token|` and `token}` (no token holds `|` or `}`).
+    let token = owner.encoded();
+    let mut low = token.as_bytes().to_vec();
+    low.push(b'|');
+    let mut high = token.as_bytes().to_vec();
+    high.push(b'}');
+    let txn = json!({
+        "compare": [
+            { "key": key, "target": "VALUE", "result": "GREATER", "value": b64(&low) },
+            { "key": key, "target": "VALUE", "result": "LESS", "value": b64(&high) },
+        ],
+        "success": [{ "request_delete_range": { "key": key } }],
+    });
+    let reply = inner.gateway.post("/v3/kv/txn", &txn)?;
+    // Either way this owner's key is on no etcd lease any more.
+    inner
+        .leases
+        .lock()
+        .drop_key_everywhere(&tag_of(key_bytes, owner));
+    if reply.get("succeeded").and_then(Value::as_bool) != Some(true) {
+        return Ok(None);
+    }
+    let deleted = reply
+        .pointer("/responses/0/response_delete_range")
+        .map(|d| int(d, "deleted"))
+        .transpose()?
+        .unwrap_or(0);
+    if deleted > 0 {
+        Ok(Some(revision(&reply)?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// `owner`'s fencing token of `name`, read back (the key's `create_revision`): `None`
+/// once the key is not `owner`'s.
+pub(crate) fn fence(
+    inner: &Inner,
+    name: &LockName,
+    owner: &OwnerToken,
+) -> Result<Option<FencingToken>, BackendError> {
+    let (kv, _) = Kv::read(&inner.gateway, &inner.key(name))?;
+    match kv {
+        Some(kv) if kv.is_owned_by(name, owner)? => Ok(u64::try_from(kv.create_revision)
+            .ok()
+            .map(FencingToken::new)),
+        _ => Ok(None),
+    }
+}
+
+/// Deletes `name`'s key whoever holds it: whether there was one.
+pub(crate) fn force_release(inner: &Inner, name: &LockName) -> Result<bool, BackendError> {
+    let reply = inner.gateway.post(
+        "/v3/kv/deleterange",
+        &json!({ "key": b64(&inner.key(name)) }),
+    )?;
+    Ok(int(&reply, "deleted")? > 0)
+}
+
+/// How long `name`'s holder may still count on it: its lease, at most its etcd lease's
+/// remaining whole seconds; `None` when it is free.
+pub(crate) fn inspect(inner: &Inner, name: &LockName) -> Result<Option<Duration>, BackendError> {
+    let (kv, _) = Kv::read(&inner.gateway, &inner.key(name))?;
+    let Some(kv) = kv else {
+        return Ok(None);
+    };
+    let (_, held_for) = kv.holder(name)?;
+    let reply = inner.gateway.post_read(
+        "/v3/lease/timetolive",
+        &json!({ "ID": kv.lease.to_string() }),
+    )?;
+    let left = int(&reply, "TTL")?.max(0).unsigned_abs();
+    Ok(Some(held_for.min(Duration::from_secs(left))))
 }

@@ -1,4 +1,5 @@
-//! `EtcdBackend`: the lock operations as etcd transactions.
+//! `EtcdBackend`: the lock operations as etcd transactions, each call handed to the
+//! operation of its module (`acquire`, `claims`, `renew`).
 
 use std::cell::Cell;
 use std::fmt;
@@ -10,9 +11,11 @@ use dlm_core::backend::{
     LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
 };
 
-use crate::acquire::LAST_HELD_REVISION;
+use crate::acquire::{self, LAST_HELD_REVISION};
+use crate::claims::{self, Resource};
+use crate::hints::Hints;
 use crate::inner::Inner;
-use crate::watch::Watcher;
+use crate::renew;
 
 /// A lock backend on an etcd cluster (or a single member), over etcd's v3 HTTP/JSON
 /// gateway.
@@ -83,7 +86,7 @@ impl LockBackend for EtcdBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Acquire, BackendError> {
-        self.inner.try_acquire(name, owner, ttl)
+        acquire::try_acquire(&self.inner, name, owner, ttl)
     }
 
     fn extend(
@@ -92,11 +95,11 @@ impl LockBackend for EtcdBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        self.inner.extend(name, owner, ttl)
+        renew::extend(&self.inner, name, owner, ttl)
     }
 
     fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
-        self.inner.extend_many(renewals, renewed)
+        renew::extend_many(&self.inner, renewals, renewed)
     }
 
     /// The token was handed out with the acquisition (the key's `create_revision`); asked
@@ -106,25 +109,19 @@ impl LockBackend for EtcdBackend {
         name: &LockName,
         owner: &OwnerToken,
     ) -> Result<Option<FencingToken>, BackendError> {
-        let (kv, _) = self.inner.range(&self.inner.key(name))?;
-        match kv {
-            Some(kv) if kv.is_owned_by(name, owner)? => Ok(u64::try_from(kv.create_revision)
-                .ok()
-                .map(FencingToken::new)),
-            _ => Ok(None),
-        }
+        acquire::fence(&self.inner, name, owner)
     }
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        self.inner.release(name, owner)
+        acquire::release(&self.inner, name, owner)
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
-        self.inner.force_release(name)
+        acquire::force_release(&self.inner, name)
     }
 
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
-        self.inner.inspect(name)
+        acquire::inspect(&self.inner, name)
     }
 
     fn watch(&self, name: &LockName) -> Option<Watch> {
@@ -142,7 +139,7 @@ impl LockBackend for EtcdBackend {
     /// (with every lease) is the holder key's `create_revision`.
     /// Every lease carries its token (`request.fenced` changes nothing).
     fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
-        self.inner.try_acquire_claim(request)
+        claims::try_acquire(&self.inner, request)
     }
 
     fn extend_group(
@@ -152,7 +149,7 @@ impl LockBackend for EtcdBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        self.inner.extend_claim(name, claim, owner, ttl)
+        claims::extend(&self.inner, name, claim, owner, ttl)
     }
 
     fn release_group(
@@ -161,7 +158,7 @@ impl LockBackend for EtcdBackend {
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
-        self.inner.release_claim(name, claim, owner)
+        claims::release(&self.inner, name, claim, owner)
     }
 
     fn fence_group(
@@ -170,13 +167,13 @@ impl LockBackend for EtcdBackend {
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<Option<FencingToken>, BackendError> {
-        self.inner.fence_claim(name, claim, owner)
+        claims::fence(&self.inner, name, claim, owner)
     }
 
     /// Every waiter of the resource is woken by a deletion under it (a release, a
     /// downgrade, a lease's end, the writer's mark ending): several may get in.
     fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
-        let res = self.inner.resource(name, claim).ok()?;
+        let res = Resource::of(&self.inner, name, claim).ok()?;
         self.subscribe(&res.id)
     }
 
@@ -187,15 +184,15 @@ impl LockBackend for EtcdBackend {
         reader: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        self.inner.downgrade(name, writer, reader, ttl)
+        claims::downgrade(&self.inner, name, writer, reader, ttl)
     }
 
     fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
-        self.inner.force_release_claim(name, claim)
+        claims::force_release(&self.inner, name, claim)
     }
 
     fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
-        self.inner.inspect_claim(name, claim)
+        claims::inspect(&self.inner, name, claim)
     }
 
     fn kind(&self) -> &'static str {
@@ -204,10 +201,10 @@ impl LockBackend for EtcdBackend {
 
     fn wake_pending(&self, name: &LockName) -> bool {
         self.inner
-            .watcher
+            .hints
             .lock()
             .as_ref()
-            .is_some_and(|w| w.wake_pending(name))
+            .is_some_and(|h| h.wake_pending(name))
     }
 }
 
@@ -215,20 +212,20 @@ impl EtcdBackend {
     /// A subscription to the hints of `resource` (a lock's name or a resource id),
     /// starting the backend's watch if it is not running.
     fn subscribe(&self, resource: &[u8]) -> Option<Watch> {
-        let mut watcher = self.inner.watcher.lock();
-        let w = watcher.get_or_insert_with(|| {
+        let mut hints = self.inner.hints.lock();
+        let h = hints.get_or_insert_with(|| {
             let start = LAST_HELD_REVISION.with(Cell::get);
             let from = if start > 0 { start + 1 } else { 0 };
-            Watcher::start(&self.inner.gateway, &self.inner.key_prefix, from)
+            Hints::start(&self.inner.gateway, &self.inner.key_prefix, from)
         });
-        w.subscribe_to(resource)
+        h.subscribe_to(resource)
     }
 }
 
 impl Drop for EtcdBackend {
     fn drop(&mut self) {
-        if let Some(w) = self.inner.watcher.lock().take() {
-            w.stop();
+        if let Some(h) = self.inner.hints.lock().take() {
+            h.stop();
         }
     }
 }

@@ -226,7 +226,7 @@ impl EtcdBackendBuilder {
                 key_prefix,
                 drift_factor: self.drift_factor,
                 leases: Mutex::new(Leases::default()),
-                watcher: Mutex::new(None),
+                hints: Mutex::new(None),
             }),
         })
     }

@@ -21,11 +21,12 @@ use dlm_core::backend::{
 };
 use serde_json::{Value, json};
 
-use crate::acquire::LAST_HELD_REVISION;
+use crate::acquire::{self, LAST_HELD_REVISION};
 use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision, unb64};
 use crate::inner::Inner;
 use crate::kv::{Kv, tag_of, value, value_of};
 use crate::leases::{Class, claim_class};
+use crate::renew;
 
 /// Admission transactions one call sends at most: each failed one returns the resource as
 /// it then is, so the next decides on fresh state; after that the call answers `Held`
@@ -46,6 +47,28 @@ pub(crate) struct Resource {
 }
 
 impl Resource {
+    /// The keys of `name`'s semaphore or read-write lock.
+    pub(crate) fn of(
+        inner: &Inner,
+        name: &LockName,
+        claim: Claim,
+    ) -> Result<Resource, BackendError> {
+        let kind: &[u8] = match claim {
+            Claim::Permit { .. } => b"sem",
+            Claim::Read | Claim::Write => b"rw",
+            _ => return Err(unsupported(claim)),
+        };
+        let mut id = name.as_str().as_bytes().to_vec();
+        id.push(0);
+        id.extend_from_slice(kind);
+        let mut prefix = inner.key_prefix.clone();
+        prefix.extend_from_slice(&id);
+        prefix.push(0);
+        let mut end = prefix.clone();
+        *end.last_mut().expect("not empty") = 1;
+        Ok(Resource { id, prefix, end })
+    }
+
     fn key(&self, suffix: &[u8]) -> Vec<u8> {
         let mut k = self.prefix.clone();
         k.extend_from_slice(suffix);
@@ -113,6 +136,7 @@ fn foreign(name: &LockName, claim: Claim) -> BackendError {
     )
 }
 
+/// `Unsupported` for a kind of hold dlm-etcd does not keep.
 fn unsupported(claim: Claim) -> BackendError {
     BackendError::new(
         BackendErrorKind::Unsupported,
@@ -137,14 +161,17 @@ fn empty(range: &(Vec<u8>, Vec<u8>)) -> Value {
     range_cmp(range, "VERSION", "EQUAL", "version", 0)
 }
 
+/// `key` does not exist.
 fn absent(key: &[u8]) -> Value {
     json!({ "key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0" })
 }
 
+/// Reads every key in the range.
 fn range_op(range: &(Vec<u8>, Vec<u8>)) -> Value {
     json!({ "request_range": { "key": b64(&range.0), "range_end": b64(&range.1) } })
 }
 
+/// Whether a transaction took its `success` branch.
 fn succeeded(reply: &Value) -> bool {
     reply.get("succeeded").and_then(Value::as_bool) == Some(true)
 }
@@ -155,452 +182,444 @@ fn secs_up(d: Duration) -> i64 {
     i64::try_from(s).unwrap_or(i64::MAX / 2).max(1)
 }
 
-impl Inner {
-    /// The keys of `name`'s semaphore or read-write lock.
-    pub(crate) fn resource(&self, name: &LockName, claim: Claim) -> Result<Resource, BackendError> {
-        let kind: &[u8] = match claim {
-            Claim::Permit { .. } => b"sem",
-            Claim::Read | Claim::Write => b"rw",
-            _ => return Err(unsupported(claim)),
-        };
-        let mut id = name.as_str().as_bytes().to_vec();
-        id.push(0);
-        id.extend_from_slice(kind);
-        let mut prefix = self.key_prefix.clone();
-        prefix.extend_from_slice(&id);
-        prefix.push(0);
-        let mut end = prefix.clone();
-        *end.last_mut().expect("not empty") = 1;
-        Ok(Resource { id, prefix, end })
-    }
-
-    /// The keys of a range reply (at `pointer`), each checked to be of dlm's shape for
-    /// `claim`'s resource.
-    fn entries(
-        &self,
-        reply: &Value,
-        pointer: &str,
-        res: &Resource,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<Vec<Entry>, BackendError> {
-        let Some(kvs) = reply.pointer(pointer) else {
-            return Ok(Vec::new());
-        };
-        let kvs = kvs.as_array().ok_or_else(|| bad_reply("kvs"))?;
-        let mut out = Vec::with_capacity(kvs.len());
-        for j in kvs {
-            let key = j
-                .get("key")
-                .and_then(unb64)
-                .ok_or_else(|| bad_reply("key"))?;
-            let kv = Kv::from_json(j)?;
-            let (owner, ms) = kv.holder(name).map_err(|_| foreign(name, claim))?;
-            let suffix = key
-                .strip_prefix(res.prefix.as_slice())
-                .ok_or_else(|| bad_reply("key"))?;
-            let what = match (claim, suffix) {
-                (Claim::Permit { .. }, s) => {
-                    let sep = s.iter().position(|&b| b == 0);
-                    let permits = sep
-                        .and_then(|i| std::str::from_utf8(&s[..i]).ok())
-                        .and_then(|p| p.parse::<u32>().ok())
-                        .filter(|&p| p > 0);
-                    match (sep, permits) {
-                        (Some(i), Some(p)) if &s[i + 1..] == owner => What::Permit(p),
-                        _ => return Err(foreign(name, claim)),
-                    }
+/// The keys of a range reply (at `pointer`), each checked to be of dlm's shape for
+/// `claim`'s resource.
+fn entries(
+    reply: &Value,
+    pointer: &str,
+    res: &Resource,
+    name: &LockName,
+    claim: Claim,
+) -> Result<Vec<Entry>, BackendError> {
+    let Some(kvs) = reply.pointer(pointer) else {
+        return Ok(Vec::new());
+    };
+    let kvs = kvs.as_array().ok_or_else(|| bad_reply("kvs"))?;
+    let mut out = Vec::with_capacity(kvs.len());
+    for j in kvs {
+        let key = j
+            .get("key")
+            .and_then(unb64)
+            .ok_or_else(|| bad_reply("key"))?;
+        let kv = Kv::from_json(j)?;
+        let (owner, ms) = kv.holder(name).map_err(|_| foreign(name, claim))?;
+        let suffix = key
+            .strip_prefix(res.prefix.as_slice())
+            .ok_or_else(|| bad_reply("key"))?;
+        let what = match (claim, suffix) {
+            (Claim::Permit { .. }, s) => {
+                let sep = s.iter().position(|&b| b == 0);
+                let permits = sep
+                    .and_then(|i| std::str::from_utf8(&s[..i]).ok())
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .filter(|&p| p > 0);
+                match (sep, permits) {
+                    (Some(i), Some(p)) if &s[i + 1..] == owner => What::Permit(p),
+                    _ => return Err(foreign(name, claim)),
                 }
-                (_, b"m") => What::Mark,
-                (_, [b'r', rest @ ..]) if rest == owner => What::Read,
-                (_, [b'w', rest @ ..]) if rest == owner => What::Write,
-                _ => return Err(foreign(name, claim)),
-            };
-            out.push(Entry { key, what, kv, ms });
-        }
-        Ok(out)
-    }
-
-    /// One bounded attempt at a hold (see `LockBackend::try_acquire_group`).
-    pub(crate) fn try_acquire_claim(
-        &self,
-        req: &GroupRequest<'_>,
-    ) -> Result<Acquire, BackendError> {
-        let (name, claim, owner, ttl) = (req.name, req.claim, req.owner, req.ttl);
-        let res = self.resource(name, claim)?;
-        let mine = res.holder(claim, owner);
-        let tag = tag_of(&mine, owner);
-        let value = b64(&value(owner, ttl, None, req.label));
-        // A semaphore admits while fewer than `permits` hold: after a first look, the
-        // admission compares that nothing under the resource changed since.
-        let mut unchanged_since: Option<i64> = None;
-        let mut fresh_lease = false;
-        let mut attempt = 0;
-        while attempt < ATTEMPTS {
-            attempt += 1;
-            let start = Instant::now();
-            let lease = self.lease_in(Class::holds(claim_class(ttl)), ttl, start, &tag)?;
-            let mut compare = vec![absent(&mine)];
-            match (claim, unchanged_since) {
-                (_, Some(rev)) => {
-                    compare.push(range_cmp(
-                        &res.all(),
-                        "MOD",
-                        "LESS",
-                        "mod_revision",
-                        rev + 1,
-                    ));
-                }
-                (Claim::Permit { .. }, None) => compare.push(empty(&res.all())),
-                (Claim::Read, None) => {
-                    compare.push(empty(&res.writers()));
-                    compare.push(absent(&res.mark()));
-                }
-                _ => compare.push(empty(&res.holds())),
             }
-            let mut success = vec![
-                json!({ "request_put": { "key": b64(&mine), "value": value, "lease": lease.to_string() } }),
-            ];
-            if claim == Claim::Write {
-                success.push(json!({ "request_delete_range": { "key": b64(&res.mark()) } }));
-            }
-            let txn = json!({
-                "compare": compare,
-                "success": success,
-                "failure": [range_op(&res.all())],
-            });
-            let reply = match self.gateway.post("/v3/kv/txn", &txn) {
-                Err(e) if is_lease_not_found(&e) && !fresh_lease => {
-                    self.forget_lease(lease);
-                    fresh_lease = true;
-                    attempt -= 1;
-                    continue;
-                }
-                r => r?,
-            };
-            let rev = revision(&reply)?;
-            if succeeded(&reply) {
-                if claim == Claim::Write {
-                    self.leases.lock().drop_key_everywhere(&mark_tag(&res));
-                }
-                let fence = FencingToken::new(rev.unsigned_abs());
-                return Ok(Acquire::Acquired(
-                    self.lease_from(start, ttl)?.with_fence(fence),
+            (_, b"m") => What::Mark,
+            (_, [b'r', rest @ ..]) if rest == owner => What::Read,
+            (_, [b'w', rest @ ..]) if rest == owner => What::Write,
+            _ => return Err(foreign(name, claim)),
+        };
+        out.push(Entry { key, what, kv, ms });
+    }
+    Ok(out)
+}
+
+/// Every key under `res`, read in one transaction and each checked to be of dlm's shape:
+/// the reply (its header has the read's revision) and the keys.
+fn read_all(
+    inner: &Inner,
+    res: &Resource,
+    name: &LockName,
+    claim: Claim,
+) -> Result<(Value, Vec<Entry>), BackendError> {
+    let reply = inner
+        .gateway
+        .post_read("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
+    let entries = entries(&reply, "/responses/0/response_range/kvs", res, name, claim)?;
+    Ok((reply, entries))
+}
+
+/// One bounded attempt at a hold (see `LockBackend::try_acquire_group`).
+pub(crate) fn try_acquire(inner: &Inner, req: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+    let (name, claim, owner, ttl) = (req.name, req.claim, req.owner, req.ttl);
+    let res = Resource::of(inner, name, claim)?;
+    let mine = res.holder(claim, owner);
+    let tag = tag_of(&mine, owner);
+    let value = b64(&value(owner, ttl, None, req.label));
+    // A semaphore admits while fewer than `permits` hold: after a first look, the
+    // admission compares that nothing under the resource changed since.
+    let mut unchanged_since: Option<i64> = None;
+    let mut fresh_lease = false;
+    let mut attempt = 0;
+    while attempt < ATTEMPTS {
+        attempt += 1;
+        let start = Instant::now();
+        let lease = inner.lease_in(Class::holds(claim_class(ttl)), ttl, start, &tag)?;
+        let mut compare = vec![absent(&mine)];
+        match (claim, unchanged_since) {
+            (_, Some(rev)) => {
+                compare.push(range_cmp(
+                    &res.all(),
+                    "MOD",
+                    "LESS",
+                    "mod_revision",
+                    rev + 1,
                 ));
             }
-            let entries =
-                self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim);
-            let entries = match entries {
-                Ok(e) => e,
-                Err(e) => {
-                    self.leases.lock().drop_key(lease, &tag);
-                    return Err(e);
-                }
-            };
-            if let Some(own) = entries.iter().find(|e| e.key == mine) {
-                if own.kv.lease != lease {
-                    self.leases.lock().drop_key(lease, &tag);
-                }
-                // Ours already (a retry after a lost reply): refresh it.
-                return match self.extend_found_at(
-                    mine.clone(),
-                    claim_class,
-                    name,
-                    owner,
-                    ttl,
-                    &own.kv,
-                )? {
-                    Some(lease) => Ok(Acquire::Acquired(lease)),
-                    None => Ok(Acquire::Held { retry_after: None }),
-                };
+            (Claim::Permit { .. }, None) => compare.push(empty(&res.all())),
+            (Claim::Read, None) => {
+                compare.push(empty(&res.writers()));
+                compare.push(absent(&res.mark()));
             }
-            self.leases.lock().drop_key(lease, &tag);
-            let shortest =
-                |f: &dyn Fn(What) -> bool| entries.iter().filter(|e| f(e.what)).map(|e| e.ms).min();
-            let refused = match claim {
-                Claim::Permit { permits } => {
-                    if let Some(other) = entries.iter().find_map(|e| match e.what {
-                        What::Permit(p) if p != permits => Some(p),
-                        _ => None,
-                    }) {
-                        return Err(BackendError::new(
-                            BackendErrorKind::Conflict,
-                            format!("the semaphore is held with {other} permits, not {permits}"),
-                        ));
-                    }
-                    if entries.len() >= permits as usize {
-                        Some(shortest(&|_| true).unwrap_or(ttl))
-                    } else {
-                        None
-                    }
-                }
-                Claim::Read => {
-                    if let Some(w) = shortest(&|w| w == What::Write) {
-                        Some(w)
-                    } else {
-                        shortest(&|w| w == What::Mark).map(|m| m / 3)
-                    }
-                }
-                _ => {
-                    let holders = shortest(&|w| w != What::Mark);
-                    match holders {
-                        Some(soonest) => {
-                            let mark = writer_mark(ttl);
-                            self.set_mark(&res, &entries, owner, mark);
-                            Some(soonest.min(mark / 3))
-                        }
-                        None => None,
-                    }
-                }
-            };
-            if let Some(retry_after) = refused {
-                LAST_HELD_REVISION.with(|r: &Cell<i64>| r.set(rev));
-                return Ok(Acquire::Held {
-                    retry_after: Some(retry_after),
-                });
-            }
-            // Free as read at `rev` (a race, or a semaphore with a permit left): the next
-            // transaction admits if nothing changed since.
-            unchanged_since = Some(rev);
+            _ => compare.push(empty(&res.holds())),
         }
-        Ok(Acquire::Held {
-            retry_after: Some(RACE_RETRY),
-        })
-    }
-
-    /// Marks the read-write lock as awaited by a writer for `mark`, unless the mark
-    /// changed since `rev` (another writer's is then live). Best effort: a mark that
-    /// cannot be put costs writer preference for one round, not safety.
-    fn set_mark(&self, res: &Resource, entries: &[Entry], owner: &OwnerToken, mark: Duration) {
-        let key = res.mark();
-        let start = Instant::now();
-        // The mark's etcd lease ends within `ceil(mark)` s (plus etcd's expiry check) of
-        // this put, and lasts at least half the mark, past the writer's next attempt.
-        let Ok(lease) = self.lease_in(Class::marks(secs_up(mark)), mark / 2, start, &mark_tag(res))
-        else {
-            return;
-        };
-        let cmp = match entries.iter().find(|e| e.what == What::Mark) {
-            Some(e) => json!({ "key": b64(&key), "target": "MOD", "result": "EQUAL",
-                               "mod_revision": e.kv.mod_revision.to_string() }),
-            None => absent(&key),
-        };
+        let mut success = vec![
+            json!({ "request_put": { "key": b64(&mine), "value": value, "lease": lease.to_string() } }),
+        ];
+        if claim == Claim::Write {
+            success.push(json!({ "request_delete_range": { "key": b64(&res.mark()) } }));
+        }
         let txn = json!({
-            "compare": [cmp],
-            "success": [{ "request_put": {
-                "key": b64(&key),
-                "value": b64(&value_of(owner, mark)),
-                "lease": lease.to_string(),
-            }}],
+            "compare": compare,
+            "success": success,
+            "failure": [range_op(&res.all())],
         });
-        match self.gateway.post("/v3/kv/txn", &txn) {
-            Err(e) if is_lease_not_found(&e) => self.forget_lease(lease),
-            Err(e) => log::debug!("dlm-etcd: a writer's mark was not set: {e}"),
-            Ok(_) => {}
+        let reply = match inner.gateway.post("/v3/kv/txn", &txn) {
+            Err(e) if is_lease_not_found(&e) && !fresh_lease => {
+                inner.forget_lease(lease);
+                fresh_lease = true;
+                attempt -= 1;
+                continue;
+            }
+            r => r?,
+        };
+        let rev = revision(&reply)?;
+        if succeeded(&reply) {
+            if claim == Claim::Write {
+                inner.leases.lock().drop_key_everywhere(&mark_tag(&res));
+            }
+            let fence = FencingToken::new(rev.unsigned_abs());
+            return Ok(Acquire::Acquired(
+                inner.lease_from(start, ttl)?.with_fence(fence),
+            ));
         }
-    }
-
-    /// The key of `owner`'s hold of kind `claim` of `name`, read: `Some` if it is ours.
-    fn own_hold(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-    ) -> Result<Option<(Vec<u8>, Kv)>, BackendError> {
-        let key = self.resource(name, claim)?.holder(claim, owner);
-        let (kv, _) = self.range(&key)?;
-        match kv {
-            Some(kv) if kv.is_owned_by(name, owner).unwrap_or(false) => Ok(Some((key, kv))),
-            _ => Ok(None),
-        }
-    }
-
-    pub(crate) fn extend_claim(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, BackendError> {
-        match self.own_hold(name, claim, owner)? {
-            Some((key, kv)) => self.extend_found_at(key, claim_class, name, owner, ttl, &kv),
-            None => Ok(None),
-        }
-    }
-
-    pub(crate) fn fence_claim(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-    ) -> Result<Option<FencingToken>, BackendError> {
-        Ok(self.own_hold(name, claim, owner)?.map(|(_, kv)| kv.fence()))
-    }
-
-    pub(crate) fn release_claim(
-        &self,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-    ) -> Result<bool, BackendError> {
-        let res = self.resource(name, claim)?;
-        let released = self.release_at(&res.holder(claim, owner), owner)?.is_some();
-        if released {
-            self.wake_local(&res);
-        }
-        Ok(released)
-    }
-
-    fn wake_local(&self, res: &Resource) {
-        if let Some(w) = self.watcher.lock().as_ref() {
-            w.wake_all(&res.id);
-        }
-    }
-
-    /// `writer`'s write hold turned into `reader`'s read hold in one transaction (compared
-    /// on the write key's `mod_revision`), keeping the write hold's token.
-    pub(crate) fn downgrade(
-        &self,
-        name: &LockName,
-        writer: &OwnerToken,
-        reader: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, BackendError> {
-        let res = self.resource(name, Claim::Write)?;
-        let wkey = res.holder(Claim::Write, writer);
-        let rkey = res.holder(Claim::Read, reader);
-        let rtag = tag_of(&rkey, reader);
-        for _ in 0..ATTEMPTS {
-            let (kv, _) = self.range(&wkey)?;
-            let Some(kv) = kv.filter(|kv| kv.is_owned_by(name, writer).unwrap_or(false)) else {
-                return Ok(None);
+        let entries = entries(&reply, "/responses/0/response_range/kvs", &res, name, claim);
+        let entries = match entries {
+            Ok(e) => e,
+            Err(e) => {
+                inner.leases.lock().drop_key(lease, &tag);
+                return Err(e);
+            }
+        };
+        if let Some(own) = entries.iter().find(|e| e.key == mine) {
+            if own.kv.lease != lease {
+                inner.leases.lock().drop_key(lease, &tag);
+            }
+            // Ours already (a retry after a lost reply): refresh it.
+            return match renew::extend_found_at(
+                inner,
+                mine.clone(),
+                claim_class,
+                name,
+                owner,
+                ttl,
+                &own.kv,
+            )? {
+                Some(lease) => Ok(Acquire::Acquired(lease)),
+                None => Ok(Acquire::Held { retry_after: None }),
             };
-            let fence = kv.fence();
-            let label = kv.label().map(str::to_owned);
-            let start = Instant::now();
-            let lease = self.lease_in(Class::holds(claim_class(ttl)), ttl, start, &rtag)?;
-            let txn = json!({
-                "compare": [{ "key": b64(&wkey), "target": "MOD", "result": "EQUAL",
-                              "mod_revision": kv.mod_revision.to_string() }],
-                "success": [
-                    { "request_delete_range": { "key": b64(&wkey) } },
-                    { "request_put": {
-                        "key": b64(&rkey),
-                        "value": b64(&value(reader, ttl, Some(fence.get()), label.as_deref())),
-                        "lease": lease.to_string(),
-                    }},
-                ],
-            });
-            let reply = match self.gateway.post("/v3/kv/txn", &txn) {
-                Err(e) if is_lease_not_found(&e) => {
-                    // Refused before anything was written.
-                    self.leases.lock().drop_key(lease, &rtag);
-                    self.forget_lease(lease);
-                    continue;
+        }
+        inner.leases.lock().drop_key(lease, &tag);
+        let shortest =
+            |f: &dyn Fn(What) -> bool| entries.iter().filter(|e| f(e.what)).map(|e| e.ms).min();
+        let refused = match claim {
+            Claim::Permit { permits } => {
+                if let Some(other) = entries.iter().find_map(|e| match e.what {
+                    What::Permit(p) if p != permits => Some(p),
+                    _ => None,
+                }) {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Conflict,
+                        format!("the semaphore is held with {other} permits, not {permits}"),
+                    ));
                 }
-                // It may have been applied: the read key stays in the record of what the
-                // lease carries (so no keep-alive extends that lease for other keys while
-                // it may carry this one), and the front releases it.
-                Err(e) => return Err(e),
-                Ok(r) => r,
-            };
-            if succeeded(&reply) {
-                self.leases
-                    .lock()
-                    .drop_key_everywhere(&tag_of(&wkey, writer));
-                self.wake_local(&res);
-                return Ok(Some(self.lease_from(start, ttl)?.with_fence(fence)));
+                if entries.len() >= permits as usize {
+                    Some(shortest(&|_| true).unwrap_or(ttl))
+                } else {
+                    None
+                }
             }
-            // The write key changed (a renewal moved it): look again.
-            self.leases.lock().drop_key(lease, &rtag);
-        }
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "the write hold kept changing during the downgrade",
-        ))
-    }
-
-    /// Ends every hold of the resource and the writer's mark, if every key under it is
-    /// dlm's (compared unchanged since read, so a key written meanwhile is not deleted).
-    pub(crate) fn force_release_claim(
-        &self,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<bool, BackendError> {
-        let res = self.resource(name, claim)?;
-        for _ in 0..ATTEMPTS {
-            let reply = self
-                .gateway
-                .post_read("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
-            let rev = revision(&reply)?;
-            let entries =
-                self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim)?;
-            if entries.is_empty() {
-                return Ok(false);
+            Claim::Read => {
+                if let Some(w) = shortest(&|w| w == What::Write) {
+                    Some(w)
+                } else {
+                    shortest(&|w| w == What::Mark).map(|m| m / 3)
+                }
             }
-            let held = entries.iter().any(|e| e.what != What::Mark);
-            let all = res.all();
-            let txn = json!({
-                "compare": [range_cmp(&all, "MOD", "LESS", "mod_revision", rev + 1)],
-                "success": [{ "request_delete_range": { "key": b64(&all.0), "range_end": b64(&all.1) } }],
+            _ => {
+                let holders = shortest(&|w| w != What::Mark);
+                match holders {
+                    Some(soonest) => {
+                        let mark = writer_mark(ttl);
+                        set_mark(inner, &res, &entries, owner, mark);
+                        Some(soonest.min(mark / 3))
+                    }
+                    None => None,
+                }
+            }
+        };
+        if let Some(retry_after) = refused {
+            LAST_HELD_REVISION.with(|r: &Cell<i64>| r.set(rev));
+            return Ok(Acquire::Held {
+                retry_after: Some(retry_after),
             });
-            if succeeded(&self.gateway.post("/v3/kv/txn", &txn)?) {
-                self.wake_local(&res);
-                return Ok(held);
-            }
         }
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "the resource kept changing during the force-release",
-        ))
+        // Free as read at `rev` (a race, or a semaphore with a permit left): the next
+        // transaction admits if nothing changed since.
+        unchanged_since = Some(rev);
     }
+    Ok(Acquire::Held {
+        retry_after: Some(RACE_RETRY),
+    })
+}
 
-    /// Who holds it: each holder's kind, label and remaining lease (its lease, at most its
-    /// etcd lease's remaining whole seconds, as the mutex's `inspect`), and a semaphore's
-    /// permit count.
-    pub(crate) fn inspect_claim(
-        &self,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<Holders, BackendError> {
-        let res = self.resource(name, claim)?;
-        let reply = self
-            .gateway
-            .post_read("/v3/kv/txn", &json!({ "success": [range_op(&res.all())] }))?;
-        let entries = self.entries(&reply, "/responses/0/response_range/kvs", &res, name, claim)?;
-        let holders: Vec<&Entry> = entries.iter().filter(|e| e.what != What::Mark).collect();
-        let mut left: HashMap<i64, Duration> = HashMap::new();
-        for e in &holders {
-            if let std::collections::hash_map::Entry::Vacant(slot) = left.entry(e.kv.lease) {
-                let r = self.gateway.post_read(
-                    "/v3/lease/timetolive",
-                    &json!({ "ID": e.kv.lease.to_string() }),
-                )?;
-                let secs = int(&r, "TTL")?.max(0).unsigned_abs();
-                slot.insert(Duration::from_secs(secs));
-            }
-        }
-        let permits = holders.iter().find_map(|e| match e.what {
-            What::Permit(p) => Some(p),
-            _ => None,
-        });
-        let list = holders
-            .iter()
-            .map(|e| {
-                let claim = match e.what {
-                    What::Permit(permits) => Claim::Permit { permits },
-                    What::Read => Claim::Read,
-                    _ => Claim::Write,
-                };
-                Holder::new(
-                    claim,
-                    e.ms.min(left[&e.kv.lease]),
-                    e.kv.label().map(str::to_owned),
-                )
-            })
-            .collect();
-        Ok(Holders::new(permits, list))
+/// Marks the read-write lock as awaited by a writer for `mark`, unless the mark
+/// changed since `rev` (another writer's is then live). Best effort: a mark that
+/// cannot be put costs writer preference for one round, not safety.
+fn set_mark(inner: &Inner, res: &Resource, entries: &[Entry], owner: &OwnerToken, mark: Duration) {
+    let key = res.mark();
+    let start = Instant::now();
+    // The mark's etcd lease ends within `ceil(mark)` s (plus etcd's expiry check) of
+    // this put, and lasts at least half the mark, past the writer's next attempt.
+    let Ok(lease) = inner.lease_in(Class::marks(secs_up(mark)), mark / 2, start, &mark_tag(res))
+    else {
+        return;
+    };
+    let cmp = match entries.iter().find(|e| e.what == What::Mark) {
+        Some(e) => json!({ "key": b64(&key), "target": "MOD", "result": "EQUAL",
+                           "mod_revision": e.kv.mod_revision.to_string() }),
+        None => absent(&key),
+    };
+    let txn = json!({
+        "compare": [cmp],
+        "success": [{ "request_put": {
+            "key": b64(&key),
+            "value": b64(&value_of(owner, mark)),
+            "lease": lease.to_string(),
+        }}],
+    });
+    match inner.gateway.post("/v3/kv/txn", &txn) {
+        Err(e) if is_lease_not_found(&e) => inner.forget_lease(lease),
+        Err(e) => log::debug!("dlm-etcd: a writer's mark was not set: {e}"),
+        Ok(_) => {}
     }
+}
+
+/// The key of `owner`'s hold of kind `claim` of `name`, read: `Some` if it is ours.
+fn own_hold(
+    inner: &Inner,
+    name: &LockName,
+    claim: Claim,
+    owner: &OwnerToken,
+) -> Result<Option<(Vec<u8>, Kv)>, BackendError> {
+    let key = Resource::of(inner, name, claim)?.holder(claim, owner);
+    let (kv, _) = Kv::read(&inner.gateway, &key)?;
+    match kv {
+        Some(kv) if kv.is_owned_by(name, owner).unwrap_or(false) => Ok(Some((key, kv))),
+        _ => Ok(None),
+    }
+}
+
+/// Renews `owner`'s hold of kind `claim` of `name` for `ttl` (read first, then
+/// `renew::extend_found_at`): `None` when the key is not `owner`'s any more.
+pub(crate) fn extend(
+    inner: &Inner,
+    name: &LockName,
+    claim: Claim,
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> Result<Option<Lease>, BackendError> {
+    match own_hold(inner, name, claim, owner)? {
+        Some((key, kv)) => renew::extend_found_at(inner, key, claim_class, name, owner, ttl, &kv),
+        None => Ok(None),
+    }
+}
+
+/// The fencing token of `owner`'s hold of kind `claim` of `name`, read back: `None` once
+/// the key is not `owner`'s.
+pub(crate) fn fence(
+    inner: &Inner,
+    name: &LockName,
+    claim: Claim,
+    owner: &OwnerToken,
+) -> Result<Option<FencingToken>, BackendError> {
+    Ok(own_hold(inner, name, claim, owner)?.map(|(_, kv)| kv.fence()))
+}
+
+/// Releases `owner`'s hold of kind `claim` of `name` if it is still `owner`'s; a release
+/// wakes every waiter of the resource in this backend at once.
+pub(crate) fn release(
+    inner: &Inner,
+    name: &LockName,
+    claim: Claim,
+    owner: &OwnerToken,
+) -> Result<bool, BackendError> {
+    let res = Resource::of(inner, name, claim)?;
+    let released = acquire::release_at(inner, &res.holder(claim, owner), owner)?.is_some();
+    if released {
+        wake_local(inner, &res);
+    }
+    Ok(released)
+}
+
+/// Wakes this backend's waiters of `res` now (the watch event wakes them again).
+fn wake_local(inner: &Inner, res: &Resource) {
+    if let Some(h) = inner.hints.lock().as_ref() {
+        h.wake_all(&res.id);
+    }
+}
+
+/// `writer`'s write hold turned into `reader`'s read hold in one transaction (compared
+/// on the write key's `mod_revision`), keeping the write hold's token.
+pub(crate) fn downgrade(
+    inner: &Inner,
+    name: &LockName,
+    writer: &OwnerToken,
+    reader: &OwnerToken,
+    ttl: Duration,
+) -> Result<Option<Lease>, BackendError> {
+    let res = Resource::of(inner, name, Claim::Write)?;
+    let wkey = res.holder(Claim::Write, writer);
+    let rkey = res.holder(Claim::Read, reader);
+    let rtag = tag_of(&rkey, reader);
+    for _ in 0..ATTEMPTS {
+        let (kv, _) = Kv::read(&inner.gateway, &wkey)?;
+        let Some(kv) = kv.filter(|kv| kv.is_owned_by(name, writer).unwrap_or(false)) else {
+            return Ok(None);
+        };
+        let fence = kv.fence();
+        let label = kv.label().map(str::to_owned);
+        let start = Instant::now();
+        let lease = inner.lease_in(Class::holds(claim_class(ttl)), ttl, start, &rtag)?;
+        let txn = json!({
+            "compare": [{ "key": b64(&wkey), "target": "MOD", "result": "EQUAL",
+                          "mod_revision": kv.mod_revision.to_string() }],
+            "success": [
+                { "request_delete_range": { "key": b64(&wkey) } },
+                { "request_put": {
+                    "key": b64(&rkey),
+                    "value": b64(&value(reader, ttl, Some(fence.get()), label.as_deref())),
+                    "lease": lease.to_string(),
+                }},
+            ],
+        });
+        let reply = match inner.gateway.post("/v3/kv/txn", &txn) {
+            Err(e) if is_lease_not_found(&e) => {
+                // Refused before anything was written.
+                inner.leases.lock().drop_key(lease, &rtag);
+                inner.forget_lease(lease);
+                continue;
+            }
+            // It may have been applied: the read key stays in the record of what the
+            // lease carries (so no keep-alive extends that lease for other keys while
+            // it may carry this one), and the front releases it.
+            Err(e) => return Err(e),
+            Ok(r) => r,
+        };
+        if succeeded(&reply) {
+            inner
+                .leases
+                .lock()
+                .drop_key_everywhere(&tag_of(&wkey, writer));
+            wake_local(inner, &res);
+            return Ok(Some(inner.lease_from(start, ttl)?.with_fence(fence)));
+        }
+        // The write key changed (a renewal moved it): look again.
+        inner.leases.lock().drop_key(lease, &rtag);
+    }
+    Err(BackendError::new(
+        BackendErrorKind::Unavailable,
+        "the write hold kept changing during the downgrade",
+    ))
+}
+
+/// Ends every hold of the resource and the writer's mark, if every key under it is
+/// dlm's (compared unchanged since read, so a key written meanwhile is not deleted).
+pub(crate) fn force_release(
+    inner: &Inner,
+    name: &LockName,
+    claim: Claim,
+) -> Result<bool, BackendError> {
+    let res = Resource::of(inner, name, claim)?;
+    for _ in 0..ATTEMPTS {
+        let (reply, entries) = read_all(inner, &res, name, claim)?;
+        let rev = revision(&reply)?;
+        if entries.is_empty() {
+            return Ok(false);
+        }
+        let held = entries.iter().any(|e| e.what != What::Mark);
+        let all = res.all();
+        let txn = json!({
+            "compare": [range_cmp(&all, "MOD", "LESS", "mod_revision", rev + 1)],
+            "success": [{ "request_delete_range": { "key": b64(&all.0), "range_end": b64(&all.1) } }],
+        });
+        if succeeded(&inner.gateway.post("/v3/kv/txn", &txn)?) {
+            wake_local(inner, &res);
+            return Ok(held);
+        }
+    }
+    Err(BackendError::new(
+        BackendErrorKind::Unavailable,
+        "the resource kept changing during the force-release",
+    ))
+}
+
+/// Who holds it: each holder's kind, label and remaining lease (its lease, at most its
+/// etcd lease's remaining whole seconds, as the mutex's `inspect`), and a semaphore's
+/// permit count.
+pub(crate) fn inspect(
+    inner: &Inner,
+    name: &LockName,
+    claim: Claim,
+) -> Result<Holders, BackendError> {
+    let res = Resource::of(inner, name, claim)?;
+    let (_, entries) = read_all(inner, &res, name, claim)?;
+    let holders: Vec<&Entry> = entries.iter().filter(|e| e.what != What::Mark).collect();
+    let mut left: HashMap<i64, Duration> = HashMap::new();
+    for e in &holders {
+        if let std::collections::hash_map::Entry::Vacant(slot) = left.entry(e.kv.lease) {
+            let r = inner.gateway.post_read(
+                "/v3/lease/timetolive",
+                &json!({ "ID": e.kv.lease.to_string() }),
+            )?;
+            let secs = int(&r, "TTL")?.max(0).unsigned_abs();
+            slot.insert(Duration::from_secs(secs));
+        }
+    }
+    let permits = holders.iter().find_map(|e| match e.what {
+        What::Permit(p) => Some(p),
+        _ => None,
+    });
+    let list = holders
+        .iter()
+        .map(|e| {
+            let claim = match e.what {
+                What::Permit(permits) => Claim::Permit { permits },
+                What::Read => Claim::Read,
+                _ => Claim::Write,
+            };
+            Holder::new(
+                claim,
+                e.ms.min(left[&e.kv.lease]),
+                e.kv.label().map(str::to_owned),
+            )
+        })
+        .collect();
+    Ok(Holders::new(permits, list))
 }
 
 /// The mark's entry in the record of what each etcd lease carries (whoever put it).

@@ -1,8 +1,12 @@
 //! The state one `EtcdBackend` shares with its watch thread and renewals: the gateway to
-//! the members, the key prefix, the etcd leases it granted; and the lease bookkeeping
-//! every operation uses (which etcd lease a hold goes on, keep-alives). Below the
-//! operations (`acquire`, `renew`, `claims`) and the `LockBackend` impl (`backend`),
-//! above the pieces it holds (`gateway`, `leases`, `watch`).
+//! the members, the key prefix, the etcd leases it granted, the release hints; and the
+//! lease bookkeeping every operation uses (which etcd lease a hold goes on, keep-alives).
+//! `Inner` is defined and implemented here only.
+//!
+//! Below the `LockBackend` impl (`backend`) and the operations, each a function of its
+//! module taking `&Inner` (`acquire`: a mutex's; `claims`: a semaphore's or read-write
+//! lock's; `renew`: renewals of every kind); above the pieces it holds (`gateway`,
+//! `leases`, `hints`). See the layers in `lib.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -13,30 +17,33 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::gateway::{Gateway, bad_reply, int};
+use crate::hints::Hints;
 use crate::leases::{Carried, Class, LEASE_END_SLACK, Leases, Slot, class_of};
-use crate::watch::Watcher;
 
+/// What the operations of one `EtcdBackend` share (see the module's docs).
 pub(crate) struct Inner {
     /// Shared with the watch thread.
     pub(crate) gateway: Arc<Gateway>,
     /// Key prefix of every lock: `{prefix}lock/`.
     pub(crate) key_prefix: Vec<u8>,
+    /// The clock-drift allowance, as a fraction of a lease (the builder's).
     pub(crate) drift_factor: f64,
     /// The etcd leases this backend granted: the current one of each class, and the keys
     /// each may carry.
     pub(crate) leases: Mutex<Leases>,
-    pub(crate) watcher: Mutex<Option<Watcher>>,
+    /// The release-hint subscriptions and the watch thread, started by the first waiter.
+    pub(crate) hints: Mutex<Option<Hints>>,
 }
 
 impl Inner {
+    /// The key of the mutex `name`: `{prefix}lock/{name}`.
     pub(crate) fn key(&self, name: &LockName) -> Vec<u8> {
         let mut k = self.key_prefix.clone();
         k.extend_from_slice(name.as_str().as_bytes());
         k
     }
-}
 
-impl Inner {
+    /// The drift allowance of a lease of `ttl`: `ttl x drift_factor + 2 ms`.
     pub(crate) fn drift(&self, ttl: Duration) -> Duration {
         ttl.mul_f64(self.drift_factor) + Duration::from_millis(2)
     }

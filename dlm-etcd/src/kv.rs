@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use dlm_core::backend::{BackendError, BackendErrorKind, FencingToken, LockName, OwnerToken};
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::gateway::{bad_reply, int, unb64};
+use crate::gateway::{Gateway, b64, bad_reply, int, revision, unb64};
 
 /// A lock's key as read.
 pub(crate) struct Kv {
@@ -16,6 +16,22 @@ pub(crate) struct Kv {
 }
 
 impl Kv {
+    /// Reads `key`: the key as it is (`None` when there is none), and the revision the
+    /// read was made at.
+    pub(crate) fn read(gateway: &Gateway, key: &[u8]) -> Result<(Option<Kv>, i64), BackendError> {
+        let reply = gateway.post_read("/v3/kv/range", &json!({ "key": b64(key) }))?;
+        let rev = revision(&reply)?;
+        match reply
+            .get("kvs")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+        {
+            Some(kv) => Ok((Some(Kv::from_json(kv)?), rev)),
+            None => Ok((None, rev)),
+        }
+    }
+
+    /// A key as the gateway's JSON gives it (`kvs[i]`, `response_range.kvs[i]`).
     pub(crate) fn from_json(kv: &Value) -> Result<Kv, BackendError> {
         Ok(Kv {
             value: kv

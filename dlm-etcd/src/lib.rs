@@ -24,17 +24,29 @@
 //! whole-second leases.
 #![deny(missing_docs)]
 
+// The layers, each importing only from those below it (the operations call each other):
+// - `backend`, `builder`: the `LockBackend` impl, each call one operation; the settings.
+// - `acquire`, `claims`, `renew`: the operations, functions taking `&Inner`: a mutex's
+//   acquisition, release and inspection; a semaphore's or read-write lock's holds; the
+//   renewals of every kind of hold.
+// - `inner`: `Inner`, what the operations of one backend share, and the lease
+//   bookkeeping they all use (grants, keep-alives).
+// - `hints`, `leases`, `kv`: the release hints (the watch thread), the record of etcd
+//   leases, a key's value as dlm writes and reads it.
+// - `gateway`: the HTTP/JSON client of the members.
+// - `tls`: the watch stream's TLS connection, what a TLS failure means.
+
 mod acquire;
 mod backend;
 mod builder;
 mod claims;
 mod gateway;
+mod hints;
 mod inner;
 mod kv;
 mod leases;
 mod renew;
 mod tls;
-mod watch;
 
 pub use backend::EtcdBackend;
 pub use builder::EtcdBackendBuilder;

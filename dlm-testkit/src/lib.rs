@@ -32,6 +32,7 @@ mod faulty;
 pub mod guide;
 pub mod history;
 pub mod logs;
+mod process;
 pub mod redis_server;
 pub mod sentinel;
 pub mod skew;

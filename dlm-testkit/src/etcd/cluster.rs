@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{EtcdServer, EtcdTls, START_ATTEMPTS, START_TIMEOUT, Startup, lock, require_etcd};
-use crate::redis_server::{USED_PORTS, pick_port};
+use super::{EtcdServer, EtcdTls, START_TIMEOUT, require_etcd};
+use crate::process::{START_ATTEMPTS, Startup, free_ports, pick_port};
 
 /// `n` etcd members forming one cluster (each an [`EtcdServer`]), killed on drop.
 #[derive(Debug)]
@@ -43,9 +43,7 @@ impl EtcdCluster {
         for attempt in 1..=START_ATTEMPTS {
             for m in members.iter_mut() {
                 m.kill();
-                for port in [m.client_port, m.peer_port, m.tls_port] {
-                    lock(&USED_PORTS).remove(&port);
-                }
+                free_ports(&[m.client_port, m.peer_port, m.tls_port]);
                 m.client_port = pick_port();
                 m.peer_port = pick_port();
                 if m.tls.is_some() {

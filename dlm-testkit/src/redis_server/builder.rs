@@ -2,12 +2,12 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
 
 use super::{
-    CONFIG_FILE, NOT_FOUND, RedisServer, RedisServerBuilder, TlsConfig, redis_server_binary,
+    CONFIG_FILE, LIVE_PIDS, LOGS, NOT_FOUND, RedisServer, RedisServerBuilder, TlsConfig,
+    redis_server_binary,
 };
+use crate::process::{Process, Server};
 
 impl RedisServerBuilder {
     /// Turns the append-only file on (`--appendonly yes --appendfsync always`), so
@@ -123,26 +123,19 @@ impl RedisServerBuilder {
             Some(b) => b.clone(),
             None => redis_server_binary().unwrap_or_else(|| panic!("{NOT_FOUND}")),
         };
-        let dir = tempfile::Builder::new()
-            .prefix("dlm-redis-")
-            .tempdir()
-            .expect("creating a temp dir for redis-server");
+        let process = Process::new("redis-server", binary, "dlm-redis-", LOGS, &LIVE_PIDS);
         if let Some(contents) = &self.config_file {
-            fs::write(dir.path().join(CONFIG_FILE), contents)
+            fs::write(process.dir().join(CONFIG_FILE), contents)
                 .expect("writing redis-server's config file");
         }
         let mut server = RedisServer {
             config: self,
-            binary,
-            dir,
+            process,
             port: 0,
             tls_port: 0,
             cluster_port: 0,
-            pid: 0,
-            child: Mutex::new(None),
-            paused: AtomicBool::new(false),
         };
-        server.start(None);
+        server.start(false);
         server
     }
 }

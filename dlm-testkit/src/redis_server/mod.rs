@@ -10,68 +10,51 @@
 //! A test that needs a server fails when there is none ([`require_redis_server`] says
 //! how to get one): it never passes without running.
 
+// `builder`: the settings and `spawn`; `start`: the ports, the command line, readiness;
+// `server`: the addresses and Redis's own controls. The process itself (start-up through
+// the spawner thread, the live pids, pause, kill, failure messages, ports) is
+// `crate::process`'s, shared with `etcd`.
 mod builder;
-mod process;
 mod server;
+mod start;
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::Child;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use tempfile::TempDir;
-
-pub(crate) use process::{SETPRIV, proc_state, send_signal, spawn_child};
+use crate::process::{LivePids, Logs, Process, find_binary};
 
 /// How long start-up may take before we give up.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// How many fresh ports start-up tries when the chosen one turns out to be taken.
-const START_ATTEMPTS: usize = 5;
 /// Read/write timeout of admin connections.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// How many log lines panic messages quote.
-const LOG_TAIL_LINES: usize = 40;
-const LOG_FILE: &str = "redis.log";
-const STDERR_FILE: &str = "stderr.log";
+/// The log (`--logfile`), and the file the child's stderr goes to.
+const LOGS: Logs = Logs {
+    log: "redis.log",
+    stderr: Some("stderr.log"),
+};
 /// The config file that [`RedisServerBuilder::config_file`] writes in the server's dir.
 const CONFIG_FILE: &str = "redis.conf";
 const NOT_FOUND: &str =
     "redis-server not found; install it (apt-get install redis-server) or set DLM_REDIS_SERVER";
 
 /// Pids of the `RedisServer` children alive in this process.
-static LIVE_PIDS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
-/// Ports handed out in this process, so that two servers never race for one port.
-pub(crate) static USED_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-
-/// Locks a registry, shrugging off poisoning (a panicking test must not break others).
-pub(crate) fn registry<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+static LIVE_PIDS: LivePids = LivePids::new();
 
 /// The pids of all [`RedisServer`] children of this process that have not been killed
 /// or dropped yet, sorted.
 pub fn live_server_pids() -> Vec<u32> {
-    registry(&LIVE_PIDS).iter().copied().collect()
+    LIVE_PIDS.pids()
 }
 
 /// Finds the `redis-server` binary: `$DLM_REDIS_SERVER` if set, else `redis-server` on
 /// `PATH`, else `/usr/bin/redis-server` or `/usr/sbin/redis-server`.
 pub fn redis_server_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("DLM_REDIS_SERVER").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join("redis-server"))
-        .find(|p| p.is_file())
+    find_binary(
+        "DLM_REDIS_SERVER",
+        "redis-server",
+        &["/usr/bin", "/usr/sbin"],
+    )
 }
 
 /// [`redis_server_binary`] for tests: the path, or a panic that says how to get one. A
@@ -91,18 +74,6 @@ pub fn legacy_redis_server_binary() -> Option<PathBuf> {
     std::env::var_os("DLM_REDIS_LEGACY_SERVER")
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
-}
-
-/// A free loopback port that no other server of this process has been given.
-pub(crate) fn pick_port() -> u16 {
-    for _ in 0..100 {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
-        let port = listener.local_addr().expect("local_addr").port();
-        if registry(&USED_PORTS).insert(port) {
-            return port;
-        }
-    }
-    panic!("no free loopback port found");
 }
 
 /// Percent-encodes a URL userinfo part.
@@ -146,16 +117,13 @@ struct TlsConfig {
 #[derive(Debug)]
 pub struct RedisServer {
     config: RedisServerBuilder,
-    binary: PathBuf,
-    dir: TempDir,
+    /// The child (the current one, across restarts), its temp dir and logs.
+    process: Process,
     port: u16,
     /// The TLS port, 0 without TLS.
     tls_port: u16,
     /// The cluster bus port, 0 without [`RedisServerBuilder::cluster_port`].
     cluster_port: u16,
-    pid: u32,
-    child: Mutex<Option<Child>>,
-    paused: AtomicBool,
 }
 
 /// Several independent servers (for Redlock tests).

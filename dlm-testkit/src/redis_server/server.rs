@@ -1,17 +1,13 @@
 //! [`RedisServer`]'s addresses and controls: URLs and ports, admin connections,
-//! pause/resume, kill, restart, early expiry, logs; failures panic with the log tail.
+//! restart, early expiry, INFO; the process controls (pause/resume, kill, logs, failures
+//! that panic with the log tail) are [`crate::process`]'s.
 
-use std::fs;
-use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::process::{connect, proc_state, send_signal};
-use super::{
-    ADMIN_TIMEOUT, LIVE_PIDS, LOG_FILE, LOG_TAIL_LINES, RedisServer, RedisServerBuilder,
-    STDERR_FILE, encode, registry,
-};
+use super::start::connect;
+use super::{ADMIN_TIMEOUT, RedisServer, RedisServerBuilder, encode};
+use crate::process::Server;
 
 impl RedisServer {
     /// Starts a server with the default configuration (no persistence, no password).
@@ -74,15 +70,7 @@ impl RedisServer {
         self.cluster_port
     }
 
-    /// The pid of the current (or, after [`kill`](Self::kill), the last) process.
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// Its temp dir (data, AOF, `redis.log`).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
+    crate::process::controls!();
 
     /// A direct admin connection (the `default` user, with the password if any) with 5 s
     /// connect/read/write timeouts. Panics with the log tail if it cannot connect.
@@ -91,70 +79,12 @@ impl RedisServer {
             .unwrap_or_else(|e| self.fail(&format!("admin connection: {e}")))
     }
 
-    /// Stops the process with SIGSTOP: it keeps its sockets but answers nothing. Returns
-    /// once the kernel reports it stopped.
-    pub fn pause(&self) {
-        self.signal("STOP");
-        self.paused.store(true, Ordering::SeqCst);
-        self.wait_proc_state(|s| s == 'T');
-    }
-
-    /// Continues a paused process with SIGCONT.
-    pub fn resume(&self) {
-        self.signal("CONT");
-        self.paused.store(false, Ordering::SeqCst);
-        self.wait_proc_state(|s| s != 'T');
-    }
-
-    /// Whether [`pause`](Self::pause) was called without a later resume.
-    pub fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::SeqCst)
-    }
-
-    /// Kills the process with SIGKILL and reaps it; the server is down afterwards.
-    /// Does nothing if it is not running.
-    pub fn kill(&mut self) {
-        let child = self
-            .child
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(mut child) = child {
-            if self.paused.swap(false, Ordering::SeqCst) {
-                let _ = send_signal(child.id(), "CONT");
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            registry(&LIVE_PIDS).remove(&child.id());
-            log::debug!(
-                "redis-server pid {} on port {} killed",
-                child.id(),
-                self.port
-            );
-        }
-    }
-
     /// Kills the process (if running) and starts it again on the same port, with the
     /// same configuration and data dir (so with AOF on, the data survives). Returns once
     /// it answers PING.
     pub fn restart(&mut self) {
         self.kill();
-        let port = self.port;
-        self.start(Some(port));
-    }
-
-    /// Whether the process is alive (not killed, not exited). A paused one is running.
-    pub fn is_running(&self) -> bool {
-        let mut guard = registry(&self.child);
-        let Some(child) = guard.as_mut() else {
-            return false;
-        };
-        if matches!(child.try_wait(), Ok(None)) {
-            return true;
-        }
-        registry(&LIVE_PIDS).remove(&child.id());
-        *guard = None;
-        false
+        self.start(true);
     }
 
     /// `SCRIPT FLUSH`: empties the Lua script cache (the next EVALSHA gets NOSCRIPT).
@@ -180,13 +110,6 @@ impl RedisServer {
         }
     }
 
-    /// The server's log file (empty if unreadable).
-    pub fn log_contents(&self) -> String {
-        fs::read(self.dir().join(LOG_FILE))
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default()
-    }
-
     /// The output of `INFO <section>`.
     pub fn info(&self, section: &str) -> String {
         self.query(redis::cmd("INFO").arg(section))
@@ -196,41 +119,6 @@ impl RedisServer {
     fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         cmd.query(&mut self.connection())
             .unwrap_or_else(|e| self.fail(&format!("command {:?} failed: {e}", cmd_text(cmd))))
-    }
-
-    fn signal(&self, sig: &str) {
-        if let Err(e) = send_signal(self.pid, sig) {
-            self.fail(&format!("kill -{sig} {}: {e}", self.pid));
-        }
-    }
-
-    /// Waits (up to 2 s) until `/proc/<pid>/stat` shows a state that `ok` accepts.
-    fn wait_proc_state(&self, ok: impl Fn(char) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while let Some(state) = proc_state(self.pid) {
-            if ok(state) || Instant::now() > deadline {
-                break;
-            }
-            thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// Panics with `msg`, the server's port and pid, and the tail of its logs.
-    pub(super) fn fail(&self, msg: &str) -> ! {
-        panic!(
-            "redis-server on port {} (pid {}): {msg}\n{}",
-            self.port,
-            self.pid,
-            self.log_tail()
-        )
-    }
-
-    fn log_tail(&self) -> String {
-        let log = self.log_contents();
-        let lines: Vec<&str> = log.lines().collect();
-        let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
-        let stderr = fs::read_to_string(self.dir().join(STDERR_FILE)).unwrap_or_default();
-        format!("--- redis.log (last {LOG_TAIL_LINES} lines) ---\n{tail}\n--- stderr ---\n{stderr}")
     }
 }
 

@@ -1,6 +1,8 @@
 //! Release hints: one streaming `/v3/watch` per backend on every lock key (deletions
 //! only), its events routed to each lock's `WaitList` (one waiter per mutex release;
-//! every waiter of a semaphore or read-write lock when a key under it goes).
+//! every waiter of a semaphore or read-write lock when a key under it goes). [`Hints`] is
+//! the registry of those subscriptions and owns the thread; [`WatchStream`] is that
+//! thread's side, the etcd watch itself.
 //!
 //! The stream is read on a thread of its own over a connection of its own, TCP or TLS
 //! (the gateway's watch is one long HTTP/1.1 response of newline-separated JSON messages, chunked), so that the
@@ -25,21 +27,24 @@ use serde_json::{Value, json};
 
 use crate::gateway::{Gateway, b64, int, unb64};
 
-/// How often the reader looks at its stop channel while the stream is idle.
+/// How often the watch thread looks at its stop channel while the stream is idle.
 const TICK: Duration = Duration::from_millis(200);
 
-/// How long the stream may stay silent, while this backend has waiters, before the reader
-/// asks its member whether it still serves the cluster. etcd sends nothing on an idle
+/// How long the stream may stay silent, while this backend has waiters, before the watch
+/// thread asks its member whether it still serves the cluster. etcd sends nothing on an idle
 /// watch, and a member that is stopped (SIGSTOP, a VM frozen) keeps the connection open and
 /// says nothing either, as does one cut off from the leader: without the question its
 /// waiters would wait for the holder's lease. (The watch is also asked for with
 /// `hasleader`, etcd's require-leader: a member that knows it lost its leader ends it.)
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
+/// The subscriptions, shared by [`Hints`] and its [`WatchStream`].
 type Registry = Arc<Mutex<Lists>>;
 
+/// Each resource's waiters, and what this backend already announced.
 #[derive(Default)]
 struct Lists {
+    /// The waiters of each lock name or resource id.
     by_name: HashMap<Vec<u8>, WaitList>,
     /// Releases made by this backend and already announced to its waiters: the deletion's
     /// revision, so that its event does not wake a second waiter.
@@ -48,21 +53,25 @@ struct Lists {
     swept_at: usize,
 }
 
-/// The watch thread of one backend.
-pub(crate) struct Watcher {
+/// The release-hint subscriptions of one backend, and its watch thread.
+pub(crate) struct Hints {
+    /// The subscriptions.
     lists: Registry,
+    /// Dropped to stop the watch thread.
     stop: Option<Sender<()>>,
+    /// The watch's connection, shut down to stop the thread at once.
     socket: Arc<Mutex<Option<TcpStream>>>,
+    /// The watch thread; `None` when it could not be started (waiters poll).
     thread: Option<JoinHandle<()>>,
 }
 
-impl Watcher {
+impl Hints {
     /// Starts the thread; `start_revision` 0 means "from now".
-    pub(crate) fn start(gateway: &Arc<Gateway>, key_prefix: &[u8], start_revision: i64) -> Watcher {
+    pub(crate) fn start(gateway: &Arc<Gateway>, key_prefix: &[u8], start_revision: i64) -> Hints {
         let lists = Registry::default();
         let (stop_tx, stop_rx) = channel::bounded::<()>(0);
         let socket = Arc::new(Mutex::new(None));
-        let reader = Reader {
+        let stream = WatchStream {
             gateway: gateway.clone(),
             key_prefix: key_prefix.to_vec(),
             lists: lists.clone(),
@@ -72,12 +81,12 @@ impl Watcher {
         };
         let thread = thread::Builder::new()
             .name("dlm-etcd-watch".into())
-            .spawn(move || reader.run())
+            .spawn(move || stream.run())
             .map_err(|e| {
                 log::warn!("dlm-etcd: cannot start the watch thread ({e}); waiters will poll")
             })
             .ok();
-        Watcher {
+        Hints {
             lists,
             stop: Some(stop_tx),
             socket,
@@ -86,7 +95,7 @@ impl Watcher {
     }
 
     /// A subscription to the hints of `resource`: a lock's name, or the resource id of a
-    /// semaphore or read-write lock (`claims::resource_id`).
+    /// semaphore or read-write lock (`claims::Resource::id`).
     pub(crate) fn subscribe_to(&self, resource: &[u8]) -> Option<Watch> {
         self.thread.as_ref()?;
         let mut lists = self.lists.lock();
@@ -126,6 +135,8 @@ impl Watcher {
         }
     }
 
+    /// Whether a hand-over of `name` to one of this backend's waiters is under way (see
+    /// `LockBackend::wake_pending`).
     pub(crate) fn wake_pending(&self, name: &LockName) -> bool {
         self.lists
             .lock()
@@ -149,13 +160,19 @@ impl Watcher {
     }
 }
 
-struct Reader {
+/// The watch thread's side: one `/v3/watch` stream after another (the next member after
+/// a break), each message routed to the subscriptions it wakes.
+struct WatchStream {
     gateway: Arc<Gateway>,
     /// The backend's key prefix: what a deletion's key begins with.
     key_prefix: Vec<u8>,
+    /// The subscriptions its events wake.
     lists: Registry,
+    /// Closed when the backend stops the thread.
     stop: Receiver<()>,
+    /// The current stream's connection, for [`Hints::stop`] to shut down.
     socket: Arc<Mutex<Option<TcpStream>>>,
+    /// The revision the next stream starts at: just after the last one seen (0: from now).
     next_revision: i64,
 }
 
@@ -165,11 +182,14 @@ enum End {
     Broken(String),
 }
 
-impl Reader {
+impl WatchStream {
+    /// Waits up to `wait` for the stop: whether it came.
     fn stopped(&self, wait: Duration) -> bool {
         !matches!(self.stop.recv_timeout(wait), Err(RecvTimeoutError::Timeout))
     }
 
+    /// The thread's body: streams until the backend stops it, starting again (with a
+    /// backoff) on the next member after a break.
     fn run(mut self) {
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -407,6 +427,7 @@ fn claim_resource(key: &[u8]) -> Option<&[u8]> {
     Some(&key[..second])
 }
 
+/// Where `needle` first occurs in `hay`.
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
