@@ -95,6 +95,9 @@ pub struct EtcdServer {
     /// A TLS client port beside the plain one, and its files.
     tls: Option<EtcdTls>,
     tls_port: u16,
+    /// The length of the log when the current child was launched: what it wrote since
+    /// tells why it exited (a member waited for after others may have exited already).
+    log_at_launch: u64,
 }
 
 /// The files of a member's TLS client port (`--cert-file`, `--key-file`,
@@ -169,6 +172,7 @@ impl EtcdServer {
             cluster_token: cluster_token.to_owned(),
             tls: None,
             tls_port: 0,
+            log_at_launch: 0,
         }
     }
 
@@ -216,6 +220,7 @@ impl EtcdServer {
 
     /// Starts the process with the current ports and cluster settings.
     fn launch(&mut self) {
+        self.log_at_launch = self.process.log_len();
         self.process.launch(self.command());
     }
 
@@ -262,8 +267,10 @@ impl EtcdServer {
     /// Waits until the member serves HTTP (`/version`), or also is healthy
     /// (`healthy`), or exits, or the start-up timeout runs out.
     fn wait_started(&self, healthy: bool) -> Startup {
-        let log_from = self.process.log_len();
-        self.process.wait_started(log_from, START_TIMEOUT, || {
+        // From the launch, not from now: the cluster launches every member before it
+        // waits for the first, and a member's "address already in use" may be written
+        // by then.
+        self.process.wait_started(self.log_at_launch, START_TIMEOUT, || {
             if healthy {
                 self.is_healthy()
             } else {
