@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
+use dlm_core::backend::{BackendError, BackendErrorKind, Claim, LockName, OwnerToken};
 
 use crate::conn::{Background, Conn, ConnectWorker, Endpoint, Job, Pool, Pooled};
 use crate::options::Options;
@@ -489,6 +489,20 @@ impl Node {
     ) -> Result<bool, BackendError> {
         let reply = self.execute(&self.keys.release_call(name, owner, release_id))?;
         self.reader().flag(reply)
+    }
+
+    /// Releases `owner`'s `claim` hold (a permit, a read or a write hold) of the resource
+    /// `name` if it is there (the claim script), publishing `release_id` on the resource's
+    /// channel.
+    pub(crate) fn release_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        release_id: u64,
+    ) -> Result<bool, BackendError> {
+        let reply = self.execute(&self.keys.claim_release_call(name, claim, owner, release_id))?;
+        Ok(self.reader().claim(name, claim, reply)?.code == 1)
     }
 
     /// Runs a prepared call on a pooled connection.

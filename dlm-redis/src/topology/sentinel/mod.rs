@@ -8,20 +8,83 @@
 //! `READONLY` reply (the server was demoted), a connection failure or a timeout; a changed
 //! answer bumps a generation, and pooled connections of an older generation are dropped
 //! instead of being reused.
+//!
+//! Here: [`Discovery`] (asking the sentinels, `ROLE`, generations) and [`Sentinel`], the
+//! topology's part; the checks at build (`setup.rs`); the thread that asks every 0.5 s
+//! (`watcher.rs`); the journal of releases sent again to a new master (`journal.rs`).
+
+mod journal;
+mod setup;
+mod watcher;
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Weak};
 
-use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
+use dlm_core::backend::{Claim, LockName, OwnerToken};
+use dlm_core::{BackendError, BackendErrorKind};
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo};
 use rustls::ClientConfig;
 
+pub(crate) use setup::MasterAuth;
+
+use self::journal::Journal;
+use self::watcher::Watcher;
 use crate::conn::{Endpoint, Locate, Timeouts};
+use crate::node::Node;
 use crate::transport::TlsOptions;
 use crate::transport::{TlsTarget, Wire};
+
+/// A Sentinel deployment as a backend's topology: the master's node (whose endpoint finds
+/// the master through a [`Discovery`] on each connect), the journal of the releases made
+/// lately, and the watcher that sends them again to each new master.
+pub(crate) struct Sentinel {
+    /// The master, whichever server that is now.
+    pub(crate) node: Arc<Node>,
+    journal: Journal,
+    /// Stopped and joined when the topology is dropped.
+    _watcher: Option<Watcher>,
+}
+
+impl Sentinel {
+    /// The master's `node`, found through `discovery`, with an empty journal and a
+    /// watcher that sends the journal again to each new master (it holds the topology
+    /// weakly: once the topology is dropped, nothing is sent).
+    fn watched(node: Arc<Node>, discovery: &Arc<Discovery>, t: Timeouts) -> Arc<Sentinel> {
+        Arc::new_cyclic(|me: &Weak<Sentinel>| {
+            let me = me.clone();
+            Sentinel {
+                node,
+                journal: Journal::default(),
+                _watcher: Watcher::start(discovery, t, move |_| {
+                    if let Some(sentinel) = me.upgrade() {
+                        sentinel.journal.release_again(&sentinel.node);
+                    }
+                }),
+            }
+        })
+    }
+
+    /// Runs `release`, a release of `owner`'s `claim` hold of `name` on the master that
+    /// says whether it released; one that did is journaled with the generation of the
+    /// master's address it was sent in, to be sent again to a later master if this one
+    /// was being replaced (see [`Journal`]).
+    pub(crate) fn journaled(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        release: impl FnOnce() -> Result<bool, BackendError>,
+    ) -> Result<bool, BackendError> {
+        let generation = self.node.endpoint.generation();
+        let released = release()?;
+        if released {
+            self.journal.record(name, claim, owner, generation);
+        }
+        Ok(released)
+    }
+}
 
 /// A master's address, as the sentinels give it.
 type Addr = (String, u16);
@@ -111,69 +174,6 @@ impl Discovery {
                 })
             })
             .transpose()
-    }
-
-    /// Every sentinel's answer (for the check at build).
-    fn ask_all(&self, t: Timeouts) -> Vec<(String, Result<Option<Addr>, BackendError>)> {
-        self.sentinels
-            .iter()
-            .map(|s| (s.to_string(), self.ask(s, t)))
-            .collect()
-    }
-
-    /// At build: at least one sentinel answers, they know the master's name, and those
-    /// that answer agree on its address.
-    pub(crate) fn check(&self, t: Timeouts) -> Result<(), dlm_core::Error> {
-        let answers = self.ask_all(t);
-        let mut known: Vec<(Addr, Vec<String>)> = Vec::new();
-        let mut unknown = Vec::new();
-        let mut failed = Vec::new();
-        for (sentinel, answer) in answers {
-            match answer {
-                Ok(Some(addr)) => match known.iter_mut().find(|(a, _)| *a == addr) {
-                    Some((_, who)) => who.push(sentinel),
-                    None => known.push((addr, vec![sentinel])),
-                },
-                Ok(None) => unknown.push(sentinel),
-                Err(e) => failed.push(e),
-            }
-        }
-        if known.is_empty() && unknown.is_empty() {
-            // Nobody answered: the first error says why (credentials, TLS, down).
-            let first = failed.into_iter().next().expect("at least one sentinel");
-            return Err(dlm_core::Error::Backend(first));
-        }
-        if known.is_empty() {
-            return Err(InvalidArgument::new(
-                "master_name",
-                format!(
-                    "the sentinels ({}) do not know a master named {:?}",
-                    unknown.join(", "),
-                    self.master_name
-                ),
-            )
-            .into());
-        }
-        if known.len() > 1 || !unknown.is_empty() {
-            let mut views: Vec<String> = known
-                .iter()
-                .map(|((h, p), who)| format!("{h}:{p} by {}", who.join(", ")))
-                .collect();
-            if !unknown.is_empty() {
-                views.push(format!("unknown to {}", unknown.join(", ")));
-            }
-            return Err(InvalidArgument::new(
-                "sentinels",
-                format!(
-                    "the sentinels disagree about master {:?}: {}",
-                    self.master_name,
-                    views.join("; ")
-                ),
-            )
-            .into());
-        }
-        self.remember(known.remove(0).0);
-        Ok(())
     }
 
     /// The first answer of the sentinels in turn (a sentinel that is down or does not
@@ -286,79 +286,6 @@ impl fmt::Debug for Discovery {
             .field("sentinels", &self.sentinels)
             .field("current", &*self.current.lock())
             .finish_non_exhaustive()
-    }
-}
-
-/// How often a [`Watcher`] asks the sentinels where the master is.
-const WATCH_EVERY: Duration = Duration::from_millis(500);
-
-/// Asks the sentinels where the master is every [`WATCH_EVERY`], so that a client learns
-/// of a failover within about that much of the sentinels' announcement even when none of
-/// its requests fails (a planned failover leaves the old master answering, as a master,
-/// until Sentinel demotes it: about 11 s at Sentinel's default timings), and calls
-/// `moved` with the generation it left after each change of master. One thread, stopped
-/// and joined on drop.
-pub(crate) struct Watcher {
-    stop: Option<crossbeam_channel::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watcher {
-    /// Starts watching `discovery`; `None` when the thread cannot be started (the client
-    /// then learns of a failover when a request fails).
-    pub(crate) fn start(
-        discovery: &Arc<Discovery>,
-        t: Timeouts,
-        moved: impl Fn(u64) + Send + 'static,
-    ) -> Option<Watcher> {
-        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-        let weak = Arc::downgrade(discovery);
-        let spawned = std::thread::Builder::new()
-            .name("dlm-redis-sentinel".into())
-            .spawn(move || {
-                let mut seen = weak.upgrade().map_or(0, |d| d.current_generation());
-                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(WATCH_EVERY)
-                {
-                    let Some(d) = weak.upgrade() else { return };
-                    if let Err(e) = d.lookup(t) {
-                        log::debug!("redis sentinel: watching the master: {e}");
-                    }
-                    let now = d.current_generation();
-                    drop(d);
-                    if now != seen {
-                        moved(seen);
-                        seen = now;
-                    }
-                }
-            });
-        match spawned {
-            Ok(thread) => Some(Watcher {
-                stop: Some(stop),
-                thread: Some(thread),
-            }),
-            Err(e) => {
-                log::warn!("redis sentinel: cannot start the master's watcher: {e}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take()
-            && thread.thread().id() != std::thread::current().id()
-        {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl fmt::Debug for Watcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Watcher")
     }
 }
 
