@@ -14,8 +14,8 @@ use dlm_core::backend::{
 use crate::fanout::{Fanout, Late};
 use crate::hints::Hints;
 use crate::node::Node;
-use crate::protocol::{Call, Keys, NodeAcquire, Redirect, ReleaseId};
-use crate::topology::Topology;
+use crate::protocol::{Call, Keys, NodeAcquire, ReleaseId};
+use crate::topology::{Redirect, Topology};
 
 use crate::options::Options;
 

@@ -3,8 +3,9 @@
 //! failed because that may have changed. Above the nodes; below the backends.
 //!
 //! Each deployment's own rules live in its folder: `sentinel/` (finding the master, the
-//! watcher, the release journal, the checks at build), `cluster.rs` (the slot map, the
-//! redirections followed, the checks of the seeds).
+//! watcher, the release journal, the checks at build), `cluster/` (the slot map, the
+//! redirections read and followed, the checks of the seeds). Here: the [`Topology`] and
+//! the one rule both share ([`Topology::on_slot`]).
 
 mod cluster;
 mod sentinel;
@@ -15,6 +16,7 @@ use std::time::Instant;
 use dlm_core::backend::{BackendError, Claim, LockName, OwnerToken};
 
 pub(crate) use cluster::Cluster;
+pub(crate) use cluster::redirect::Redirect;
 pub(crate) use sentinel::{MasterAuth, Sentinel};
 
 use crate::conn::Timeouts;
