@@ -1,12 +1,13 @@
-//! Sentinel at build: the settings checked, every sentinel asked once (an unknown master
-//! name and sentinels that disagree are `InvalidArgument`), and the topology started.
+//! Sentinel at build: the settings checked and every sentinel asked once (an unknown
+//! master name and sentinels that disagree are `InvalidArgument`), giving the master's
+//! node.
 
 use std::sync::Arc;
 
-use dlm_core::{BackendError, InvalidArgument};
+use dlm_core::InvalidArgument;
 use redis::IntoConnectionInfo;
 
-use super::{Addr, Discovery, Sentinel};
+use super::discovery::{Addr, Discovery};
 use crate::conn::Timeouts;
 use crate::node::Node;
 use crate::options::{Options, invalid};
@@ -19,125 +20,114 @@ pub(crate) struct MasterAuth {
     pub(crate) db: Option<i64>,
 }
 
-impl Sentinel {
-    /// The master of `master_name` that the `sentinels` (URLs) name, reached with
-    /// `master`'s credentials and database: checks the settings, asks every sentinel once
-    /// (see [`Discovery::check`]) and starts the watcher.
-    pub(crate) fn connect(
-        master_name: &str,
-        sentinels: &[String],
-        master: &MasterAuth,
-        options: &Options,
-    ) -> dlm_core::Result<Arc<Sentinel>> {
-        let bad = |field: &'static str, why: &str| invalid(InvalidArgument::new(field, why));
-        options.validate().map_err(invalid)?;
-        if master_name.is_empty() || master_name.len() > 256 {
-            return Err(bad("master_name", "must be 1 to 256 bytes"));
-        }
-        if sentinels.is_empty() {
-            return Err(bad("sentinels", "no sentinel URL"));
-        }
-        let (endpoints, tls) = options.endpoints(sentinels).map_err(invalid)?;
-        let tls_urls = sentinels
-            .iter()
-            .filter(|u| u.to_ascii_lowercase().starts_with("rediss://"))
-            .count();
-        if tls_urls != 0 && tls_urls != sentinels.len() {
-            return Err(bad(
-                "sentinels",
-                "some sentinel URLs are rediss:// and some are not: a deployment uses TLS everywhere or nowhere",
-            ));
-        }
-        let mut settings = "redis://127.0.0.1/"
-            .into_connection_info()
-            .expect("a valid URL")
-            .redis_settings()
-            .clone()
-            .set_db(master.db.unwrap_or(0));
-        if let Some(user) = &master.username {
-            settings = settings.set_username(user);
-        }
-        if let Some(password) = &master.password {
-            settings = settings.set_password(password);
-        }
-        let template = "redis://127.0.0.1/"
-            .into_connection_info()
-            .expect("a valid URL")
-            .set_redis_settings(settings);
-        let discovery = Arc::new(Discovery::new(
-            master_name.to_owned(),
-            endpoints,
-            template,
-            tls,
-        ));
-        let t = options.timeouts();
-        discovery.check(t)?;
-        let node = Arc::new(Node::new(discovery.endpoint(), options));
-        Ok(Sentinel::watched(node, &discovery, t))
+/// The node of the master of `master_name` that the `sentinels` (URLs) name, reached with
+/// `master`'s credentials and database, and its [`Discovery`]: checks the settings and
+/// asks every sentinel once (see [`check`]).
+pub(super) fn master(
+    master_name: &str,
+    sentinels: &[String],
+    master: &MasterAuth,
+    options: &Options,
+) -> dlm_core::Result<(Arc<Node>, Arc<Discovery>)> {
+    let bad = |field: &'static str, why: &str| invalid(InvalidArgument::new(field, why));
+    options.validate().map_err(invalid)?;
+    if master_name.is_empty() || master_name.len() > 256 {
+        return Err(bad("master_name", "must be 1 to 256 bytes"));
     }
+    if sentinels.is_empty() {
+        return Err(bad("sentinels", "no sentinel URL"));
+    }
+    let (endpoints, tls) = options.endpoints(sentinels).map_err(invalid)?;
+    let tls_urls = sentinels
+        .iter()
+        .filter(|u| u.to_ascii_lowercase().starts_with("rediss://"))
+        .count();
+    if tls_urls != 0 && tls_urls != sentinels.len() {
+        return Err(bad(
+            "sentinels",
+            "some sentinel URLs are rediss:// and some are not: a deployment uses TLS everywhere or nowhere",
+        ));
+    }
+    let mut settings = "redis://127.0.0.1/"
+        .into_connection_info()
+        .expect("a valid URL")
+        .redis_settings()
+        .clone()
+        .set_db(master.db.unwrap_or(0));
+    if let Some(user) = &master.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &master.password {
+        settings = settings.set_password(password);
+    }
+    let template = "redis://127.0.0.1/"
+        .into_connection_info()
+        .expect("a valid URL")
+        .set_redis_settings(settings);
+    let discovery = Arc::new(Discovery::new(
+        master_name.to_owned(),
+        endpoints,
+        template,
+        tls,
+    ));
+    check(&discovery, options.timeouts())?;
+    Ok((
+        Arc::new(Node::new(discovery.endpoint(), options)),
+        discovery,
+    ))
 }
 
-impl Discovery {
-    /// Every sentinel's answer (for the check at build).
-    fn ask_all(&self, t: Timeouts) -> Vec<(String, Result<Option<Addr>, BackendError>)> {
-        self.sentinels
+/// At build: at least one sentinel answers, they know the master's name, and those
+/// that answer agree on its address.
+fn check(discovery: &Discovery, t: Timeouts) -> Result<(), dlm_core::Error> {
+    let answers = discovery.ask_all(t);
+    let mut known: Vec<(Addr, Vec<String>)> = Vec::new();
+    let mut unknown = Vec::new();
+    let mut failed = Vec::new();
+    for (sentinel, answer) in answers {
+        match answer {
+            Ok(Some(addr)) => match known.iter_mut().find(|(a, _)| *a == addr) {
+                Some((_, who)) => who.push(sentinel),
+                None => known.push((addr, vec![sentinel])),
+            },
+            Ok(None) => unknown.push(sentinel),
+            Err(e) => failed.push(e),
+        }
+    }
+    if known.is_empty() && unknown.is_empty() {
+        // Nobody answered: the first error says why (credentials, TLS, down).
+        let first = failed.into_iter().next().expect("at least one sentinel");
+        return Err(dlm_core::Error::Backend(first));
+    }
+    if known.is_empty() {
+        return Err(InvalidArgument::new(
+            "master_name",
+            format!(
+                "the sentinels ({}) do not know a master named {:?}",
+                unknown.join(", "),
+                discovery.master_name()
+            ),
+        )
+        .into());
+    }
+    if known.len() > 1 || !unknown.is_empty() {
+        let mut views: Vec<String> = known
             .iter()
-            .map(|s| (s.to_string(), self.ask(s, t)))
-            .collect()
+            .map(|((h, p), who)| format!("{h}:{p} by {}", who.join(", ")))
+            .collect();
+        if !unknown.is_empty() {
+            views.push(format!("unknown to {}", unknown.join(", ")));
+        }
+        return Err(InvalidArgument::new(
+            "sentinels",
+            format!(
+                "the sentinels disagree about master {:?}: {}",
+                discovery.master_name(),
+                views.join("; ")
+            ),
+        )
+        .into());
     }
-
-    /// At build: at least one sentinel answers, they know the master's name, and those
-    /// that answer agree on its address.
-    fn check(&self, t: Timeouts) -> Result<(), dlm_core::Error> {
-        let answers = self.ask_all(t);
-        let mut known: Vec<(Addr, Vec<String>)> = Vec::new();
-        let mut unknown = Vec::new();
-        let mut failed = Vec::new();
-        for (sentinel, answer) in answers {
-            match answer {
-                Ok(Some(addr)) => match known.iter_mut().find(|(a, _)| *a == addr) {
-                    Some((_, who)) => who.push(sentinel),
-                    None => known.push((addr, vec![sentinel])),
-                },
-                Ok(None) => unknown.push(sentinel),
-                Err(e) => failed.push(e),
-            }
-        }
-        if known.is_empty() && unknown.is_empty() {
-            // Nobody answered: the first error says why (credentials, TLS, down).
-            let first = failed.into_iter().next().expect("at least one sentinel");
-            return Err(dlm_core::Error::Backend(first));
-        }
-        if known.is_empty() {
-            return Err(InvalidArgument::new(
-                "master_name",
-                format!(
-                    "the sentinels ({}) do not know a master named {:?}",
-                    unknown.join(", "),
-                    self.master_name
-                ),
-            )
-            .into());
-        }
-        if known.len() > 1 || !unknown.is_empty() {
-            let mut views: Vec<String> = known
-                .iter()
-                .map(|((h, p), who)| format!("{h}:{p} by {}", who.join(", ")))
-                .collect();
-            if !unknown.is_empty() {
-                views.push(format!("unknown to {}", unknown.join(", ")));
-            }
-            return Err(InvalidArgument::new(
-                "sentinels",
-                format!(
-                    "the sentinels disagree about master {:?}: {}",
-                    self.master_name,
-                    views.join("; ")
-                ),
-            )
-            .into());
-        }
-        self.remember(known.remove(0).0);
-        Ok(())
-    }
+    discovery.remember(known.remove(0).0);
+    Ok(())
 }

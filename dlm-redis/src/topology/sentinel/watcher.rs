@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Discovery;
+use super::discovery::Discovery;
 use crate::conn::Timeouts;
 
 /// How often a [`Watcher`] asks the sentinels where the master is.
