@@ -14,7 +14,7 @@ use dlm_core::backend::{BackendError, BackendErrorKind, Claim, LockName, OwnerTo
 use crate::conn::{Background, Conn, ConnectWorker, Endpoint, Job, Pool, Pooled};
 use crate::options::Options;
 use crate::protocol::{
-    Call, Keys, NodeAcquire, NodeFence, Reader, Refusal, ReplicaWait, Shape, Step, millis,
+    Call, Keys, NodeAcquire, NodeFence, Refusal, ReplicaWait, ReplyReader, Shape, Step, millis,
 };
 use crate::transport::Wire;
 
@@ -50,20 +50,22 @@ pub(crate) trait Router: Send + Sync {
     ) -> Result<(), BackendError>;
 }
 
-/// A request counted in its server's background (see [`Node::busy`]) until dropped.
-pub(crate) struct Ticket {
+/// A request to a server whose caller stopped waiting (a straggler, or one still waiting
+/// for its connection), counted in the server's background (see [`Node::busy`]) until
+/// it is done or given up on, when this is dropped.
+pub(crate) struct Outstanding {
     node: Arc<Node>,
     id: usize,
 }
 
-impl Ticket {
+impl Outstanding {
     /// The server.
     pub(crate) fn node(&self) -> &Arc<Node> {
         &self.node
     }
 }
 
-impl Drop for Ticket {
+impl Drop for Outstanding {
     fn drop(&mut self) {
         self.node.background.leave(self.id);
     }
@@ -139,8 +141,8 @@ impl Node {
     }
 
     /// Reads this server's replies (its name is in every error).
-    pub(crate) fn reader(&self) -> Reader<'_> {
-        Reader {
+    pub(crate) fn reader(&self) -> ReplyReader<'_> {
+        ReplyReader {
             server: &self.endpoint,
             keys: &self.keys,
         }
@@ -277,12 +279,12 @@ impl Node {
         ))
     }
 
-    /// Counts a request in the background (see [`busy`](Self::busy)) until the ticket
-    /// is dropped. `key`: the lock and owner of an acquisition whose late reply will be
+    /// Counts a request in the background (see [`busy`](Self::busy)) until the returned
+    /// [`Outstanding`] is dropped. `key`: the lock and owner of an acquisition whose late reply will be
     /// undone.
-    pub(crate) fn background(self: &Arc<Self>, key: Option<(LockName, OwnerToken)>) -> Ticket {
+    pub(crate) fn background(self: &Arc<Self>, key: Option<(LockName, OwnerToken)>) -> Outstanding {
         let id = self.background.enter(key);
-        Ticket {
+        Outstanding {
             node: self.clone(),
             id,
         }

@@ -16,5 +16,5 @@ pub use keys::LockKeys;
 pub(crate) use keys::{Keys, millis};
 pub(crate) use refusal::Refusal;
 pub(crate) use release_id::ReleaseId;
-pub(crate) use replies::{NodeAcquire, NodeFence, Reader, Step};
+pub(crate) use replies::{NodeAcquire, NodeFence, ReplyReader, Step};
 pub(crate) use requests::claim_member;

@@ -57,12 +57,12 @@ pub(crate) struct ClaimAnswer {
 
 /// Reads the replies of one server (its name is in every error).
 #[derive(Clone, Copy)]
-pub(crate) struct Reader<'a> {
+pub(crate) struct ReplyReader<'a> {
     pub(crate) server: &'a Endpoint,
     pub(crate) keys: &'a Keys,
 }
 
-impl Reader<'_> {
+impl ReplyReader<'_> {
     pub(crate) fn unexpected_key(&self, name: &LockName, what: &str) -> BackendError {
         self.foreign_key(&self.keys.lock(name), what)
     }
