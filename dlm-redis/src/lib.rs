@@ -19,9 +19,10 @@
 //! `fence_ttl` (24 h by default) after its last use: at most 16,384 such keys per prefix,
 //! whatever the number of names. A lost stream starts again from the server's clock,
 //! above the tokens it gave (see the README's "Fencing"). Every key has a TTL;
-//! [`RedisBackend::keys`] names a lock's keys. Lock names travel in KEYS, and in ARGV only
-//! as the release channel (a channel is not a key; for a name that begins with `}` it
-//! hashes to another cluster slot than the lock key, so it cannot be declared). Taking a
+//! [`RedisBackend::keys`] names a lock's keys, and [`key_slot`] a key's cluster slot.
+//! Lock names travel in KEYS, and in ARGV only as the release channel (a channel is not
+//! a key; for a name that begins with `}` it hashes to another cluster slot than the
+//! lock key, so it cannot be declared). Taking a
 //! free lock without fencing is a plain `SET key token NX PX ms GET` (Redis 7.0 or later;
 //! older servers are detected and get the acquire script); with fencing, the acquire
 //! script takes the lock and draws the token in one step, and touches the fencing stream
@@ -74,6 +75,7 @@ mod transport;
 pub use fenced::{FencedWriteError, fenced_get, fenced_set};
 pub use node::SETTINGS_LOG_TARGET;
 pub use protocol::LockKeys;
+pub use slot::key_slot;
 pub use transport::TlsOptions;
 
 pub use backends::{

@@ -1,19 +1,20 @@
 //! One Redis server speaking the lock protocol: its pooled connections, the lock
 //! requests run on them, the requests whose callers stopped waiting (stragglers), and a
 //! connect worker for fan-outs. A topology above may route its requests (a cluster
-//! follows redirections): see [`Router`].
+//! follows redirections): see [`Router`]. This layer hands the router each try's answer
+//! and the server's refusal in it; what a refusal means is the router's.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
+use dlm_core::backend::{BackendError, BackendErrorKind, Claim, LockName, OwnerToken};
 
 use crate::conn::{Background, Conn, ConnectWorker, Endpoint, Job, Pool, Pooled};
 use crate::options::Options;
 use crate::protocol::{
-    Call, Keys, NodeAcquire, NodeFence, Reader, Redirect, ReplicaWait, Shape, Step, millis,
+    Call, Keys, NodeAcquire, NodeFence, Refusal, ReplicaWait, ReplyReader, Shape, Step, millis,
 };
 use crate::transport::Wire;
 
@@ -25,40 +26,46 @@ pub const SETTINGS_LOG_TARGET: &str = "dlm_redis::settings";
 
 /// What one try of a request on one node came to, for a [`Router`].
 pub(crate) enum Try {
-    /// Answered (the answer is with the caller).
-    Done,
-    /// The node asks for the request elsewhere or later; the words it used.
-    Redirected(Redirect, String),
+    /// Answered (the answer is with the caller), with the server's refusal when the
+    /// answer is one: the router may send the request elsewhere or later instead.
+    Answered(Option<Refusal>),
     /// No connection to the node could be had.
     Unreachable(BackendError),
 }
 
 /// A topology that routes a node's requests: a Redis Cluster follows `MOVED`, `ASK` and
-/// `TRYAGAIN`. Implemented above this layer, called through the node's weak handle.
+/// `TRYAGAIN` (`topology/cluster/redirect.rs`). Implemented above this layer, called
+/// through the node's weak handle.
 pub(crate) trait Router: Send + Sync {
-    /// Runs `attempt` on `first`, then where the redirections it reports send it
-    /// (`attempt(node, asking)`: `asking` after an `ASK`), until it is done or fails.
+    /// Runs `attempt` on `first`, then where the refusals it reports send it
+    /// (`attempt(node, asking)`: `asking` when the request goes to a node once, after
+    /// `ASKING`), until an answer stands (`Ok`: the last try's answer is the request's) or
+    /// the request fails. Without `retry`, a refusal that asks to try later is not waited
+    /// out: the request fails with `Unavailable`.
     fn route(
         &self,
         first: &Node,
+        retry: bool,
         attempt: &mut dyn FnMut(&Node, bool) -> Try,
     ) -> Result<(), BackendError>;
 }
 
-/// A request counted in its server's background (see [`Node::busy`]) until dropped.
-pub(crate) struct Ticket {
+/// A request to a server whose caller stopped waiting (a straggler, or one still waiting
+/// for its connection), counted in the server's background (see [`Node::busy`]) until
+/// it is done or given up on, when this is dropped.
+pub(crate) struct Outstanding {
     node: Arc<Node>,
     id: usize,
 }
 
-impl Ticket {
+impl Outstanding {
     /// The server.
     pub(crate) fn node(&self) -> &Arc<Node> {
         &self.node
     }
 }
 
-impl Drop for Ticket {
+impl Drop for Outstanding {
     fn drop(&mut self) {
         self.node.background.leave(self.id);
     }
@@ -134,8 +141,8 @@ impl Node {
     }
 
     /// Reads this server's replies (its name is in every error).
-    pub(crate) fn reader(&self) -> Reader<'_> {
-        Reader {
+    pub(crate) fn reader(&self) -> ReplyReader<'_> {
+        ReplyReader {
             server: &self.endpoint,
             keys: &self.keys,
         }
@@ -158,13 +165,14 @@ impl Node {
         self.run_routed(&f, &|_| None, true)
     }
 
-    /// [`run`](Self::run), where `redirect_in` finds a cluster's redirection in a reply
-    /// that keeps server errors as values. Without `retry`, a `TRYAGAIN` or `CLUSTERDOWN`
-    /// is the answer (an error), not waited out.
+    /// [`run`](Self::run), where `refusal_in` finds the server's refusal in a reply that
+    /// keeps server errors as values. With a router (a cluster's master), the router
+    /// says where a refused request goes next; without `retry`, a refusal that asks to
+    /// try later is not waited out (see [`Router::route`]).
     fn run_routed<T>(
         &self,
         f: &dyn Fn(&mut Wire) -> redis::RedisResult<T>,
-        redirect_in: &dyn Fn(&T) -> Option<Redirect>,
+        refusal_in: &dyn Fn(&T) -> Option<Refusal>,
         retry: bool,
     ) -> Result<T, BackendError> {
         let Some(router) = self.router.as_ref().and_then(Weak::upgrade) else {
@@ -173,39 +181,21 @@ impl Node {
                 .map_err(|e| self.endpoint.error(&e));
         };
         let mut answer = None;
-        router.route(self, &mut |node, asking| match node.run_here(f, asking) {
-            Err(e) => Try::Unreachable(e),
-            Ok(result) => {
-                let redirect = match &result {
-                    Ok(value) => redirect_in(value),
-                    Err(e) => Redirect::of_error(e),
-                };
-                match redirect {
-                    Some(Redirect::Retry) if !retry => {
-                        let code = match &result {
-                            Err(e) => e.code().unwrap_or("TRYAGAIN").to_owned(),
-                            Ok(_) => "TRYAGAIN or CLUSTERDOWN".to_owned(),
-                        };
-                        answer = Some(Err(BackendError::new(
-                            BackendErrorKind::Unavailable,
-                            format!("{}: {code}", node.endpoint),
-                        )));
-                        Try::Done
-                    }
-                    Some(r) => Try::Redirected(
-                        r,
-                        match &result {
-                            Err(e) => e.code().unwrap_or("error").to_owned(),
-                            Ok(_) => "TRYAGAIN or CLUSTERDOWN".to_owned(),
-                        },
-                    ),
-                    None => {
-                        answer = Some(result.map_err(|e| node.endpoint.error(&e)));
-                        Try::Done
-                    }
+        router.route(
+            self,
+            retry,
+            &mut |node, asking| match node.run_here(f, asking) {
+                Err(e) => Try::Unreachable(e),
+                Ok(result) => {
+                    let refusal = match &result {
+                        Ok(value) => refusal_in(value),
+                        Err(e) => Refusal::of_error(e),
+                    };
+                    answer = Some(result.map_err(|e| node.endpoint.error(&e)));
+                    Try::Answered(refusal)
                 }
-            }
-        })?;
+            },
+        )?;
         answer.unwrap_or_else(|| {
             Err(BackendError::new(
                 BackendErrorKind::Protocol,
@@ -289,12 +279,12 @@ impl Node {
         ))
     }
 
-    /// Counts a request in the background (see [`busy`](Self::busy)) until the ticket
-    /// is dropped. `key`: the lock and owner of an acquisition whose late reply will be
+    /// Counts a request in the background (see [`busy`](Self::busy)) until the returned
+    /// [`Outstanding`] is dropped. `key`: the lock and owner of an acquisition whose late reply will be
     /// undone.
-    pub(crate) fn background(self: &Arc<Self>, key: Option<(LockName, OwnerToken)>) -> Ticket {
+    pub(crate) fn background(self: &Arc<Self>, key: Option<(LockName, OwnerToken)>) -> Outstanding {
         let id = self.background.enter(key);
-        Ticket {
+        Outstanding {
             node: self.clone(),
             id,
         }
@@ -491,11 +481,25 @@ impl Node {
         self.reader().flag(reply)
     }
 
+    /// Releases `owner`'s `claim` hold (a permit, a read or a write hold) of the resource
+    /// `name` if it is there (the claim script), publishing `release_id` on the resource's
+    /// channel.
+    pub(crate) fn release_claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        release_id: u64,
+    ) -> Result<bool, BackendError> {
+        let reply = self.execute(&self.keys.claim_release_call(name, claim, owner, release_id))?;
+        Ok(self.reader().claim(name, claim, reply)?.code == 1)
+    }
+
     /// Runs a prepared call on a pooled connection.
     pub(crate) fn execute(&self, call: &Call) -> Result<redis::Value, BackendError> {
         self.run_routed(
             &|con| call.execute(con),
-            &|value| call.redirect_in(value),
+            &|value| call.refusal_in(value),
             true,
         )
     }
@@ -532,7 +536,7 @@ impl Node {
             return self
                 .run_routed(
                     &|con| call.execute(con),
-                    &|value| call.redirect_in(value),
+                    &|value| call.refusal_in(value),
                     retry,
                 )
                 .map(|value| (value, None));
@@ -540,7 +544,8 @@ impl Node {
         self.run_routed(
             &|con| {
                 let value = call.execute(con)?;
-                if call.redirect_in(&value).is_some() || !call.wrote(&value) {
+                // A refusal (a redirection among them) wrote nothing either.
+                if !call.wrote(&value) {
                     return Ok((value, None));
                 }
                 let acked: i64 = redis::cmd("WAIT")
@@ -549,7 +554,7 @@ impl Node {
                     .query(con)?;
                 Ok((value, Some(u32::try_from(acked.max(0)).unwrap_or(u32::MAX))))
             },
-            &|(value, _)| call.redirect_in(value),
+            &|(value, _)| call.refusal_in(value),
             retry,
         )
     }

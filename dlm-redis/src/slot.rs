@@ -1,6 +1,7 @@
-//! Cluster hash slots: which slot a key lives in, and a short hash tag for every slot, so
-//! that a lock's fencing stream (one per slot, see `node.rs`) always shares the slot of the
-//! lock key that uses it.
+//! Cluster hash slots: which slot a key lives in ([`key_slot`], public: dlm-testkit uses
+//! it too, so CRC16 is written once), and a short hash tag for every slot, so that a
+//! lock's fencing stream (one per slot, see `protocol/keys.rs`) always shares the slot of
+//! the lock key that uses it.
 
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;
@@ -33,9 +34,24 @@ const CRC16_TABLE: [u16; 256] = {
     table
 };
 
-/// The hash slot of `key`, by Redis Cluster's rule: only the part between the first `{`
-/// and the first `}` after it is hashed, when that part is not empty.
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
+/// The Redis Cluster hash slot of `key`, as `CLUSTER KEYSLOT` gives it: CRC16 (XMODEM)
+/// modulo 16,384 of the key's hash tag (the part between its first `{` and the first `}`
+/// after it, when that part is not empty), or else of the whole key.
+///
+/// Every key of a lock called `n` has the hash tag `{n}` (`dlm:{n}`, its release channel,
+/// its semaphore's or read-write lock's hash; see [`LockKeys`](crate::LockKeys)), so they
+/// live in one slot, that of `n` for a name without braces:
+///
+/// ```
+/// use dlm_redis::key_slot;
+///
+/// assert_eq!(key_slot(b"foo"), 12182);
+/// assert_eq!(key_slot(b"dlm:{invoice-42}"), key_slot(b"invoice-42"));
+/// assert_eq!(key_slot(b"dlm:{invoice-42}:released"), 13003);
+/// // An empty tag is no tag: the whole key is hashed.
+/// assert_eq!(key_slot(b"{}x"), 10595);
+/// ```
+pub fn key_slot(key: &[u8]) -> u16 {
     let hashed = key
         .iter()
         .position(|&b| b == b'{')

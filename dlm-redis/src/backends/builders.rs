@@ -13,7 +13,7 @@ use super::redlock::{Redlock, quorum};
 use crate::node::Node;
 use crate::options::{Options, invalid};
 use crate::protocol::ReplicaWait;
-use crate::topology::{Cluster, Discovery, Topology};
+use crate::topology::{Cluster, MasterAuth, Sentinel, Topology};
 
 /// The setters every builder has.
 macro_rules! option_setters {
@@ -302,9 +302,7 @@ impl RedisBackendBuilder {
 pub struct SentinelBuilder {
     master_name: String,
     sentinels: Vec<String>,
-    username: Option<String>,
-    password: Option<String>,
-    db: Option<i64>,
+    master: MasterAuth,
     options: Options,
 }
 
@@ -323,9 +321,7 @@ impl SentinelBuilder {
         SentinelBuilder {
             master_name: master_name.to_owned(),
             sentinels: sentinels.iter().map(|s| s.as_ref().to_owned()).collect(),
-            username: None,
-            password: None,
-            db: None,
+            master: MasterAuth::default(),
             options: Options::single(),
         }
     }
@@ -336,14 +332,14 @@ impl SentinelBuilder {
     /// The ACL user (if any) and password of the data nodes. The sentinels' own
     /// credentials go in their URLs.
     pub fn master_auth(mut self, username: Option<&str>, password: &str) -> Self {
-        self.username = username.map(str::to_owned);
-        self.password = Some(password.to_owned());
+        self.master.username = username.map(str::to_owned);
+        self.master.password = Some(password.to_owned());
         self
     }
 
     /// The database number on the master. Defaults to 0.
     pub fn master_db(mut self, db: i64) -> Self {
-        self.db = Some(db);
+        self.master.db = Some(db);
         self
     }
 
@@ -354,62 +350,16 @@ impl SentinelBuilder {
     /// the sentinels do not know, or sentinels that disagree about the master;
     /// [`dlm_core::Error::Backend`] when no sentinel answers.
     pub fn build(self) -> dlm_core::Result<RedisBackend> {
-        let (node, discovery) = self.master()?;
+        let sentinel = Sentinel::connect(
+            &self.master_name,
+            &self.sentinels,
+            &self.master,
+            &self.options,
+        )?;
         Ok(RedisBackend::assemble(
-            Topology::Sentinel(Arc::new(node), discovery),
+            Topology::Sentinel(sentinel),
             self.options,
         ))
-    }
-
-    /// The node of the deployment's master; asks every sentinel once.
-    fn master(&self) -> dlm_core::Result<(Node, Arc<Discovery>)> {
-        use redis::IntoConnectionInfo;
-        let spec = self;
-        let bad =
-            |field: &'static str, why: &str| invalid(dlm_core::InvalidArgument::new(field, why));
-        self.options.validate().map_err(invalid)?;
-        if spec.master_name.is_empty() || spec.master_name.len() > 256 {
-            return Err(bad("master_name", "must be 1 to 256 bytes"));
-        }
-        if spec.sentinels.is_empty() {
-            return Err(bad("sentinels", "no sentinel URL"));
-        }
-        let (sentinels, tls) = self.options.endpoints(&spec.sentinels).map_err(invalid)?;
-        let tls_urls = spec
-            .sentinels
-            .iter()
-            .filter(|u| u.to_ascii_lowercase().starts_with("rediss://"))
-            .count();
-        if tls_urls != 0 && tls_urls != spec.sentinels.len() {
-            return Err(bad(
-                "sentinels",
-                "some sentinel URLs are rediss:// and some are not: a deployment uses TLS everywhere or nowhere",
-            ));
-        }
-        let mut settings = "redis://127.0.0.1/"
-            .into_connection_info()
-            .expect("a valid URL")
-            .redis_settings()
-            .clone()
-            .set_db(spec.db.unwrap_or(0));
-        if let Some(user) = &spec.username {
-            settings = settings.set_username(user);
-        }
-        if let Some(password) = &spec.password {
-            settings = settings.set_password(password);
-        }
-        let template = "redis://127.0.0.1/"
-            .into_connection_info()
-            .expect("a valid URL")
-            .set_redis_settings(settings);
-        let discovery = Arc::new(Discovery::new(
-            spec.master_name.clone(),
-            sentinels,
-            template,
-            tls,
-        ));
-        discovery.check(self.options.timeouts())?;
-        Ok((Node::new(discovery.endpoint(), &self.options), discovery))
     }
 }
 

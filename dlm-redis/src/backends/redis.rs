@@ -1,7 +1,6 @@
 //! The single-instance backend.
 
 mod claims;
-mod journal;
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,13 +11,11 @@ use dlm_core::backend::{
     LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
 };
 
-use parking_lot::Mutex;
-
 use crate::fanout::{Fanout, Late};
 use crate::hints::Hints;
 use crate::node::Node;
-use crate::protocol::{Call, Keys, NodeAcquire, Redirect, ReleaseId};
-use crate::topology::{Topology, Watcher};
+use crate::protocol::{Call, Keys, NodeAcquire, ReleaseId};
+use crate::topology::{Redirect, Topology};
 
 use crate::options::Options;
 
@@ -53,10 +50,6 @@ struct Inner {
     hints: Option<Hints>,
     /// Renewals go to every node at once (in a cluster, every master of the holds).
     fanout: Fanout,
-    /// Sentinel: the releases made lately, sent again to a new master (`journal.rs`).
-    journal: journal::Journal,
-    /// Sentinel: asks where the master is, and sends the journal to a new one.
-    watcher: Mutex<Option<Watcher>>,
 }
 
 impl Drop for Inner {
@@ -131,32 +124,16 @@ impl RedisBackend {
     /// A backend on `target` with `options` (built and checked by a builder).
     pub(crate) fn assemble(target: Topology, options: Options) -> RedisBackend {
         let hints = Hints::when_enabled(&options, vec![target.listener()], 1);
-        let discovery = match &target {
-            Topology::Sentinel(_, discovery) => Some(discovery.clone()),
-            _ => None,
-        };
         let fanout = Fanout::new(target.kind());
-        let backend = RedisBackend {
+        RedisBackend {
             inner: Arc::new(Inner {
                 target,
                 keys: Keys::new(options.prefix.clone(), options.fence_ttl),
                 options,
                 hints,
                 fanout,
-                journal: journal::Journal::default(),
-                watcher: Mutex::new(None),
             }),
-        };
-        if let Some(discovery) = discovery {
-            let weak = Arc::downgrade(&backend.inner);
-            let watcher = Watcher::start(&discovery, backend.inner.options.timeouts(), move |_| {
-                if let Some(inner) = weak.upgrade() {
-                    (RedisBackend { inner }).release_again();
-                }
-            });
-            *backend.inner.watcher.lock() = watcher;
         }
-        backend
     }
 
     /// Whether the release-hint listener is subscribed now (it starts with the first
@@ -202,6 +179,23 @@ impl RedisBackend {
         self.inner
             .target
             .on_slot(slot, self.inner.options.timeouts(), f)
+    }
+
+    /// [`on_slot`](Self::on_slot) for `f`, a release of `owner`'s `claim` hold of `name`
+    /// that says whether it released (with Sentinel, journaled: see
+    /// [`Topology::release_on_slot`]).
+    fn release_on(
+        &self,
+        slot: impl Fn() -> u16,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        f: impl Fn(&Node) -> Result<bool, BackendError>,
+    ) -> Result<bool, BackendError> {
+        let t = self.inner.options.timeouts();
+        self.inner
+            .target
+            .release_on_slot(slot, t, name, claim, owner, f)
     }
 
     fn lease(&self, start: Instant, ttl: Duration) -> Option<Lease> {
@@ -256,7 +250,7 @@ impl RedisBackend {
         let value = value.extract_error().map_err(|e| node.endpoint.error(&e))?;
         let ok = match r.claim {
             Claim::Exclusive => node.reader().flag(value)?,
-            claim => self.claim_answer(node, r.name, claim, value)?.code == 1,
+            claim => node.reader().claim(r.name, claim, value)?.code == 1,
         };
         if let Some(w) = self.inner.options.replica_wait
             && ok
@@ -489,13 +483,13 @@ impl LockBackend for RedisBackend {
 
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
         let id = ReleaseId::Release.random();
-        let generation = self.sentinel_generation();
-        let released = self.on_node(name, |node| node.release(name, owner, id))?;
-        if let (true, Some(generation)) = (released, generation) {
-            self.inner
-                .journal
-                .record(name, Claim::Exclusive, owner, generation);
-        }
+        let released = self.release_on(
+            || self.inner.keys.slot(name),
+            name,
+            Claim::Exclusive,
+            owner,
+            |node| node.release(name, owner, id),
+        )?;
         if released {
             self.released_here(name, id);
         }

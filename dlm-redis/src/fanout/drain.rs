@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use crate::conn::Pooled;
-use crate::node::{Node, Ticket};
+use crate::node::{Node, Outstanding};
 use crate::protocol::{Call, ReleaseId};
 
 type Conn = Pooled;
@@ -106,7 +106,7 @@ impl LateReleases {
 /// A request whose caller has moved on.
 pub(crate) struct Straggler {
     /// Counts it in its node's background until it is done.
-    pub(crate) ticket: Ticket,
+    pub(crate) outstanding: Outstanding,
     /// When its reply is given up on (see `Node::straggler_limit`).
     pub(crate) give_up: Instant,
     pub(crate) conn: Conn,
@@ -227,8 +227,8 @@ fn drain(rx: &Receiver<Straggler>, counts: &LateReleases) {
                 if stragglers[k].give_up <= now {
                     log::debug!(
                         "{}: no reply within {:?}; the connection is given up",
-                        stragglers[k].ticket.node().endpoint,
-                        stragglers[k].ticket.node().straggler_limit()
+                        stragglers[k].outstanding.node().endpoint,
+                        stragglers[k].outstanding.node().straggler_limit()
                     );
                     complete(stragglers.swap_remove(k), false, counts);
                 }
@@ -250,17 +250,17 @@ fn drain(rx: &Receiver<Straggler>, counts: &LateReleases) {
 /// stops counting it.
 fn complete(s: Straggler, answered: bool, counts: &LateReleases) {
     let Straggler {
-        ticket,
+        outstanding,
         mut conn,
         late,
         ..
     } = s;
     if answered {
-        late.run(ticket.node(), Some(&mut conn), counts);
+        late.run(outstanding.node(), Some(&mut conn), counts);
     } else {
         conn.broken = true;
         drop(conn);
-        late.run(ticket.node(), None, counts);
+        late.run(outstanding.node(), None, counts);
     }
-    drop(ticket);
+    drop(outstanding);
 }

@@ -41,7 +41,7 @@ pub(crate) use drain::Late;
 use drain::{Drainer, Straggler};
 
 use crate::conn::Job;
-use crate::node::{Node, Ticket};
+use crate::node::{Node, Outstanding};
 use crate::protocol::Call;
 
 /// The least time the replies of the other nodes are awaited once the outcome is
@@ -150,7 +150,7 @@ struct Round {
     over: bool,
     /// Then, per node whose worker had not delivered: its request counted in the
     /// node's background, for the worker to hand on.
-    tickets: Vec<Option<Ticket>>,
+    outstanding: Vec<Option<Outstanding>>,
 }
 
 impl Fanout {
@@ -293,13 +293,13 @@ impl Fanout {
             p.collect(&mut flying, &mut replies);
             for &i in &p.connecting {
                 // Its worker hands the request to the drainer (or gives up, dropping it).
-                state.tickets[i] = Some(nodes[i].background(late.key()));
+                state.outstanding[i] = Some(nodes[i].background(late.key()));
             }
         }
         for f in flying {
             self.drainer.hand_over(Straggler {
                 give_up: Instant::now() + nodes[f.i].straggler_limit(),
-                ticket: nodes[f.i].background(late.key()),
+                outstanding: nodes[f.i].background(late.key()),
                 conn: f.conn,
                 call: f.call,
                 replies: f.replies,
@@ -359,12 +359,12 @@ impl Fanout {
                 return;
             }
             // The caller has gone, and counted this request on the node.
-            let ticket = state.tickets[i].take();
+            let outstanding = state.outstanding[i].take();
             drop(state);
-            if let (Ok(conn), Some(ticket)) = (sent, ticket) {
+            if let (Ok(conn), Some(outstanding)) = (sent, outstanding) {
                 drainer.hand_over(Straggler {
                     give_up: Instant::now() + node.straggler_limit(),
-                    ticket,
+                    outstanding,
                     conn,
                     call,
                     replies: Vec::new(),
@@ -414,7 +414,7 @@ impl Pickup {
         Ok(Pickup {
             state: Arc::new(Mutex::new(Round {
                 over: false,
-                tickets: (0..nodes).map(|_| None).collect(),
+                outstanding: (0..nodes).map(|_| None).collect(),
             })),
             tx,
             rx,

@@ -6,7 +6,7 @@ use std::ops::Range;
 use redis::Script;
 
 use super::keys::millis;
-use super::redirect::Redirect;
+use super::refusal::Refusal;
 use crate::transport::{Resp, Wire};
 
 /// `WAIT replicas timeout` after each write of a lock.
@@ -240,13 +240,14 @@ impl Call {
         }
     }
 
-    /// The cluster redirection a reply asks for (a refusal of the request's key, kept as
-    /// a value: the whole request was refused, a transaction aborted). `None` for a
-    /// batch, whose requests can go to different slots: its caller looks at each.
-    pub(crate) fn redirect_in(&self, value: &redis::Value) -> Option<Redirect> {
+    /// The server's refusal a reply keeps as a value (a refusal of the request's key: the
+    /// whole request was refused, a transaction aborted), which a topology may send
+    /// elsewhere (a cluster's redirection). `None` for a batch, whose requests can go to
+    /// different slots: its caller looks at each.
+    pub(crate) fn refusal_in(&self, value: &redis::Value) -> Option<Refusal> {
         match (&self.parts, value) {
             (Parts::Batch(_), _) => None,
-            (Parts::One(_), value) => Redirect::of_value(value),
+            (Parts::One(_), value) => Refusal::of_value(value),
         }
     }
 

@@ -5,7 +5,7 @@
 mod call;
 mod fencing;
 mod keys;
-mod redirect;
+mod refusal;
 mod release_id;
 mod replies;
 mod requests;
@@ -14,7 +14,7 @@ pub(crate) use call::{Call, ReplicaWait, Shape};
 pub(crate) use fencing::token_of_id;
 pub use keys::LockKeys;
 pub(crate) use keys::{Keys, millis};
-pub(crate) use redirect::Redirect;
+pub(crate) use refusal::Refusal;
 pub(crate) use release_id::ReleaseId;
-pub(crate) use replies::{NodeAcquire, NodeFence, Reader, Step};
+pub(crate) use replies::{NodeAcquire, NodeFence, ReplyReader, Step};
 pub(crate) use requests::claim_member;

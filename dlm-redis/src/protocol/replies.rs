@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlm_core::backend::{BackendError, BackendErrorKind, LockName};
+use dlm_core::backend::{BackendError, BackendErrorKind, Claim, LockName};
 
 use super::fencing::token_of_id;
 use super::keys::Keys;
@@ -48,23 +48,68 @@ pub(crate) enum Step {
     Script,
 }
 
+/// What the claim script (semaphores, read-write locks) answered: its code and its second
+/// value.
+pub(crate) struct ClaimAnswer {
+    pub(crate) code: i64,
+    pub(crate) value: redis::Value,
+}
+
 /// Reads the replies of one server (its name is in every error).
 #[derive(Clone, Copy)]
-pub(crate) struct Reader<'a> {
+pub(crate) struct ReplyReader<'a> {
     pub(crate) server: &'a Endpoint,
     pub(crate) keys: &'a Keys,
 }
 
-impl Reader<'_> {
+impl ReplyReader<'_> {
     pub(crate) fn unexpected_key(&self, name: &LockName, what: &str) -> BackendError {
+        self.foreign_key(&self.keys.lock(name), what)
+    }
+
+    /// `UnexpectedKey`: `key` is `what` it is, so dlm did not write it.
+    fn foreign_key(&self, key: &str, what: &str) -> BackendError {
         BackendError::new(
             BackendErrorKind::UnexpectedKey,
             format!(
-                "{}: the key {} {what}; it was not written by dlm",
-                self.server,
-                self.keys.lock(name)
+                "{}: the key {key} {what}; it was not written by dlm",
+                self.server
             ),
         )
+    }
+
+    /// The claim script's reply to an operation on the `claim` resource `name`: its code
+    /// and value; the codes of a foreign key are `UnexpectedKey`.
+    pub(crate) fn claim(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        reply: redis::Value,
+    ) -> Result<ClaimAnswer, BackendError> {
+        let mut parts = match reply {
+            redis::Value::Array(parts) if parts.len() >= 2 => parts.into_iter(),
+            other => return Err(self.protocol("the claim script", &other)),
+        };
+        let code: i64 = self.parse(parts.next().expect("two parts"))?;
+        let value = parts.next().expect("two parts");
+        self.claim_code(name, claim, code)?;
+        Ok(ClaimAnswer { code, value })
+    }
+
+    /// `UnexpectedKey` for the claim script's codes of a foreign key at the `claim`
+    /// resource `name`'s hash (-1: not a hash; -2: a hash dlm did not write).
+    pub(crate) fn claim_code(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        code: i64,
+    ) -> Result<(), BackendError> {
+        let what = match code {
+            -1 => "is not a hash",
+            -2 => "is a hash without an expiry or with fields dlm does not write",
+            _ => return Ok(()),
+        };
+        Err(self.foreign_key(&self.keys.claim(name, claim), what))
     }
 
     pub(crate) fn acquire_script(

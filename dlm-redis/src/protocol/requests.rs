@@ -211,6 +211,27 @@ impl Keys {
         self.script_call(&SCRIPTS.inspect, name, false, &[])
     }
 
+    /// The claim script's release of `owner`'s `claim` hold of the resource `name`,
+    /// publishing `release_id` on the resource's channel.
+    pub(crate) fn claim_release_call(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        release_id: u64,
+    ) -> Call {
+        let member = claim_member(claim, owner);
+        let channel = self.claim_channel(name, claim);
+        let mut id = itoa::Buffer::new();
+        self.claim_call(
+            name,
+            claim,
+            "release",
+            &member,
+            &[channel.as_bytes(), id.format(release_id).as_bytes()],
+        )
+    }
+
     /// The claim script (`src/protocol/lua/claim.lua`): operation `op` on `member`'s hold
     /// of the `claim` resource `name`, with `args` after the member.
     pub(crate) fn claim_call(

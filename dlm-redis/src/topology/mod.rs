@@ -1,6 +1,11 @@
 //! Topologies: which node serves a lock (one server, the master the sentinels name, the
 //! master of the lock's slot in a Redis Cluster), and the one rule for a request that
 //! failed because that may have changed. Above the nodes; below the backends.
+//!
+//! Each deployment's own rules live in its folder: `sentinel/` (finding the master, the
+//! watcher, the release journal, the checks at build), `cluster/` (the slot map, the
+//! redirections read and followed, the checks of the seeds). Here: the [`Topology`] and
+//! the one rule both share ([`Topology::on_slot`]).
 
 mod cluster;
 mod sentinel;
@@ -8,10 +13,11 @@ mod sentinel;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dlm_core::backend::BackendError;
+use dlm_core::backend::{BackendError, Claim, LockName, OwnerToken};
 
 pub(crate) use cluster::Cluster;
-pub(crate) use sentinel::{Discovery, Watcher};
+pub(crate) use cluster::redirect::Redirect;
+pub(crate) use sentinel::{MasterAuth, Sentinel};
 
 use crate::conn::Timeouts;
 use crate::node::Node;
@@ -20,9 +26,9 @@ use crate::node::Node;
 pub(crate) enum Topology {
     /// One server.
     One(Arc<Node>),
-    /// The master a Sentinel deployment names: the node's endpoint finds it on each
-    /// connect (see [`Discovery`]).
-    Sentinel(Arc<Node>, Arc<Discovery>),
+    /// The master a Sentinel deployment names: its node's endpoint finds it on each
+    /// connect (see [`Sentinel`]).
+    Sentinel(Arc<Sentinel>),
     /// The master of the key's slot in a Redis Cluster.
     Cluster(Arc<Cluster>),
 }
@@ -40,7 +46,8 @@ impl Topology {
     /// The node that serves `slot` now (computed only where it matters: in a cluster).
     pub(crate) fn node(&self, slot: impl FnOnce() -> u16) -> Result<Arc<Node>, BackendError> {
         match self {
-            Topology::One(node) | Topology::Sentinel(node, _) => Ok(node.clone()),
+            Topology::One(node) => Ok(node.clone()),
+            Topology::Sentinel(sentinel) => Ok(sentinel.node.clone()),
             Topology::Cluster(cluster) => cluster.node(slot()),
         }
     }
@@ -48,7 +55,8 @@ impl Topology {
     /// Every node known now (a cluster's masters).
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
         match self {
-            Topology::One(node) | Topology::Sentinel(node, _) => vec![node.clone()],
+            Topology::One(node) => vec![node.clone()],
+            Topology::Sentinel(sentinel) => vec![sentinel.node.clone()],
             Topology::Cluster(cluster) => cluster.masters(),
         }
     }
@@ -57,7 +65,8 @@ impl Topology {
     /// (classic pub/sub reaches every node).
     pub(crate) fn listener(&self) -> crate::conn::Endpoint {
         match self {
-            Topology::One(node) | Topology::Sentinel(node, _) => node.endpoint.clone(),
+            Topology::One(node) => node.endpoint.clone(),
+            Topology::Sentinel(sentinel) => sentinel.node.endpoint.clone(),
             Topology::Cluster(cluster) => cluster.any_node(),
         }
     }
@@ -86,6 +95,27 @@ impl Topology {
         }
     }
 
+    /// [`on_slot`](Self::on_slot) for `f`, a release of `owner`'s `claim` hold of `name`
+    /// that says whether it released. With Sentinel, a release made is journaled, to be
+    /// sent again to the next master if this one was being replaced (see
+    /// [`Sentinel::journaled`]).
+    pub(crate) fn release_on_slot(
+        &self,
+        slot: impl Fn() -> u16,
+        t: Timeouts,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        f: impl Fn(&Node) -> Result<bool, BackendError>,
+    ) -> Result<bool, BackendError> {
+        match self {
+            Topology::Sentinel(sentinel) => {
+                sentinel.journaled(name, claim, owner, || self.on_slot(slot, t, f))
+            }
+            Topology::One(_) | Topology::Cluster(_) => self.on_slot(slot, t, f),
+        }
+    }
+
     /// After a transient failure of a request made to `node` (in address `generation`)
     /// for `slot`, at `failed_at`: the node that serves `slot` now, if that changed.
     fn moved(
@@ -99,7 +129,8 @@ impl Topology {
         match self {
             Topology::One(_) => None,
             // The same node, at the address of the master named now.
-            Topology::Sentinel(one, _) => {
+            Topology::Sentinel(sentinel) => {
+                let one = &sentinel.node;
                 one.endpoint.moved_since(generation, t).then(|| one.clone())
             }
             Topology::Cluster(cluster) => {
@@ -116,7 +147,8 @@ impl Topology {
 impl std::fmt::Debug for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Topology::One(node) | Topology::Sentinel(node, _) => write!(f, "{}", node.endpoint),
+            Topology::One(node) => write!(f, "{}", node.endpoint),
+            Topology::Sentinel(sentinel) => write!(f, "{}", sentinel.node.endpoint),
             Topology::Cluster(cluster) => write!(f, "{cluster:?}"),
         }
     }

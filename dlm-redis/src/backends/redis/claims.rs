@@ -13,12 +13,6 @@ use super::RedisBackend;
 use crate::node::Node;
 use crate::protocol::{Call, ReleaseId, claim_member, millis, token_of_id};
 
-/// What the claim script answered: its code and its second value.
-pub(super) struct Answer {
-    pub(super) code: i64,
-    value: redis::Value,
-}
-
 impl RedisBackend {
     /// Runs the claim script's `op` on `member`'s hold of the `claim` resource `name` on
     /// the node of its hash (in a cluster, the master of that slot).
@@ -30,47 +24,6 @@ impl RedisBackend {
     ) -> Result<T, BackendError> {
         let keys = &self.inner.keys;
         self.on_slot(|| keys.claim_slot(name, claim), f)
-    }
-
-    /// The claim script's reply read: a foreign key is `UnexpectedKey`.
-    pub(super) fn claim_answer(
-        &self,
-        node: &Node,
-        name: &LockName,
-        claim: Claim,
-        reply: redis::Value,
-    ) -> Result<Answer, BackendError> {
-        let mut parts = match reply {
-            redis::Value::Array(parts) if parts.len() >= 2 => parts.into_iter(),
-            other => return Err(node.reader().protocol("the claim script", &other)),
-        };
-        let code: i64 = node.reader().parse(parts.next().expect("two parts"))?;
-        let value = parts.next().expect("two parts");
-        self.claim_code(node, name, claim, code)?;
-        Ok(Answer { code, value })
-    }
-
-    /// `UnexpectedKey` for the claim script's codes of a foreign key.
-    fn claim_code(
-        &self,
-        node: &Node,
-        name: &LockName,
-        claim: Claim,
-        code: i64,
-    ) -> Result<(), BackendError> {
-        let what = match code {
-            -1 => "is not a hash",
-            -2 => "is a hash without an expiry or with fields dlm does not write",
-            _ => return Ok(()),
-        };
-        Err(BackendError::new(
-            BackendErrorKind::UnexpectedKey,
-            format!(
-                "{}: the key {} {what}; it was not written by dlm",
-                node.endpoint,
-                self.inner.keys.claim(name, claim)
-            ),
-        ))
     }
 
     /// The token in a script's answer (a stream ID; empty: none).
@@ -128,7 +81,7 @@ impl RedisBackend {
             let start = Instant::now();
             let wait = self.inner.options.replica_wait;
             let (reply, acked) = node.execute_acked(&call, wait)?;
-            let answer = self.claim_answer(node, name, claim, reply)?;
+            let answer = node.reader().claim(name, claim, reply)?;
             match answer.code {
                 1 => {}
                 0 => {
@@ -208,7 +161,7 @@ impl RedisBackend {
             let start = Instant::now();
             let wait = self.inner.options.replica_wait;
             let (reply, acked) = node.execute_acked(&call, wait)?;
-            if self.claim_answer(node, name, claim, reply)?.code != 1 {
+            if node.reader().claim(name, claim, reply)?.code != 1 {
                 return Ok(None);
             }
             if let Some(w) = wait.filter(|w| acked.unwrap_or(0) < w.replicas) {
@@ -218,29 +171,6 @@ impl RedisBackend {
         })
     }
 
-    /// The release on `node`, announced as `id` when someone waits.
-    pub(super) fn claim_release_on(
-        &self,
-        node: &Node,
-        name: &LockName,
-        claim: Claim,
-        owner: &OwnerToken,
-        id: u64,
-    ) -> Result<bool, BackendError> {
-        let member = claim_member(claim, owner);
-        let channel = self.inner.keys.claim_channel(name, claim);
-        let mut id_s = itoa::Buffer::new();
-        let call = self.inner.keys.claim_call(
-            name,
-            claim,
-            "release",
-            &member,
-            &[channel.as_bytes(), id_s.format(id).as_bytes()],
-        );
-        let reply = node.execute(&call)?;
-        Ok(self.claim_answer(node, name, claim, reply)?.code == 1)
-    }
-
     pub(super) fn claim_release(
         &self,
         name: &LockName,
@@ -248,14 +178,14 @@ impl RedisBackend {
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
         let id = ReleaseId::Release.random();
-        let generation = self.sentinel_generation();
-        let released = self.claim_run(name, claim, |node| {
-            self.claim_release_on(node, name, claim, owner, id)
-        })?;
-        if let (true, Some(generation)) = (released, generation) {
-            // Sent again to a new master if this one was being replaced (see `Journal`).
-            self.inner.journal.record(name, claim, owner, generation);
-        }
+        let keys = &self.inner.keys;
+        let released = self.release_on(
+            || keys.claim_slot(name, claim),
+            name,
+            claim,
+            owner,
+            |node| node.release_claim(name, claim, owner, id),
+        )?;
         if released {
             self.claim_released_here(name, claim, id);
         }
@@ -290,7 +220,7 @@ impl RedisBackend {
         self.claim_run(name, claim, |node| {
             let wait = self.inner.options.replica_wait;
             let (reply, acked) = node.execute_acked(&call, wait)?;
-            let answer = self.claim_answer(node, name, claim, reply)?;
+            let answer = node.reader().claim(name, claim, reply)?;
             let reply = redis::Value::Array(vec![redis::Value::Int(answer.code), answer.value]);
             let Some(token) = node.reader().fence(name, reply)?.stream() else {
                 return Ok(None);
@@ -333,7 +263,7 @@ impl RedisBackend {
             let start = Instant::now();
             let wait = self.inner.options.replica_wait;
             let (reply, acked) = node.execute_acked(&call, wait)?;
-            let answer = self.claim_answer(node, name, claim, reply)?;
+            let answer = node.reader().claim(name, claim, reply)?;
             if answer.code != 1 {
                 return Ok(None);
             }
@@ -369,7 +299,7 @@ impl RedisBackend {
         );
         let held = self.claim_run(name, claim, |node| {
             let reply = node.execute(&call)?;
-            Ok(self.claim_answer(node, name, claim, reply)?.code == 1)
+            Ok(node.reader().claim(name, claim, reply)?.code == 1)
         })?;
         self.claim_released_here(name, claim, id);
         Ok(held)
@@ -393,7 +323,7 @@ impl RedisBackend {
                 Some(redis::Value::Int(code)) => *code,
                 _ => return Err(bad(&redis::Value::Array(parts))),
             };
-            self.claim_code(node, name, claim, code)?;
+            node.reader().claim_code(name, claim, code)?;
             let (permits, list) = match parts.as_slice() {
                 [_, redis::Value::Int(permits), redis::Value::Array(list)] => (*permits, list),
                 _ => return Err(bad(&redis::Value::Array(parts.clone()))),

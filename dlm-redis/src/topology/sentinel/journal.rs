@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 use dlm_core::backend::{Claim, LockName, OwnerToken};
 use parking_lot::Mutex;
 
-use super::RedisBackend;
+use crate::node::Node;
 use crate::protocol::{Call, ReleaseId};
-use crate::topology::Topology;
 
 /// How long a release is kept in the journal: longer than a failover takes to be
 /// noticed (the sentinels name the new master about 1 s after the promotion at their
@@ -40,6 +39,8 @@ struct Released {
 }
 
 impl Journal {
+    /// Keeps the release of `owner`'s `claim` hold of `name`, made on the master of
+    /// address `generation`.
     pub(super) fn record(
         &self,
         name: &LockName,
@@ -76,34 +77,18 @@ impl Journal {
             .filter(|r| r.at.elapsed() <= JOURNAL_KEEP)
             .collect()
     }
-}
 
-impl RedisBackend {
-    /// The generation of the Sentinel master a request goes to now (`None` for other
-    /// topologies): a release made in it is journaled, to be sent again to a later master.
-    pub(super) fn sentinel_generation(&self) -> Option<u64> {
-        match &self.inner.target {
-            Topology::Sentinel(node, _) => Some(node.endpoint.generation()),
-            _ => None,
-        }
-    }
-
-    /// Sentinel, after a change of master: the releases of the journal made on an earlier
-    /// master are sent again to the new one, in one pipelined write (see [`Journal`]).
-    pub(super) fn release_again(&self) {
-        let Topology::Sentinel(node, _) = &self.inner.target else {
-            return;
-        };
+    /// After a change of master: the releases of the journal made on an earlier master
+    /// are sent again to `node`, the master now, in one pipelined write (a semaphore's or
+    /// read-write lock's, rarer, one by one).
+    pub(super) fn release_again(&self, node: &Node) {
         let (again, groups): (Vec<Released>, Vec<Released>) = self
-            .inner
-            .journal
             .take_before(node.endpoint.generation())
             .into_iter()
             .partition(|r| r.claim == Claim::Exclusive);
         let id = ReleaseId::Release.random();
-        // A semaphore's or read-write lock's releases (rarer) one by one.
         for r in groups {
-            if let Err(e) = self.claim_release_on(node, &r.name, r.claim, &r.owner, id) {
+            if let Err(e) = node.release_claim(&r.name, r.claim, &r.owner, id) {
                 log::warn!(
                     "{}: sending a release made on the former master again failed (its copy ends with its lease): {e}",
                     node.endpoint

@@ -9,26 +9,31 @@
 //! the I/O timeout, then reported as `Unavailable` (the front retries those within its
 //! error budget). A node that cannot be reached makes the map be asked for again (at most
 //! every [`REFRESH_EVERY`]), so that a promoted replica is found after a failover.
+//!
+//! Here: the slot map and its nodes; the redirections, read and followed
+//! (`redirect.rs`); the checks of the seeds at build (`setup.rs`).
+
+// The children extend `Cluster` (its routing, its construction) and import from here,
+// never the other way; `Redirect` is reached as `cluster::redirect::Redirect`.
+pub(super) mod redirect;
+mod setup;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
+use dlm_core::{BackendError, BackendErrorKind};
 use parking_lot::{Mutex, RwLock};
 
 use crate::conn::{Endpoint, Locate, Timeouts};
-use crate::node::{Node, Router, Try};
+use crate::node::{Node, Router};
 use crate::options::{Options, Tls};
-use crate::protocol::Redirect;
 use crate::slot::SLOTS;
 use crate::transport::Wire;
 
 /// The shortest time between two reads of the slot map.
 const REFRESH_EVERY: Duration = Duration::from_millis(100);
-/// The most redirections one request follows.
-const MAX_REDIRECTS: usize = 16;
 
 /// The masters and who serves which slot.
 struct SlotMap {
@@ -52,84 +57,7 @@ pub(crate) struct Cluster {
     me: Weak<Cluster>,
 }
 
-/// A seed's answer at build.
-struct SeedView {
-    seed: String,
-    /// Its own node id, and every node id it knows (`CLUSTER NODES`).
-    id: String,
-    known: Vec<String>,
-    slots: redis::Value,
-}
-
 impl Cluster {
-    /// Asks every seed for its view; refuses a server without cluster mode and seeds of
-    /// different clusters, then makes the map from the first view.
-    pub(crate) fn connect(options: Options, seeds: &[String]) -> dlm_core::Result<Arc<Cluster>> {
-        let bad = |field: &'static str, why: String| -> dlm_core::Error {
-            InvalidArgument::new(field, why).into()
-        };
-        options.validate()?;
-        if seeds.is_empty() {
-            return Err(bad("seeds", "no seed URL".into()));
-        }
-        let (endpoints, tls) = options.endpoints(seeds)?;
-        let t = options.timeouts();
-        let mut views = Vec::new();
-        let mut failed = Vec::new();
-        for seed in &endpoints {
-            match view(seed, t) {
-                Ok(v) => views.push(v),
-                Err(e) if e.message().contains("cluster support disabled") => {
-                    return Err(bad(
-                        "seeds",
-                        format!(
-                            "{seed} is not in cluster mode (cluster-enabled no): use RedisBackend::builder for a single server"
-                        ),
-                    ));
-                }
-                Err(e) => failed.push(e),
-            }
-        }
-        let Some(first) = views.first() else {
-            return Err(dlm_core::Error::Backend(
-                failed.into_iter().next().expect("at least one seed"),
-            ));
-        };
-        if let Some(other) = views[1..]
-            .iter()
-            .find(|v| !first.known.contains(&v.id) || !v.known.contains(&first.id))
-        {
-            return Err(bad(
-                "seeds",
-                format!(
-                    "{} and {} belong to different clusters (neither knows the other's node id)",
-                    first.seed, other.seed
-                ),
-            ));
-        }
-        let cluster = Arc::new_cyclic(|me| Cluster {
-            options,
-            seeds: endpoints,
-            tls,
-            map: RwLock::new(SlotMap {
-                nodes: HashMap::new(),
-                slots: vec![None; SLOTS],
-            }),
-            refreshed: Mutex::new(Some(Instant::now())),
-            me: me.clone(),
-        });
-        let seed = cluster
-            .seeds
-            .iter()
-            .find(|s| s.to_string() == first.seed)
-            .expect("the view of a seed")
-            .clone();
-        cluster
-            .apply(&seed, &first.slots)
-            .map_err(dlm_core::Error::Backend)?;
-        Ok(cluster)
-    }
-
     /// The master of `slot` now.
     pub(crate) fn node(&self, slot: u16) -> Result<Arc<Node>, BackendError> {
         if let Some(node) = &self.map.read().slots[usize::from(slot)] {
@@ -347,80 +275,6 @@ impl Cluster {
     }
 }
 
-impl Router for Cluster {
-    /// Runs `attempt` on `first` (the slot's master when the request was made), following
-    /// the redirections it reports: `MOVED` updates the map, `ASK` goes once to the
-    /// importing node after `ASKING`, `TRYAGAIN` and `CLUSTERDOWN` are retried after a
-    /// short pause within the I/O timeout.
-    fn route(
-        &self,
-        first: &Node,
-        attempt: &mut dyn FnMut(&Node, bool) -> Try,
-    ) -> Result<(), BackendError> {
-        let deadline = Instant::now() + self.options.io_timeout;
-        let mut pause = Duration::from_millis(2);
-        let mut other: Option<Arc<Node>> = None;
-        let mut asking = false;
-        let mut redirects = 0;
-        loop {
-            let node = other.as_deref().unwrap_or(first);
-            let (redirect, said) = match attempt(node, asking) {
-                Try::Done => return Ok(()),
-                Try::Unreachable(e) => {
-                    // Down or unreachable: a failover may have moved its slots.
-                    if e.is_transient() {
-                        self.refresh();
-                    }
-                    return Err(e);
-                }
-                Try::Redirected(redirect, said) => (redirect, said),
-            };
-            if matches!(redirect, Redirect::Moved { .. } | Redirect::Ask { .. }) {
-                redirects += 1;
-                if redirects > MAX_REDIRECTS {
-                    return Err(BackendError::new(
-                        BackendErrorKind::Unavailable,
-                        format!(
-                            "redis cluster: more than {MAX_REDIRECTS} redirections for one request"
-                        ),
-                    ));
-                }
-            }
-            match redirect {
-                Redirect::Moved { slot, addr } => {
-                    log::debug!("{}: slot {slot} moved to {addr}", node.endpoint);
-                    other = Some(self.moved(node, slot, &addr)?);
-                    asking = false;
-                    self.refresh();
-                }
-                Redirect::Ask { addr } => {
-                    other = Some(self.node_at(node, &addr)?);
-                    asking = true;
-                }
-                // The same request again, to the same node, the same way (with `ASKING`
-                // if it was asked there).
-                Redirect::Retry => {
-                    let now = Instant::now();
-                    if now + pause > deadline {
-                        return Err(BackendError::new(
-                            BackendErrorKind::Unavailable,
-                            format!(
-                                "{}: still refused after {:?} ({said})",
-                                node.endpoint, self.options.io_timeout,
-                            ),
-                        ));
-                    }
-                    if said == "CLUSTERDOWN" {
-                        self.refresh();
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-            }
-        }
-    }
-}
-
 impl Locate for Cluster {
     fn connect(&self, t: Timeouts) -> Result<(Wire, u64), BackendError> {
         self.connect_any(t).map(|con| (con, 0))
@@ -442,32 +296,4 @@ fn cluster_slots(con: &mut Wire, endpoint: &Endpoint) -> Result<redis::Value, Ba
         .arg("SLOTS")
         .query(con)
         .map_err(|e| endpoint.error(&e))
-}
-
-/// What a seed says about itself and its cluster.
-fn view(seed: &Endpoint, t: Timeouts) -> Result<SeedView, BackendError> {
-    let mut con = seed.connect(t)?;
-    let nodes: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query(&mut con)
-        .map_err(|e| seed.error(&e))?;
-    let mut id = String::new();
-    let mut known = Vec::new();
-    for line in nodes.lines() {
-        let mut fields = line.split(' ');
-        let (Some(node_id), _, Some(flags)) = (fields.next(), fields.next(), fields.next()) else {
-            continue;
-        };
-        if flags.split(',').any(|f| f == "myself") {
-            id = node_id.to_owned();
-        }
-        known.push(node_id.to_owned());
-    }
-    let slots = cluster_slots(&mut con, seed)?;
-    Ok(SeedView {
-        seed: seed.to_string(),
-        id,
-        known,
-        slots,
-    })
 }

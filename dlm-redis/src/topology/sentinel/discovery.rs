@@ -1,20 +1,12 @@
-//! Redis Sentinel: finding the master of a monitored group through its sentinels, and
-//! finding it again after a failover.
-//!
-//! The lock connections of a Sentinel-mode `RedisBackend` go to
-//! whichever server the sentinels name as the master. Every new connection asks for it
-//! (the answer is cached until something casts doubt on it) and checks with `ROLE` that
-//! the server is a master, as the Sentinel client guidelines ask. Doubt comes from a
-//! `READONLY` reply (the server was demoted), a connection failure or a timeout; a changed
-//! answer bumps a generation, and pooled connections of an older generation are dropped
-//! instead of being reused.
+//! Finding a Sentinel deployment's master: the sentinels asked in turn, the answer
+//! cached until something casts doubt on it, `ROLE` checked on each new connection, and a
+//! generation bumped when the answer changes (see [`Discovery`]).
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
-use dlm_core::{BackendError, BackendErrorKind, InvalidArgument};
+use dlm_core::{BackendError, BackendErrorKind};
 use parking_lot::Mutex;
 use redis::{ConnectionAddr, ConnectionInfo};
 use rustls::ClientConfig;
@@ -24,10 +16,10 @@ use crate::transport::TlsOptions;
 use crate::transport::{TlsTarget, Wire};
 
 /// A master's address, as the sentinels give it.
-type Addr = (String, u16);
+pub(super) type Addr = (String, u16);
 
 /// The sentinels of one master group, and what they last said.
-pub(crate) struct Discovery {
+pub(super) struct Discovery {
     master_name: String,
     sentinels: Vec<Endpoint>,
     /// The data nodes' credentials and database (the address is the sentinels' answer).
@@ -43,7 +35,10 @@ pub(crate) struct Discovery {
 }
 
 impl Discovery {
-    pub(crate) fn new(
+    /// The sentinels of the group `master_name`, whose master is reached with
+    /// `template`'s credentials and database (and over TLS with `tls`). Nothing is asked
+    /// yet: the first connection asks.
+    pub(super) fn new(
         master_name: String,
         sentinels: Vec<Endpoint>,
         template: ConnectionInfo,
@@ -61,13 +56,13 @@ impl Discovery {
     }
 
     /// Changes whenever the master's address does: connections made before are stale.
-    pub(crate) fn current_generation(&self) -> u64 {
+    pub(super) fn current_generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
     /// Something went wrong on a connection to the master: ask the sentinels again before
     /// the next connection.
-    pub(crate) fn suspect(&self) {
+    pub(super) fn suspect(&self) {
         self.suspect.store(true, Ordering::Release);
     }
 
@@ -84,12 +79,25 @@ impl Discovery {
 
     /// The endpoint of the master, whichever server that is now: each new connection
     /// asks (or remembers) where it is.
-    pub(crate) fn endpoint(self: &Arc<Self>) -> Endpoint {
+    pub(super) fn endpoint(self: &Arc<Self>) -> Endpoint {
         Endpoint::located(
             self.template.clone(),
             format!("master {:?} (sentinel)", self.master_name),
             self.clone(),
         )
+    }
+
+    /// The name of the master group.
+    pub(super) fn master_name(&self) -> &str {
+        &self.master_name
+    }
+
+    /// Every sentinel's answer (for the check at build), with the sentinel's name.
+    pub(super) fn ask_all(&self, t: Timeouts) -> Vec<(String, Result<Option<Addr>, BackendError>)> {
+        self.sentinels
+            .iter()
+            .map(|s| (s.to_string(), self.ask(s, t)))
+            .collect()
     }
 
     /// One sentinel's answer: the master's address, or `None` if it does not know the
@@ -113,72 +121,9 @@ impl Discovery {
             .transpose()
     }
 
-    /// Every sentinel's answer (for the check at build).
-    fn ask_all(&self, t: Timeouts) -> Vec<(String, Result<Option<Addr>, BackendError>)> {
-        self.sentinels
-            .iter()
-            .map(|s| (s.to_string(), self.ask(s, t)))
-            .collect()
-    }
-
-    /// At build: at least one sentinel answers, they know the master's name, and those
-    /// that answer agree on its address.
-    pub(crate) fn check(&self, t: Timeouts) -> Result<(), dlm_core::Error> {
-        let answers = self.ask_all(t);
-        let mut known: Vec<(Addr, Vec<String>)> = Vec::new();
-        let mut unknown = Vec::new();
-        let mut failed = Vec::new();
-        for (sentinel, answer) in answers {
-            match answer {
-                Ok(Some(addr)) => match known.iter_mut().find(|(a, _)| *a == addr) {
-                    Some((_, who)) => who.push(sentinel),
-                    None => known.push((addr, vec![sentinel])),
-                },
-                Ok(None) => unknown.push(sentinel),
-                Err(e) => failed.push(e),
-            }
-        }
-        if known.is_empty() && unknown.is_empty() {
-            // Nobody answered: the first error says why (credentials, TLS, down).
-            let first = failed.into_iter().next().expect("at least one sentinel");
-            return Err(dlm_core::Error::Backend(first));
-        }
-        if known.is_empty() {
-            return Err(InvalidArgument::new(
-                "master_name",
-                format!(
-                    "the sentinels ({}) do not know a master named {:?}",
-                    unknown.join(", "),
-                    self.master_name
-                ),
-            )
-            .into());
-        }
-        if known.len() > 1 || !unknown.is_empty() {
-            let mut views: Vec<String> = known
-                .iter()
-                .map(|((h, p), who)| format!("{h}:{p} by {}", who.join(", ")))
-                .collect();
-            if !unknown.is_empty() {
-                views.push(format!("unknown to {}", unknown.join(", ")));
-            }
-            return Err(InvalidArgument::new(
-                "sentinels",
-                format!(
-                    "the sentinels disagree about master {:?}: {}",
-                    self.master_name,
-                    views.join("; ")
-                ),
-            )
-            .into());
-        }
-        self.remember(known.remove(0).0);
-        Ok(())
-    }
-
     /// The first answer of the sentinels in turn (a sentinel that is down or does not
     /// know the name is skipped).
-    fn lookup(&self, t: Timeouts) -> Result<Addr, BackendError> {
+    pub(super) fn lookup(&self, t: Timeouts) -> Result<Addr, BackendError> {
         let mut why = Vec::new();
         for sentinel in &self.sentinels {
             match self.ask(sentinel, t) {
@@ -200,7 +145,9 @@ impl Discovery {
         ))
     }
 
-    fn remember(&self, addr: Addr) {
+    /// Takes `addr` as the master's address now (a new one bumps the generation), and
+    /// no longer in doubt.
+    pub(super) fn remember(&self, addr: Addr) {
         let mut current = self.current.lock();
         if current.as_ref() != Some(&addr) {
             if let Some((h, p)) = current.as_ref() {
@@ -286,79 +233,6 @@ impl fmt::Debug for Discovery {
             .field("sentinels", &self.sentinels)
             .field("current", &*self.current.lock())
             .finish_non_exhaustive()
-    }
-}
-
-/// How often a [`Watcher`] asks the sentinels where the master is.
-const WATCH_EVERY: Duration = Duration::from_millis(500);
-
-/// Asks the sentinels where the master is every [`WATCH_EVERY`], so that a client learns
-/// of a failover within about that much of the sentinels' announcement even when none of
-/// its requests fails (a planned failover leaves the old master answering, as a master,
-/// until Sentinel demotes it: about 11 s at Sentinel's default timings), and calls
-/// `moved` with the generation it left after each change of master. One thread, stopped
-/// and joined on drop.
-pub(crate) struct Watcher {
-    stop: Option<crossbeam_channel::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watcher {
-    /// Starts watching `discovery`; `None` when the thread cannot be started (the client
-    /// then learns of a failover when a request fails).
-    pub(crate) fn start(
-        discovery: &Arc<Discovery>,
-        t: Timeouts,
-        moved: impl Fn(u64) + Send + 'static,
-    ) -> Option<Watcher> {
-        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-        let weak = Arc::downgrade(discovery);
-        let spawned = std::thread::Builder::new()
-            .name("dlm-redis-sentinel".into())
-            .spawn(move || {
-                let mut seen = weak.upgrade().map_or(0, |d| d.current_generation());
-                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(WATCH_EVERY)
-                {
-                    let Some(d) = weak.upgrade() else { return };
-                    if let Err(e) = d.lookup(t) {
-                        log::debug!("redis sentinel: watching the master: {e}");
-                    }
-                    let now = d.current_generation();
-                    drop(d);
-                    if now != seen {
-                        moved(seen);
-                        seen = now;
-                    }
-                }
-            });
-        match spawned {
-            Ok(thread) => Some(Watcher {
-                stop: Some(stop),
-                thread: Some(thread),
-            }),
-            Err(e) => {
-                log::warn!("redis sentinel: cannot start the master's watcher: {e}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take()
-            && thread.thread().id() != std::thread::current().id()
-        {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl fmt::Debug for Watcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Watcher")
     }
 }
 
