@@ -29,8 +29,13 @@ fn call(server: &EtcdServer, path: &str, body: &str) -> Value {
 
 /// The keys under the semaphore `name`'s resource (`dlm/lock/{name} 0 sem 0`).
 fn semaphore_keys(server: &EtcdServer, name: &str) -> Vec<Value> {
-    let prefix = format!("dlm/lock/{name}\0sem\0");
-    let end = format!("dlm/lock/{name}\0sem\u{1}");
+    resource_keys(server, name, "sem")
+}
+
+/// The keys under `name`'s resource of `kind` (`sem` or `rw`): `dlm/lock/{name} 0 kind 0`.
+fn resource_keys(server: &EtcdServer, name: &str, kind: &str) -> Vec<Value> {
+    let prefix = format!("dlm/lock/{name}\0{kind}\0");
+    let end = format!("dlm/lock/{name}\0{kind}\u{1}");
     let reply = call(
         server,
         "/v3/kv/range",
@@ -183,25 +188,12 @@ fn a_names_mutex_semaphore_and_read_write_lock_are_separate() {
 /// The keys under the read-write lock `name`'s resource (`dlm/lock/{name} 0 rw 0`): each
 /// key's suffix (`r...`, `w...`, `m`) and its etcd lease.
 fn rw_keys(server: &EtcdServer, name: &str) -> Vec<(String, String)> {
-    let prefix = format!("dlm/lock/{name}\0rw\0");
-    let end = format!("dlm/lock/{name}\0rw\u{1}");
-    let reply = call(
-        server,
-        "/v3/kv/range",
-        &format!(
-            r#"{{"key":"{}","range_end":"{}"}}"#,
-            b64(prefix.as_bytes()),
-            b64(end.as_bytes())
-        ),
-    );
-    reply["kvs"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+    let prefix_len = format!("dlm/lock/{name}\0rw\0").len();
+    resource_keys(server, name, "rw")
         .iter()
         .map(|kv| {
             let key = STANDARD.decode(kv["key"].as_str().unwrap()).unwrap();
-            let suffix = String::from_utf8_lossy(&key[prefix.len()..]).into_owned();
+            let suffix = String::from_utf8_lossy(&key[prefix_len..]).into_owned();
             (suffix, kv["lease"].as_str().unwrap_or("0").to_owned())
         })
         .collect()

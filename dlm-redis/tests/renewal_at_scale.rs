@@ -10,9 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Cluster;
+use dlm_core::backend::LockBackend;
 use dlm_core::{Lock, LockClient, LockGuard};
 use dlm_redis::{RedisBackend, Redlock};
 use dlm_testkit::cluster::{RedisCluster, slot_of};
+use dlm_testkit::faults::FaultProxy;
+use dlm_testkit::redis_server::RedisServer;
+use dlm_testkit::scale::ScaleBar;
 use dlm_testkit::{CountingBackend, unique_name};
 
 static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
@@ -258,130 +262,38 @@ fn a_stopped_cluster_master_costs_no_hold_on_the_others() {
 
 // --- Every kind of hold, at scale, through a slow network -------------------------------
 
-/// Holds of each kind in the scale bar.
-const EACH: usize = 1_000;
-
-/// The names of the scale bar's holds: a lock, a semaphore of one permit and a read-write
-/// lock per index.
-fn scale_names(prefix: &str, i: usize) -> [String; 3] {
-    [
-        format!("{prefix}-m-{i}"),
-        format!("{prefix}-s-{i}"),
-        format!("{prefix}-r-{i}"),
-    ]
-}
-
 /// What the servers counted, summed: the scripts run (`EVALSHA`: one per renewal,
 /// acquisition or release) and the socket reads (about one per request written, more when
 /// the kernel splits a large pipelined write).
-fn server_counts(servers: &[&dlm_testkit::redis_server::RedisServer]) -> (u64, u64) {
-    servers.iter().fold((0, 0), |(c, r), s| {
-        let scripts = s
+fn server_counts(servers: &[&RedisServer]) -> Vec<(&'static str, u64)> {
+    let (mut scripts, mut reads) = (0, 0);
+    for s in servers {
+        scripts += s
             .info("commandstats")
             .lines()
             .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
             .and_then(|v| v.split(',').next()?.parse::<u64>().ok())
             .unwrap_or(0);
-        let reads = s
+        reads += s
             .info("stats")
             .lines()
             .find_map(|l| l.strip_prefix("total_reads_processed:"))
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(0);
-        (c + scripts, r + reads)
-    })
+    }
+    vec![("scripts run", scripts), ("socket reads", reads)]
 }
 
-/// The scale bar of the renewal rule: 1,000 mutex holds, 1,000 permits and 1,000 read
-/// holds in one client over `backend`, a 2 s watchdog, then every request 50 ms late
-/// (`proxies`, toward the servers) for three leases: none is lost, and another client
-/// (`other`) takes none. Reports the renewal rounds and what each cost the servers.
-fn every_kind_survives_fifty_milliseconds(
-    what: &str,
-    backend: Arc<dyn dlm_core::backend::LockBackend>,
-    other: Arc<dyn dlm_core::backend::LockBackend>,
-    proxies: &[dlm_testkit::faults::FaultProxy],
-    servers: &[&dlm_testkit::redis_server::RedisServer],
-) {
-    use dlm_testkit::faults::Direction;
-    let counting = Arc::new(CountingBackend::new(backend));
-    let client = LockClient::builder(counting.clone())
-        .watchdog_timeout(WATCHDOG)
-        .build()
-        .unwrap();
-    let prefix = unique_name("every-kind");
-    let mut guards: Vec<LockGuard> = Vec::with_capacity(3 * EACH);
-    for i in 0..EACH {
-        let [m, s, r] = scale_names(&prefix, i);
-        guards.push(client.get_lock(&m).unwrap().lock().unwrap());
-        guards.push(client.get_semaphore(&s, 1).unwrap().acquire().unwrap());
-        guards.push(client.get_rw_lock(&r).unwrap().read().unwrap());
-    }
-    for p in proxies {
-        p.set_latency(Direction::ToServer, Duration::from_millis(50));
-    }
-    let rounds_before = counting.rounds().len();
-    let (commands_before, reads_before) = server_counts(servers);
-    let slow = Instant::now();
-    let mut checked_others = false;
-    while slow.elapsed() < WATCHDOG * 3 {
-        let lost = guards.iter().filter(|g| !g.is_held()).count();
-        assert_eq!(lost, 0, "{what}: {lost} of {} holds lost", guards.len());
-        if !checked_others && slow.elapsed() > WATCHDOG {
-            // One lease in: another client takes none of a sample of each kind.
-            let other = LockClient::new(other.clone());
-            for i in (0..EACH).step_by(EACH / 10) {
-                let [m, s, r] = scale_names(&prefix, i);
-                assert!(other.get_lock(&m).unwrap().try_lock().unwrap().is_none());
-                let sem = other.get_semaphore(&s, 1).unwrap();
-                assert!(sem.try_acquire().unwrap().is_none());
-                let rw = other.get_rw_lock(&r).unwrap();
-                assert!(rw.try_write().unwrap().is_none());
-            }
-            checked_others = true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let (commands, reads) = server_counts(servers);
-    let rounds = counting.rounds()[rounds_before..].to_vec();
-    let renewed: usize = rounds.iter().map(|r| r.renewed).sum();
-    let mut took: Vec<Duration> = rounds.iter().map(|r| r.took).collect();
-    took.sort_unstable();
-    let per_round = |n: u64| n as f64 / rounds.len().max(1) as f64;
-    eprintln!(
-        "{what}: {} holds (each kind {EACH}), 50 ms per request, 2 s watchdog: 0 lost; {} rounds in {:?}, {renewed} renewals, round median {:?}, slowest {:?}; per round {:.0} scripts run and {:.0} socket reads at the servers (the other client's checks included)",
-        guards.len(),
-        rounds.len(),
-        slow.elapsed(),
-        took[took.len() / 2],
-        took[took.len() - 1],
-        per_round(commands - commands_before),
-        per_round(reads - reads_before),
-    );
-    assert!(rounds.len() >= 3, "{what}: {} rounds", rounds.len());
-    assert!(
-        rounds.iter().all(|r| r.renewed == r.holds),
-        "{what}: a renewal failed: {rounds:?}"
-    );
-    assert!(checked_others);
-    assert_eq!(counting.single_extends(), 0);
-    for p in proxies {
-        p.heal();
-    }
-    for g in guards {
-        g.unlock().unwrap();
-    }
-}
-
-/// The scale bar on one server: before every kind was renewed in the round, a client
-/// with 100 read holds (and 100 mutex holds) lost all of them at 50 ms per request with a
-/// 3 s watchdog (the read holds were renewed one request after another).
+/// The scale bar (`dlm_testkit::scale`) on one server: before every kind was renewed in
+/// the round, a client with 100 read holds (and 100 mutex holds) lost all of them at
+/// 50 ms per request with a 3 s watchdog (the read holds were renewed one request after
+/// another).
 #[test]
 fn every_kind_of_hold_at_scale_on_one_server() {
     let _serial = SERIAL.lock();
-    let server = dlm_testkit::redis_server::RedisServer::spawn();
-    let proxy = dlm_testkit::faults::FaultProxy::start(server.port());
-    let backend = |url: &str| -> Arc<dyn dlm_core::backend::LockBackend> {
+    let server = RedisServer::spawn();
+    let proxy = FaultProxy::start(server.port());
+    let backend = |url: &str| -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::builder(url)
                 .io_timeout(Duration::from_secs(1))
@@ -389,13 +301,15 @@ fn every_kind_of_hold_at_scale_on_one_server() {
                 .unwrap(),
         )
     };
-    every_kind_survives_fifty_milliseconds(
-        "one server",
-        backend(&proxy.url()),
-        backend(&server.url()),
-        std::slice::from_ref(&proxy),
-        &[&server],
-    );
+    ScaleBar {
+        what: "one server",
+        backend: backend(&proxy.url()),
+        other: backend(&server.url()),
+        proxies: std::slice::from_ref(&proxy),
+        takers: 1,
+        counters: &|| server_counts(&[&server]),
+    }
+    .run();
 }
 
 /// The scale bar on a Redis Cluster of 3 masters, every node behind a proxy the cluster
@@ -405,8 +319,9 @@ fn every_kind_of_hold_at_scale_on_a_cluster() {
     let _serial = SERIAL.lock();
     let c = RedisCluster::builder().replicas(0).spawn();
     let proxies = c.proxies();
-    let seeds: Vec<String> = proxies.iter().map(|p| p.url()).collect();
-    let backend = || -> Arc<dyn dlm_core::backend::LockBackend> {
+    let seeds: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let servers: Vec<&RedisServer> = c.nodes().iter().collect();
+    let backend = || -> Arc<dyn LockBackend> {
         Arc::new(
             RedisBackend::cluster_builder(&seeds)
                 .io_timeout(Duration::from_secs(1))
@@ -414,12 +329,13 @@ fn every_kind_of_hold_at_scale_on_a_cluster() {
                 .unwrap(),
         )
     };
-    let servers: Vec<&dlm_testkit::redis_server::RedisServer> = c.nodes().iter().collect();
-    every_kind_survives_fifty_milliseconds(
-        "cluster of 3",
-        backend(),
-        backend(),
-        &proxies,
-        &servers,
-    );
+    ScaleBar {
+        what: "cluster of 3",
+        backend: backend(),
+        other: backend(),
+        proxies: &proxies,
+        takers: 1,
+        counters: &|| server_counts(&servers),
+    }
+    .run();
 }

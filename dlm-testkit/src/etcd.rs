@@ -270,13 +270,14 @@ impl EtcdServer {
         // From the launch, not from now: the cluster launches every member before it
         // waits for the first, and a member's "address already in use" may be written
         // by then.
-        self.process.wait_started(self.log_at_launch, START_TIMEOUT, || {
-            if healthy {
-                self.is_healthy()
-            } else {
-                http(self.client_port, "GET", "/version", "", None).is_ok_and(|(c, _)| c == 200)
-            }
-        })
+        self.process
+            .wait_started(self.log_at_launch, START_TIMEOUT, || {
+                if healthy {
+                    self.is_healthy()
+                } else {
+                    http(self.client_port, "GET", "/version", "", None).is_ok_and(|(c, _)| c == 200)
+                }
+            })
     }
 }
 

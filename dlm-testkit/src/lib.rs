@@ -17,6 +17,8 @@
 //!   between a client and a server.
 //! - [`skew`]: wall-clock jumps on a server (an `LD_PRELOAD` shim built on first use).
 //! - [`guide`]: writing a backend, a complete one, and the conformance suite run on it.
+//! - [`scale`]: the scale bar of the renewal rule (thousands of holds of every kind
+//!   through a slow network), for any backend.
 //! - [`CountingBackend`]: a wrapper that counts backend calls (to prove that bad input is
 //!   rejected before any I/O, or that a waiter sends nothing while it waits).
 //! - [`FaultyBackend`]: a wrapper that loses replies of requests the store applied, or
@@ -34,6 +36,7 @@ pub mod history;
 pub mod logs;
 mod process;
 pub mod redis_server;
+pub mod scale;
 pub mod sentinel;
 pub mod skew;
 pub mod tls;

@@ -263,6 +263,32 @@ impl RedisBackend {
         Ok(ok.then(|| self.lease(start, r.ttl)).flatten())
     }
 
+    /// A grant made at `start` for `ttl` on `node` (with its token, if drawn): its lease,
+    /// or a `Timeout` when the grant came too late to be of use (an error, which the front
+    /// undoes as every failed step that may have written a hold).
+    pub(super) fn granted(
+        &self,
+        node: &Node,
+        start: Instant,
+        ttl: Duration,
+        token: Option<FencingToken>,
+    ) -> Result<Acquire, BackendError> {
+        match self.lease(start, ttl) {
+            Some(lease) => Ok(Acquire::Acquired(match token {
+                Some(t) => lease.with_fence(t),
+                None => lease,
+            })),
+            None => Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!(
+                    "{}: acquiring took {:?}, more than the lease's validity",
+                    node.endpoint,
+                    start.elapsed()
+                ),
+            )),
+        }
+    }
+
     /// One acquisition attempt on `node`; with `fenced`, the token is drawn with it (the
     /// fenced acquire script).
     fn acquire_on(
@@ -289,21 +315,7 @@ impl RedisBackend {
             return Err(node.not_replicated(w, acked, "the grant"));
         }
         match answer {
-            NodeAcquire::Acquired => match self.lease(start, ttl) {
-                Some(lease) => Ok(Acquire::Acquired(match token {
-                    Some(t) => lease.with_fence(FencingToken::new(t)),
-                    None => lease,
-                })),
-                // Granted too late to be of use: an error, which the front undoes.
-                None => Err(BackendError::new(
-                    BackendErrorKind::Timeout,
-                    format!(
-                        "{}: acquiring took {:?}, more than the lease's validity",
-                        node.endpoint,
-                        start.elapsed()
-                    ),
-                )),
-            },
+            NodeAcquire::Acquired => self.granted(node, start, ttl, token.map(FencingToken::new)),
             NodeAcquire::Held { remaining } => Ok(Acquire::Held {
                 retry_after: Some(remaining),
             }),

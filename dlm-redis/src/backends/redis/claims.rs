@@ -112,21 +112,7 @@ impl RedisBackend {
                 // as it undoes every failed step that may have written a hold.
                 return Err(node.not_replicated(w, acked, "the grant"));
             }
-            match self.lease(start, ttl) {
-                Some(lease) => Ok(Acquire::Acquired(match token {
-                    Some(t) => lease.with_fence(t),
-                    None => lease,
-                })),
-                // Granted too late to be of use: an error, which the front undoes.
-                None => Err(BackendError::new(
-                    BackendErrorKind::Timeout,
-                    format!(
-                        "{}: acquiring took {:?}, more than the lease's validity",
-                        node.endpoint,
-                        start.elapsed()
-                    ),
-                )),
-            }
+            self.granted(node, start, ttl, token)
         })
     }
 
