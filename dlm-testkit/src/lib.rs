@@ -41,7 +41,7 @@ pub mod sentinel;
 pub mod skew;
 pub mod tls;
 
-pub use conformance::fixture::Fixture;
+pub use conformance::fixture::{Fixture, Shared};
 pub use counting::{CountingBackend, Round};
 pub use faulty::FaultyBackend;
 

@@ -21,15 +21,18 @@ pub fn backend(urls: &[String]) -> EtcdBackend {
         .unwrap()
 }
 
-/// One member.
+/// One member, shared by every case of the test binary (`dlm_testkit::Shared`: every
+/// case uses names of its own; the member ends with the process).
 pub struct Single {
-    pub server: EtcdServer,
+    pub server: Arc<EtcdServer>,
 }
+
+static SINGLE: dlm_testkit::Shared<EtcdServer> = dlm_testkit::Shared::new();
 
 impl Single {
     pub fn new() -> Self {
         Single {
-            server: EtcdServer::spawn(),
+            server: SINGLE.get(EtcdServer::spawn),
         }
     }
 }
@@ -40,16 +43,21 @@ impl dlm_testkit::Fixture for Single {
     }
 }
 
-/// A cluster of `n` members; each backend is given every member's URL.
+/// A cluster of `n` members, shared by every case of the test binary; each backend is
+/// given every member's URL. (An etcd cluster takes about a second to form: one per case
+/// made the 3-member suite 75-78 s.)
 pub struct Cluster {
-    pub cluster: EtcdCluster,
+    pub cluster: Arc<EtcdCluster>,
 }
 
+static CLUSTER: dlm_testkit::Shared<EtcdCluster> = dlm_testkit::Shared::new();
+
 impl Cluster {
+    /// The binary's shared cluster of `n` members (the first call's `n` makes it).
     pub fn new(n: usize) -> Self {
-        Cluster {
-            cluster: EtcdCluster::spawn(n),
-        }
+        let cluster = CLUSTER.get(|| EtcdCluster::spawn(n));
+        assert_eq!(cluster.len(), n, "one shared cluster per test binary");
+        Cluster { cluster }
     }
 }
 

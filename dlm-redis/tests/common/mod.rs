@@ -160,6 +160,20 @@ pub fn fence_keys_on<'a>(servers: impl IntoIterator<Item = &'a RedisServer>) -> 
     servers.into_iter().map(|s| fence_keys(s).len()).sum()
 }
 
+/// How many keys match `pattern` on `servers`, summed.
+pub fn keys_on<'a>(servers: impl IntoIterator<Item = &'a RedisServer>, pattern: &str) -> usize {
+    servers
+        .into_iter()
+        .map(|s| {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(pattern)
+                .query(&mut s.connection())
+                .unwrap();
+            keys.len()
+        })
+        .sum()
+}
+
 /// A field (`calls`, `failed_calls`, `rejected_calls`) of `command`'s line in the server's
 /// `INFO commandstats`; 0 when the command never ran.
 pub fn command_stat(server: &RedisServer, command: &str, field: &str) -> u64 {

@@ -36,6 +36,43 @@ pub trait Fixture {
     }
 }
 
+/// Servers shared by every case of one test binary: made by the first case that asks and
+/// kept until the process ends. Cases use names of their own (and a fixture that counts
+/// keys gives each case a key prefix of its own), so they may share servers; a topology
+/// that takes seconds to form (a Redis Cluster, Sentinel, an etcd cluster) is then started
+/// once per binary instead of once per case. The servers end with the test process: the
+/// testkit starts every server with a parent-death signal (see
+/// [`redis_server`](crate::redis_server)), so no drop is needed.
+///
+/// ```no_run
+/// use dlm_testkit::Shared;
+/// use dlm_testkit::etcd::EtcdCluster;
+///
+/// static CLUSTER: Shared<EtcdCluster> = Shared::new();
+/// let cluster = CLUSTER.get(|| EtcdCluster::spawn(3));
+/// # let _ = cluster;
+/// ```
+#[derive(Debug)]
+pub struct Shared<T>(std::sync::OnceLock<Arc<T>>);
+
+impl<T> Shared<T> {
+    /// Nothing made yet.
+    pub const fn new() -> Self {
+        Shared(std::sync::OnceLock::new())
+    }
+
+    /// The shared value, made by `make` on the first call.
+    pub fn get(&self, make: impl FnOnce() -> T) -> Arc<T> {
+        self.0.get_or_init(|| Arc::new(make())).clone()
+    }
+}
+
+impl<T> Default for Shared<T> {
+    fn default() -> Self {
+        Shared::new()
+    }
+}
+
 /// Stamps one `#[test]` per conformance case. The argument is an expression that builds
 /// a [`Fixture`]; it is evaluated once per test, so each test gets a fresh fixture (and,
 /// for Redis, its own servers).
