@@ -12,9 +12,10 @@ use crate::error::{Deadlock, Error, InvalidArgument, Result};
 use crate::guard::LockGuard;
 use crate::hold::{Holding, LockShared};
 use crate::interrupt::Interrupt;
+use crate::keep_alive::KeepAlive;
 use crate::observe::Outcome;
-use crate::registry::thread_no;
-use crate::watchdog::{KeepAlive, Registration};
+use crate::settings::thread_no;
+use crate::watchdog::Registration;
 
 /// How long an acquisition may wait.
 #[derive(Clone, Copy)]
@@ -47,6 +48,12 @@ pub(crate) struct Acquisition<'a> {
 }
 
 impl Acquisition<'_> {
+    /// The lease this acquisition asks for.
+    fn ttl(&self) -> Duration {
+        self.lease
+            .unwrap_or(self.shared.client.watchdog.config().timeout)
+    }
+
     pub(crate) fn run(
         &self,
         wait: Wait,
@@ -94,7 +101,8 @@ impl Acquisition<'_> {
                         watch.consume();
                     }
                     if interrupt.is_some_and(Interrupt::is_interrupted) {
-                        self.shared.undo(&w.token, w.ttl);
+                        self.shared
+                            .undo(&w.token, self.shared.client.backend.now() + w.ttl);
                         return Err(Error::Interrupted);
                     }
                     return Ok(Some(self.install(w.token, lease, started, w.fenced)));
@@ -159,6 +167,8 @@ impl Acquisition<'_> {
                 "lock {:?}: re-acquired by its holding thread after the lease was lost",
                 self.shared.name
             );
+            // (A renewal of it still under way is released when it comes back: see the
+            // watchdog's `apply`.)
             let counted = h.lost;
             state.holding = None;
             drop(state);
@@ -198,7 +208,8 @@ impl Acquisition<'_> {
                 metrics.lost();
             }
             // Another of our threads held it, but the backend granted it to us: that hold
-            // expired. Its guards will see they are stale.
+            // expired. Its guards will see they are stale (a renewal of it still under way
+            // is released when it comes back).
             log::warn!(
                 "lock {:?}: taken over from an expired hold of this process",
                 self.shared.name
@@ -285,7 +296,7 @@ impl<'a> Waiting<'a> {
             acq,
             wait,
             token: client.token_for_current_thread(),
-            ttl: acq.lease.unwrap_or(client.watchdog.config().timeout),
+            ttl: acq.ttl(),
             fenced: shared.draw_at_acquisition(),
             watch: None,
             subscribed: false,
@@ -335,7 +346,7 @@ impl<'a> Waiting<'a> {
         let shared = self.acq.shared;
         shared.metrics.error(&e);
         if e.may_have_applied() {
-            shared.undo(&self.token, self.ttl);
+            shared.undo(&self.token, shared.client.backend.now() + self.ttl);
         }
         let since = *self.failing_since.get_or_insert_with(Instant::now);
         if !e.is_transient() || since.elapsed() >= shared.client.retry.error_timeout_value() {

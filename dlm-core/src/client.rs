@@ -15,9 +15,11 @@ use crate::rwlock::ReadWriteLock;
 use crate::semaphore::Semaphore;
 use crate::token_draw::TokenDraw;
 
-use crate::registry::{ClientShared, Settings, check_lease};
+use crate::keep_alive::KeepAlive;
+use crate::registry::Registry;
 use crate::release::Releaser;
-use crate::watchdog::{self, KeepAlive, Watchdog};
+use crate::settings::{ClientShared, Settings, check_lease};
+use crate::watchdog::{self, Watchdog};
 
 /// The watchdog timeout: the lease of locks taken without an explicit lease, renewed
 /// every third of it while held (Redisson's `lockWatchdogTimeout`): 30 s.
@@ -45,6 +47,8 @@ pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 #[derive(Clone)]
 pub struct LockClient {
     pub(crate) shared: Arc<ClientShared>,
+    /// The hold states its handles and guards keep alive.
+    registry: Arc<Registry>,
     keep_alive: Arc<KeepAlive>,
 }
 
@@ -106,6 +110,7 @@ impl LockClient {
         });
         LockClient {
             shared: Arc::new(shared),
+            registry: Arc::new(Registry::default()),
             keep_alive,
         }
     }
@@ -121,7 +126,7 @@ impl LockClient {
     /// [`LockName::new`] rejects. No I/O happens here.
     pub fn get_lock(&self, name: &str) -> Result<DistributedLock> {
         let name = LockName::new(name)?;
-        let shared = self.shared.lock_state(name);
+        let shared = self.registry.lock_state(&self.shared, name);
         Ok(DistributedLock::new(
             shared,
             self.shared.lease,
@@ -145,6 +150,7 @@ impl LockClient {
         }
         let handle = Handle::new(
             self.shared.clone(),
+            self.registry.clone(),
             name,
             Claim::Permit { permits },
             self.keep_alive.clone(),
@@ -162,6 +168,7 @@ impl LockClient {
         let name = LockName::new(name)?;
         let handle = Handle::new(
             self.shared.clone(),
+            self.registry.clone(),
             name,
             Claim::Write,
             self.keep_alive.clone(),

@@ -328,6 +328,18 @@ impl BackendError {
         self
     }
 
+    /// The same failure for another request (a backend that reports one failure for
+    /// several renewals of a batch): its kind, message and never-sent mark; not its
+    /// source, which cannot be copied.
+    pub fn duplicate(&self) -> BackendError {
+        BackendError {
+            kind: self.kind,
+            message: self.message.clone(),
+            source: None,
+            never_sent: self.never_sent,
+        }
+    }
+
     /// Whether the failed request may have been applied: a timeout, a lost connection, a
     /// missing quorum or replica acknowledgement, a reply dlm could not read, another
     /// failure (`Timeout`, `Unavailable`, `NoQuorum`, `NotReplicated`, `Protocol`,

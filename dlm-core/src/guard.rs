@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use crate::backend::{Claim, FencingToken, Lease};
 use crate::error::{Error, Result};
 use crate::hold::{Holding, LockShared};
+use crate::keep_alive::KeepAlive;
 use crate::lost::LostSignal;
 use crate::signal::Signal;
-use crate::watchdog::KeepAlive;
 
 /// One hold of a lock. Created by the acquisition methods of [`Lock`](crate::Lock);
 /// releases the hold when dropped.
@@ -281,9 +281,11 @@ impl LockGuard {
         // Applied (and counted) only if the hold is still this acquisition and not found
         // lost meanwhile.
         let mut give_up = None;
+        let mut result = Some(result);
         let outcome = self
             .lock
             .with_current(self.generation, |holding| {
+                let result = result.take().expect("run once");
                 metrics.renewal(matches!(result, Ok(Some(_))));
                 match result {
                     Ok(Some(lease)) if holding.renewed(started, lease, client.backend.now()) => {
@@ -305,6 +307,13 @@ impl LockGuard {
                 }
             })
             .unwrap_or(Err(Error::LockLost));
+        // The hold ended while the request was under way: what it may have renewed at
+        // the store is nobody's.
+        match result {
+            Some(Ok(Some(lease))) => give_up = Some(lease.valid_until()),
+            Some(Err(e)) if e.may_have_applied() => give_up = Some(client.backend.now() + ttl),
+            _ => {}
+        }
         if let Some(until) = give_up {
             crate::watchdog::Renewable::give_up(&*self.lock, &started.token, until);
         }

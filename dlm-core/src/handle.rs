@@ -9,15 +9,19 @@ use crate::acquire::{Acquisition, Wait};
 use crate::backend::{BackendError, BackendErrorKind, Claim, Holders, LockName};
 use crate::error::Result;
 use crate::guard::LockGuard;
+use crate::hold::HoldKey;
 use crate::hold::LockShared;
 use crate::interrupt::Interrupt;
-use crate::registry::{ClientShared, HoldKey};
-use crate::watchdog::KeepAlive;
+use crate::keep_alive::KeepAlive;
+use crate::registry::Registry;
+use crate::settings::ClientShared;
 
 /// A name as a semaphore or read-write lock of one client.
 #[derive(Clone)]
 pub(crate) struct Handle {
     pub(crate) client: Arc<ClientShared>,
+    /// The client's hold states (per thread, for these kinds).
+    registry: Arc<Registry>,
     pub(crate) name: LockName,
     /// A fixed lease; `None`: watchdog-renewed.
     pub(crate) lease: Option<Duration>,
@@ -28,6 +32,7 @@ impl Handle {
     /// A handle of `claim`'s kind, if the backend keeps such holds (no I/O).
     pub(crate) fn new(
         client: Arc<ClientShared>,
+        registry: Arc<Registry>,
         name: LockName,
         claim: Claim,
         keep_alive: Arc<KeepAlive>,
@@ -49,6 +54,7 @@ impl Handle {
         Ok(Handle {
             lease: client.lease,
             client,
+            registry,
             name,
             keep_alive,
         })
@@ -56,14 +62,14 @@ impl Handle {
 
     /// The calling thread's hold state of `claim` on this name.
     pub(crate) fn state(&self, claim: Claim) -> Arc<LockShared> {
-        self.client
-            .hold_state(HoldKey::new(self.name.clone(), claim))
+        self.registry
+            .hold_state(&self.client, HoldKey::new(self.name.clone(), claim))
     }
 
     /// The calling thread's hold state of `claim` on this name, if any handle or guard
     /// keeps one.
     pub(crate) fn existing_state(&self, claim: Claim) -> Option<Arc<LockShared>> {
-        self.client
+        self.registry
             .existing_state(&HoldKey::new(self.name.clone(), claim))
     }
 

@@ -6,7 +6,7 @@
 //! takes what it needs under the mutex, lets go, makes the request, and applies the
 //! answer only if the hold is still the same acquisition (its generation).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -17,10 +17,44 @@ use crate::backend::{
 use crate::error::{Error, Result};
 use crate::observe::Metrics;
 use crate::predictions::PredictionSlot;
-use crate::registry::{ClientShared, HoldKey, thread_no};
+use crate::settings::{ClientShared, thread_no};
 use crate::signal::Signal;
 use crate::token_draw::TokenDraw;
 use crate::watchdog::{Renewable, RenewedHold, Started, Ticket};
+
+/// What one [`LockShared`] keeps the holds of: a name as a resource of one kind (the
+/// mutex, a semaphore with a permit count, a read-write lock's reads or writes) and, for
+/// the kinds that several threads of a process hold at once (permits, reads), the thread.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct HoldKey {
+    pub(crate) name: LockName,
+    pub(crate) claim: Claim,
+    /// The holding thread, for shared kinds; `None` for exclusive ones.
+    pub(crate) thread: Option<u64>,
+}
+
+impl HoldKey {
+    /// The key of `claim` on `name` for the calling thread.
+    pub(crate) fn new(name: LockName, claim: Claim) -> Self {
+        let thread = match claim {
+            Claim::Permit { .. } | Claim::Read => Some(thread_no()),
+            _ => None,
+        };
+        HoldKey {
+            name,
+            claim,
+            thread,
+        }
+    }
+}
+
+/// Where a hold state is registered: told when the state goes (its last handle or guard
+/// is dropped). The client's registry, above this module: the trait keeps the imports
+/// one way.
+pub(crate) trait Forget: Send + Sync {
+    /// `lock`, kept under `key`, is gone.
+    fn forget(&self, key: &HoldKey, lock: *const LockShared);
+}
 
 /// What [`LockShared::end_hold`] hands to the release at the backend.
 pub(crate) struct Ended {
@@ -37,6 +71,8 @@ pub(crate) struct Ended {
 /// The hold state of one lock name of one client, shared by all its handles and guards.
 pub(crate) struct LockShared {
     pub(crate) client: Arc<ClientShared>,
+    /// Where this state is registered (told when it goes).
+    registry: Weak<dyn Forget>,
     pub(crate) name: LockName,
     /// The kind of hold kept here: every backend call of these holds says it.
     pub(crate) claim: Claim,
@@ -154,12 +190,14 @@ impl RenewedHold for Holding {
 impl LockShared {
     pub(crate) fn new(
         client: Arc<ClientShared>,
+        registry: Weak<dyn Forget>,
         key: HoldKey,
         metrics: Arc<Metrics>,
         prediction: PredictionSlot,
     ) -> Self {
         LockShared {
             client,
+            registry,
             name: key.name,
             claim: key.claim,
             key_thread: key.thread,
@@ -213,9 +251,8 @@ impl LockShared {
 
     /// Undoes a step that failed but may have written `owner`'s hold (an acquisition, a
     /// downgrade): releases it, again in the background while that fails transiently and
-    /// the hold it may have written (for `ttl` from now) lasts.
-    pub(crate) fn undo(&self, owner: &OwnerToken, ttl: Duration) {
-        let until = self.client.backend.now() + ttl;
+    /// the hold it may have written lasts (until `until`, the backend's clock).
+    pub(crate) fn undo(&self, owner: &OwnerToken, until: Instant) {
         if let Err(e) = self.release_at_backend(owner, until) {
             log::debug!(
                 "{} {:?}: undoing a step that may have written a hold failed: {e}",
@@ -397,6 +434,8 @@ impl Drop for LockShared {
             claim: self.claim,
             thread: self.key_thread,
         };
-        self.client.unregister(&key, self as *const LockShared);
+        if let Some(registry) = self.registry.upgrade() {
+            registry.forget(&key, self as *const LockShared);
+        }
     }
 }

@@ -47,6 +47,7 @@ mod guard;
 mod handle;
 mod hold;
 mod interrupt;
+mod keep_alive;
 mod lock;
 mod lost;
 pub mod metric_names;
@@ -57,6 +58,7 @@ mod release;
 mod retry;
 mod rwlock;
 mod semaphore;
+mod settings;
 mod signal;
 #[cfg(feature = "tls")]
 pub mod tls;

@@ -9,8 +9,8 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::hold::LockShared;
 use crate::interrupt::Interrupt;
-use crate::registry::thread_no;
-use crate::watchdog::KeepAlive;
+use crate::keep_alive::KeepAlive;
+use crate::settings::thread_no;
 
 /// The operations of the Java `AbstractLock` this library grew from, with Rust guards.
 ///

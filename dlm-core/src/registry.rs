@@ -1,211 +1,77 @@
-//! What the handles of a client share: the client's settings, its registry of hold
-//! states (one [`LockShared`] per name and kind of hold, and per thread for the kinds
-//! several threads hold at once), its owner tokens and its token predictions.
+//! A client's registry of hold states: one [`LockShared`] per name and kind of hold
+//! (and per thread for the kinds several threads hold at once), shared by every live
+//! handle and guard of it, and forgotten when the last one goes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backend::{Claim, LockBackend, LockName, OwnerToken};
-use crate::error::InvalidArgument;
-use crate::hold::LockShared;
+use crate::backend::{Claim, LockName};
+use crate::hold::{Forget, HoldKey, LockShared};
 use crate::observe::Metrics;
-use crate::predictions::Predictions;
-use crate::release::Releaser;
-use crate::retry::RetryPolicy;
-use crate::token_draw::TokenDraw;
-use crate::watchdog::Watchdog;
+use crate::settings::ClientShared;
 
-/// The settings and registry of one client, shared by its handles.
-pub(crate) struct ClientShared {
-    pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) id: [u8; 16],
-    /// The fixed lease of handles that set none; `None`: watchdog-renewed leases.
-    pub(crate) lease: Option<Duration>,
-    pub(crate) max_lease: Duration,
-    /// Renews watchdog-managed holds (its thread starts with the first of them).
-    pub(crate) watchdog: Arc<Watchdog>,
-    pub(crate) reentrant: bool,
-    pub(crate) retry: RetryPolicy,
-    /// The client's metrics (the locks' own, with their names as a label, when
-    /// `metrics_lock_names`).
-    pub(crate) metrics: Arc<Metrics>,
-    metrics_lock_names: bool,
-    pub(crate) token_draw: TokenDraw,
-    /// Who holds, for inspection: kept with each group hold.
-    pub(crate) label: Option<Arc<str>>,
-    /// Sends failed releases again in the background.
-    pub(crate) releaser: Arc<Releaser>,
-    /// Per lock name (by a hash), whether its last hold read its fencing token.
-    pub(crate) predictions: Predictions,
-    seq: AtomicU64,
-    registry: Mutex<HashMap<HoldKey, Weak<LockShared>>>,
+/// The hold states of one client that a handle or guard keeps alive.
+#[derive(Default)]
+pub(crate) struct Registry {
+    states: Mutex<HashMap<HoldKey, Weak<LockShared>>>,
 }
 
-/// What one [`LockShared`] keeps the holds of: a name as a resource of one kind (the
-/// mutex, a semaphore with a permit count, a read-write lock's reads or writes) and, for
-/// the kinds that several threads of a process hold at once (permits, reads), the thread.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct HoldKey {
-    pub(crate) name: LockName,
-    pub(crate) claim: Claim,
-    /// The holding thread, for shared kinds; `None` for exclusive ones.
-    pub(crate) thread: Option<u64>,
-}
-
-impl HoldKey {
-    /// The key of `claim` on `name` for the calling thread.
-    pub(crate) fn new(name: LockName, claim: Claim) -> Self {
-        let thread = match claim {
-            Claim::Permit { .. } | Claim::Read => Some(thread_no()),
-            _ => None,
-        };
-        HoldKey {
-            name,
-            claim,
-            thread,
-        }
-    }
-}
-
-/// The settings of a client, for [`ClientShared::new`].
-pub(crate) struct Settings {
-    pub(crate) backend: Arc<dyn LockBackend>,
-    pub(crate) id: [u8; 16],
-    pub(crate) lease: Option<Duration>,
-    pub(crate) max_lease: Duration,
-    pub(crate) watchdog: Arc<Watchdog>,
-    pub(crate) reentrant: bool,
-    pub(crate) retry: RetryPolicy,
-    /// Metrics on (registered now, with the recorder in place).
-    pub(crate) metrics: bool,
-    /// Each lock's metrics carry its name.
-    pub(crate) metrics_lock_names: bool,
-    pub(crate) token_draw: TokenDraw,
-    pub(crate) label: Option<Arc<str>>,
-    pub(crate) releaser: Arc<Releaser>,
-}
-
-impl ClientShared {
-    pub(crate) fn new(s: Settings) -> Self {
-        let metrics = if s.metrics {
-            crate::observe::describe();
-            Metrics::register(s.backend.kind(), None)
-        } else {
-            Metrics::off()
-        };
-        ClientShared {
-            backend: s.backend,
-            id: s.id,
-            lease: s.lease,
-            max_lease: s.max_lease,
-            watchdog: s.watchdog,
-            reentrant: s.reentrant,
-            retry: s.retry,
-            metrics: Arc::new(metrics),
-            metrics_lock_names: s.metrics && s.metrics_lock_names,
-            token_draw: s.token_draw,
-            label: s.label,
-            releaser: s.releaser,
-            predictions: Predictions::new(),
-            seq: AtomicU64::new(0),
-            registry: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The owner token of the calling thread's next acquisition: unique to it (re-entry is
-    /// counted here and never reaches the backend), so that a request that arrives late at
-    /// a server, or a clean-up of a failed attempt, can only ever touch the key of the
-    /// acquisition that sent it, never a later one of the same thread.
-    pub(crate) fn token_for_current_thread(&self) -> OwnerToken {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        OwnerToken::new(self.id, thread_no(), seq)
-    }
-
+impl Registry {
     /// The shared state of the lock called `name`: the one every live handle to it
     /// shares, or a new one.
-    pub(crate) fn lock_state(self: &Arc<Self>, name: LockName) -> Arc<LockShared> {
-        self.hold_state(HoldKey::new(name, Claim::Exclusive))
+    pub(crate) fn lock_state(
+        self: &Arc<Self>,
+        client: &Arc<ClientShared>,
+        name: LockName,
+    ) -> Arc<LockShared> {
+        self.hold_state(client, HoldKey::new(name, Claim::Exclusive))
     }
 
     /// The shared state of the holds `key` names, as [`lock_state`](Self::lock_state).
-    pub(crate) fn hold_state(self: &Arc<Self>, key: HoldKey) -> Arc<LockShared> {
-        let mut registry = self.registry.lock();
-        if let Some(shared) = registry.get(&key).and_then(Weak::upgrade) {
+    pub(crate) fn hold_state(
+        self: &Arc<Self>,
+        client: &Arc<ClientShared>,
+        key: HoldKey,
+    ) -> Arc<LockShared> {
+        let mut states = self.states.lock();
+        if let Some(shared) = states.get(&key).and_then(Weak::upgrade) {
             return shared;
         }
         let name = key.name.clone();
-        let prediction = self.predictions.slot(&name);
-        let metrics = if self.metrics_lock_names {
-            Arc::new(Metrics::register(self.backend.kind(), Some(name.as_str())))
+        let prediction = client.predictions.slot(&name);
+        let metrics = if client.metrics_lock_names {
+            Arc::new(Metrics::register(
+                client.backend.kind(),
+                Some(name.as_str()),
+            ))
         } else {
-            self.metrics.clone()
+            client.metrics.clone()
         };
+        let me: Weak<dyn Forget> = Arc::downgrade(self) as Weak<dyn Forget>;
         let shared = Arc::new(LockShared::new(
-            self.clone(),
+            client.clone(),
+            me,
             key.clone(),
             metrics,
             prediction,
         ));
-        registry.insert(key, Arc::downgrade(&shared));
+        states.insert(key, Arc::downgrade(&shared));
         shared
     }
 
     /// The shared state of `key` if a handle or guard keeps it alive (no new one).
     pub(crate) fn existing_state(&self, key: &HoldKey) -> Option<Arc<LockShared>> {
-        self.registry.lock().get(key).and_then(Weak::upgrade)
+        self.states.lock().get(key).and_then(Weak::upgrade)
     }
+}
 
-    /// Forgets `lock` when its last handle is gone.
-    pub(crate) fn unregister(&self, key: &HoldKey, lock: *const LockShared) {
-        let mut registry = self.registry.lock();
-        if registry.get(key).is_some_and(|w| w.as_ptr() == lock) {
-            registry.remove(key);
+impl Forget for Registry {
+    fn forget(&self, key: &HoldKey, lock: *const LockShared) {
+        let mut states = self.states.lock();
+        if states.get(key).is_some_and(|w| w.as_ptr() == lock) {
+            states.remove(key);
         }
     }
-
-    pub(crate) fn check_lease(
-        &self,
-        lease: Duration,
-    ) -> std::result::Result<Duration, InvalidArgument> {
-        check_lease(lease, self.max_lease)
-    }
-}
-
-/// `lease` if it is at least 1 ms, at most `max_lease`, and fits the monotonic clock.
-pub(crate) fn check_lease(
-    lease: Duration,
-    max_lease: Duration,
-) -> std::result::Result<Duration, InvalidArgument> {
-    if lease < Duration::from_millis(1) {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} is below the minimum of 1 ms"),
-        ));
-    }
-    if lease > max_lease {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} exceeds the maximum of {:?}", max_lease),
-        ));
-    }
-    if Instant::now().checked_add(lease).is_none() {
-        return Err(InvalidArgument::new(
-            "lease",
-            format!("{lease:?} overflows the monotonic clock"),
-        ));
-    }
-    Ok(lease)
-}
-
-/// A small number unique to the calling thread for the life of the process.
-pub(crate) fn thread_no() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static NO: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    NO.with(|n| *n)
 }

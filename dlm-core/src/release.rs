@@ -18,6 +18,7 @@
 //! (the `dlm` command waits for them before it exits); what is left then ends with its
 //! lease.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,8 @@ use parking_lot::{Condvar, Mutex};
 use crate::backend::{BackendError, Claim, LockBackend, LockName, OwnerToken};
 use crate::observe::Metrics;
 
-/// The most releases one client keeps sending again (the oldest are given up first).
+/// The most releases one client keeps sending again (more are given up: they end with
+/// their leases).
 const MAX_PENDING: usize = 100_000;
 /// The first pause before a release is sent again; it doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
@@ -64,13 +66,24 @@ struct Pending {
 
 #[derive(Default)]
 struct Queue {
-    pending: Vec<Pending>,
+    /// By when each is due (and a number that keeps equal times apart): the first is the
+    /// next to send.
+    pending: BTreeMap<(Instant, u64), Pending>,
+    /// Numbers the entries of `pending`.
+    seq: u64,
     /// Releases being sent by the thread now.
     in_flight: usize,
     /// The thread is running.
     running: bool,
     /// The client is gone and its wait is over: what is left is given up.
     closed: bool,
+}
+
+impl Queue {
+    fn push(&mut self, p: Pending) {
+        self.seq += 1;
+        self.pending.insert((p.next, self.seq), p);
+    }
 }
 
 /// The releases of one client that are sent again in the background.
@@ -147,19 +160,19 @@ impl Releaser {
             return;
         }
         if q.pending.len() >= MAX_PENDING {
-            let oldest = q.pending.remove(0);
             log::warn!(
-                "{} {:?}: too many releases to send again; this one is given up (it ends with its lease)",
-                oldest.claim.primitive(),
-                oldest.name
+                "{} {name:?}: too many releases to send again; this one is given up (it ends with its lease)",
+                claim.primitive()
             );
+            return;
         }
-        q.pending.push(Pending {
+        let next = Instant::now() + after;
+        q.push(Pending {
             name: name.clone(),
             claim,
             owner: *owner,
             until,
-            next: Instant::now() + after,
+            next,
             tries: 0,
             metrics: metrics.clone(),
         });
@@ -231,23 +244,25 @@ impl Releaser {
                         self.changed.notify_all();
                         return;
                     }
-                    let (i, next) = q
-                        .pending
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| (i, p.next))
-                        .min_by_key(|&(_, next)| next)
-                        .expect("not empty");
+                    let (&(next, seq), _) = q.pending.first_key_value().expect("not empty");
                     if next <= Instant::now() {
                         q.in_flight += 1;
-                        break q.pending.swap_remove(i);
+                        break q.pending.remove(&(next, seq)).expect("just seen");
                     }
                     self.changed.wait_until(&mut q, next);
                 }
             };
-            let answer =
-                job.metrics
-                    .check(release_at(&*self.backend, &job.name, job.claim, &job.owner));
+            // A panicking backend must not end the sending again for good (nor leave the
+            // release counted as in flight, which would make every wait run out).
+            let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                release_at(&*self.backend, &job.name, job.claim, &job.owner)
+            }));
+            let answer = job.metrics.check(sent.unwrap_or_else(|_| {
+                Err(BackendError::new(
+                    crate::backend::BackendErrorKind::Other,
+                    "the backend panicked",
+                ))
+            }));
             let what = job.claim.primitive();
             let mut q = self.queue.lock();
             q.in_flight -= 1;
@@ -264,7 +279,7 @@ impl Releaser {
                 Err(e) if e.is_transient() && self.backend.now() < job.until && !q.closed => {
                     job.tries += 1;
                     job.next = Instant::now() + backoff(job.tries);
-                    q.pending.push(job);
+                    q.push(job);
                 }
                 Err(e) => log::warn!(
                     "{what} {:?}: the release sent again failed ({e}); it ends with its lease",

@@ -320,15 +320,25 @@ impl WriteGuard {
                 write.with_current(generation, |h| h.mark_lost());
                 Err(Error::LockLost)
             }
-            Err(e) => {
+            Err(e) if e.may_have_applied() => {
                 // The downgrade may have been applied (its reply lost, or too few replicas
-                // acknowledged it): the read hold it wrote is released, and so is the
-                // write hold, as the guard is dropped here. Neither is left to its lease.
-                if e.may_have_applied() {
-                    read.undo(&reader, ttl);
+                // acknowledged it): the read hold it may have written is released, and so
+                // is the write hold, which it may have turned into that read hold (so its
+                // release finding nothing is no loss). Neither is left to its lease.
+                let now = client.backend.now();
+                read.undo(&reader, now + ttl);
+                self.guard.forget();
+                if let Ok(Some(ended)) = write.end_hold(generation, true) {
+                    if let Some(signal) = ended.signal {
+                        signal.end(false);
+                    }
+                    write.undo(&ended.token, ended.until);
                 }
                 Err(e.into())
             }
+            // Refused, or never sent: the write hold is as it was, and the guard's drop
+            // releases it.
+            Err(e) => Err(e.into()),
         }
     }
 }

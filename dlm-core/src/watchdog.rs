@@ -34,7 +34,6 @@ use parking_lot::Mutex;
 use crate::backend::{Claim, Lease, LockBackend, LockName, OwnerToken, Renewal};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::observe::Metrics;
-use crate::release::Releaser;
 
 /// A lock as the renewal thread sees it (implemented by the lock's shared state).
 pub(crate) trait Renewable: Send + Sync {
@@ -84,43 +83,6 @@ pub(crate) trait RenewedHold {
 pub(crate) struct Started {
     pub(crate) token: OwnerToken,
     pub(crate) renewals: u64,
-}
-
-/// Held by every client handle, lock handle and guard; when the last one is dropped, the
-/// watchdog stops and the releases still being sent again are awaited (at most `wait`).
-pub(crate) struct KeepAlive {
-    stop: Option<Sender<()>>,
-    releaser: Arc<Releaser>,
-    wait: Duration,
-}
-
-impl KeepAlive {
-    pub(crate) fn new(releaser: Arc<Releaser>, wait: Duration) -> (Arc<KeepAlive>, Receiver<()>) {
-        let (tx, rx) = crossbeam_channel::bounded(0);
-        let keep_alive = KeepAlive {
-            stop: Some(tx),
-            releaser,
-            wait,
-        };
-        (Arc::new(keep_alive), rx)
-    }
-}
-
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        // The renewal thread stops first: nothing of this client is held any more.
-        drop(self.stop.take());
-        let left = self.releaser.wait(self.wait);
-        if left > 0 {
-            self.releaser.close();
-        }
-    }
-}
-
-impl std::fmt::Debug for KeepAlive {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeepAlive").finish_non_exhaustive()
-    }
 }
 
 /// A hold to renew.
@@ -468,6 +430,17 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>) {
         // Still under the state mutex with the hold current: its ticket is alive.
         w.reschedule(number, entry);
     });
+    // The hold was over before its renewal came back (released, re-acquired after its
+    // lease ran out here, found lost): what the renewal may have written at the store is
+    // nobody's. A release of the hold's own token touches nothing else (tokens are never
+    // reused), and finds nothing when the hold's release came after the renewal.
+    if let Some(result) = result {
+        give_up = match result {
+            Ok(Some(lease)) => Some(lease.valid_until()),
+            Err(e) if e.may_have_applied() => Some(lock.now() + w.config.timeout),
+            _ => None,
+        };
+    }
     if let Some(until) = give_up {
         lock.give_up(&started.token, until);
     }

@@ -1,22 +1,17 @@
 //! A mutex's acquisition, release, force-release, inspection and fencing token, each one
-//! request; `release_at`, the owner-checked delete every release uses.
+//! request.
 
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{Acquire, BackendError, FencingToken, LockName, OwnerToken};
 use serde_json::{Value, json};
 
 use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision};
+use crate::hints::LAST_HELD_REVISION;
 use crate::inner::Inner;
+use crate::kv::release_at;
 use crate::kv::{Kv, tag_of, value_of};
 use crate::renew;
-
-thread_local! {
-    /// The revision of this thread's last attempt that found a lock held: the shared watch,
-    /// when this thread starts it, starts just after it (see `hints`).
-    pub(crate) static LAST_HELD_REVISION: Cell<i64> = const { Cell::new(0) };
-}
 
 /// One attempt at `name` for `owner`: a put-if-absent transaction that reads the holder
 /// when it fails. A key already `owner`'s (a retry after a lost reply) is renewed.
@@ -90,49 +85,6 @@ pub(crate) fn release(
         h.announce(name, rev);
     }
     Ok(deleted_at.is_some())
-}
-
-/// Deletes `key` if its value is `owner`'s: the revision of the deletion, `None` if
-/// it was not `owner`'s (any more).
-pub(crate) fn release_at(
-    inner: &Inner,
-    key_bytes: &[u8],
-    owner: &OwnerToken,
-) -> Result<Option<i64>, BackendError> {
-    let key = b64(key_bytes);
-    // The value is `token|ms` (or `token|ms|fence`): ours if it lies strictly between
-    // `token|` and `token}` (no token holds `|` or `}`).
-    let token = owner.encoded();
-    let mut low = token.as_bytes().to_vec();
-    low.push(b'|');
-    let mut high = token.as_bytes().to_vec();
-    high.push(b'}');
-    let txn = json!({
-        "compare": [
-            { "key": key, "target": "VALUE", "result": "GREATER", "value": b64(&low) },
-            { "key": key, "target": "VALUE", "result": "LESS", "value": b64(&high) },
-        ],
-        "success": [{ "request_delete_range": { "key": key } }],
-    });
-    let reply = inner.gateway.post("/v3/kv/txn", &txn)?;
-    // Either way this owner's key is on no etcd lease any more.
-    inner
-        .leases
-        .lock()
-        .drop_key_everywhere(&tag_of(key_bytes, owner));
-    if reply.get("succeeded").and_then(Value::as_bool) != Some(true) {
-        return Ok(None);
-    }
-    let deleted = reply
-        .pointer("/responses/0/response_delete_range")
-        .map(|d| int(d, "deleted"))
-        .transpose()?
-        .unwrap_or(0);
-    if deleted > 0 {
-        Ok(Some(revision(&reply)?))
-    } else {
-        Ok(None)
-    }
 }
 
 /// `owner`'s fencing token of `name`, read back (the key's `create_revision`): `None`

@@ -11,11 +11,13 @@ use dlm_core::backend::{
     LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
 };
 
-use crate::acquire::{self, LAST_HELD_REVISION};
-use crate::claims::{self, Resource};
+use crate::acquire;
+use crate::claims;
 use crate::hints::Hints;
+use crate::hints::LAST_HELD_REVISION;
 use crate::inner::Inner;
 use crate::renew;
+use crate::resource::Resource;
 
 /// A lock backend on an etcd cluster (or a single member), over etcd's v3 HTTP/JSON
 /// gateway.

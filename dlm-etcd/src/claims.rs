@@ -21,12 +21,14 @@ use dlm_core::backend::{
 };
 use serde_json::{Value, json};
 
-use crate::acquire::{self, LAST_HELD_REVISION};
 use crate::gateway::{b64, bad_reply, int, is_lease_not_found, revision, unb64};
+use crate::hints::LAST_HELD_REVISION;
 use crate::inner::Inner;
+use crate::kv::release_at;
 use crate::kv::{Kv, tag_of, value, value_of};
 use crate::leases::{Class, claim_class};
 use crate::renew;
+use crate::resource::Resource;
 
 /// Admission transactions one call sends at most: each failed one returns the resource as
 /// it then is, so the next decides on fresh state; after that the call answers `Held`
@@ -35,77 +37,6 @@ const ATTEMPTS: usize = 4;
 
 /// The `retry_after` of a call whose transactions all lost a race.
 const RACE_RETRY: Duration = Duration::from_millis(5);
-
-/// A semaphore's or read-write lock's keys.
-pub(crate) struct Resource {
-    /// `name 0 kind`: the watch's key for its waiters.
-    pub(crate) id: Vec<u8>,
-    /// `{prefix}lock/` + id + `0`: every key of the resource starts with it.
-    prefix: Vec<u8>,
-    /// The end of the prefix's range (its last byte, 0, plus one).
-    end: Vec<u8>,
-}
-
-impl Resource {
-    /// The keys of `name`'s semaphore or read-write lock.
-    pub(crate) fn of(
-        inner: &Inner,
-        name: &LockName,
-        claim: Claim,
-    ) -> Result<Resource, BackendError> {
-        let kind: &[u8] = match claim {
-            Claim::Permit { .. } => b"sem",
-            Claim::Read | Claim::Write => b"rw",
-            _ => return Err(unsupported(claim)),
-        };
-        let mut id = name.as_str().as_bytes().to_vec();
-        id.push(0);
-        id.extend_from_slice(kind);
-        let mut prefix = inner.key_prefix.clone();
-        prefix.extend_from_slice(&id);
-        prefix.push(0);
-        let mut end = prefix.clone();
-        *end.last_mut().expect("not empty") = 1;
-        Ok(Resource { id, prefix, end })
-    }
-
-    fn key(&self, suffix: &[u8]) -> Vec<u8> {
-        let mut k = self.prefix.clone();
-        k.extend_from_slice(suffix);
-        k
-    }
-
-    /// The key of `owner`'s hold of kind `claim`.
-    pub(crate) fn holder(&self, claim: Claim, owner: &OwnerToken) -> Vec<u8> {
-        let token = owner.encoded();
-        let mut suffix = match claim {
-            Claim::Permit { permits } => format!("{permits}\0").into_bytes(),
-            Claim::Read => b"r".to_vec(),
-            _ => b"w".to_vec(),
-        };
-        suffix.extend_from_slice(token.as_bytes());
-        self.key(&suffix)
-    }
-
-    fn mark(&self) -> Vec<u8> {
-        self.key(b"m")
-    }
-
-    /// The whole resource: `[prefix, end)`.
-    fn all(&self) -> (Vec<u8>, Vec<u8>) {
-        (self.prefix.clone(), self.end.clone())
-    }
-
-    /// Every hold of a read-write lock (readers and writers, not the mark).
-    fn holds(&self) -> (Vec<u8>, Vec<u8>) {
-        (self.key(b"r"), self.end.clone())
-    }
-
-    /// The write holds of a read-write lock.
-    fn writers(&self) -> (Vec<u8>, Vec<u8>) {
-        (self.key(b"w"), self.key(b"x"))
-    }
-}
 
 /// What a key under a resource is.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -137,13 +68,6 @@ fn foreign(name: &LockName, claim: Claim) -> BackendError {
 }
 
 /// `Unsupported` for a kind of hold dlm-etcd does not keep.
-fn unsupported(claim: Claim) -> BackendError {
-    BackendError::new(
-        BackendErrorKind::Unsupported,
-        format!("dlm-etcd keeps no {claim} holds"),
-    )
-}
-
 /// A compare that every key in `[range.0, range.1)` satisfies (true for an empty range).
 fn range_cmp(range: &(Vec<u8>, Vec<u8>), target: &str, result: &str, field: &str, v: i64) -> Value {
     let mut c = json!({
@@ -469,7 +393,7 @@ pub(crate) fn release(
     owner: &OwnerToken,
 ) -> Result<bool, BackendError> {
     let res = Resource::of(inner, name, claim)?;
-    let released = acquire::release_at(inner, &res.holder(claim, owner), owner)?.is_some();
+    let released = release_at(inner, &res.holder(claim, owner), owner)?.is_some();
     if released {
         wake_local(inner, &res);
     }
@@ -527,7 +451,12 @@ pub(crate) fn downgrade(
             // It may have been applied: the read key stays in the record of what the
             // lease carries (so no keep-alive extends that lease for other keys while
             // it may carry this one), and the front releases it.
-            Err(e) => return Err(e),
+            Err(e) if e.may_have_applied() => return Err(e),
+            // Refused, or never sent: nothing was written.
+            Err(e) => {
+                inner.leases.lock().drop_key(lease, &rtag);
+                return Err(e);
+            }
             Ok(r) => r,
         };
         if succeeded(&reply) {

@@ -13,6 +13,7 @@
 //! so no release is missed across a reconnection. If etcd has compacted those revisions
 //! away, every waiter is woken to look again.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -26,6 +27,12 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::gateway::{Gateway, b64, int, unb64};
+
+thread_local! {
+    /// The revision of this thread's last attempt that found a lock held: the shared watch,
+    /// when this thread starts it, starts just after it (see `hints`).
+    pub(crate) static LAST_HELD_REVISION: Cell<i64> = const { Cell::new(0) };
+}
 
 /// How often the watch thread looks at its stop channel while the stream is idle.
 const TICK: Duration = Duration::from_millis(200);
@@ -95,7 +102,7 @@ impl Hints {
     }
 
     /// A subscription to the hints of `resource`: a lock's name, or the resource id of a
-    /// semaphore or read-write lock (`claims::Resource::id`).
+    /// semaphore or read-write lock (`resource::Resource::id`).
     pub(crate) fn subscribe_to(&self, resource: &[u8]) -> Option<Watch> {
         self.thread.as_ref()?;
         let mut lists = self.lists.lock();

@@ -6,6 +6,7 @@ use dlm_core::backend::{BackendError, BackendErrorKind, FencingToken, LockName, 
 use serde_json::{Value, json};
 
 use crate::gateway::{Gateway, b64, bad_reply, int, revision, unb64};
+use crate::inner::Inner;
 
 /// A lock's key as read.
 pub(crate) struct Kv {
@@ -169,4 +170,47 @@ fn unexpected(name: &LockName) -> BackendError {
         BackendErrorKind::UnexpectedKey,
         format!("the key of lock {name:?} was not written by dlm (or has no lease)"),
     )
+}
+
+/// Deletes `key` if its value is `owner`'s: the revision of the deletion, `None` if
+/// it was not `owner`'s (any more).
+pub(crate) fn release_at(
+    inner: &Inner,
+    key_bytes: &[u8],
+    owner: &OwnerToken,
+) -> Result<Option<i64>, BackendError> {
+    let key = b64(key_bytes);
+    // The value is `token|ms` (or `token|ms|fence`): ours if it lies strictly between
+    // `token|` and `token}` (no token holds `|` or `}`).
+    let token = owner.encoded();
+    let mut low = token.as_bytes().to_vec();
+    low.push(b'|');
+    let mut high = token.as_bytes().to_vec();
+    high.push(b'}');
+    let txn = json!({
+        "compare": [
+            { "key": key, "target": "VALUE", "result": "GREATER", "value": b64(&low) },
+            { "key": key, "target": "VALUE", "result": "LESS", "value": b64(&high) },
+        ],
+        "success": [{ "request_delete_range": { "key": key } }],
+    });
+    let reply = inner.gateway.post("/v3/kv/txn", &txn)?;
+    // Either way this owner's key is on no etcd lease any more.
+    inner
+        .leases
+        .lock()
+        .drop_key_everywhere(&tag_of(key_bytes, owner));
+    if reply.get("succeeded").and_then(Value::as_bool) != Some(true) {
+        return Ok(None);
+    }
+    let deleted = reply
+        .pointer("/responses/0/response_delete_range")
+        .map(|d| int(d, "deleted"))
+        .transpose()?
+        .unwrap_or(0);
+    if deleted > 0 {
+        Ok(Some(revision(&reply)?))
+    } else {
+        Ok(None)
+    }
 }

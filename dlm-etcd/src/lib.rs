@@ -46,6 +46,7 @@ mod inner;
 mod kv;
 mod leases;
 mod renew;
+mod resource;
 mod tls;
 
 pub use backend::EtcdBackend;

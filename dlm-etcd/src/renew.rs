@@ -10,11 +10,11 @@ use dlm_core::backend::{
 };
 use serde_json::{Value, json};
 
-use crate::claims::Resource;
 use crate::gateway::{b64, bad_reply, is_lease_not_found};
 use crate::inner::Inner;
 use crate::kv::{Kv, tag_of};
 use crate::leases::{Class, claim_class, class_of};
+use crate::resource::Resource;
 
 /// etcd's default `--max-txn-ops`: a renewal round reads at most this many keys per
 /// transaction.
@@ -141,66 +141,101 @@ fn move_keys(inner: &Inner, moves: &[Move<'_>]) -> Vec<Result<Option<Lease>, Bac
         json!({ "key": b64(&m.key), "target": "MOD", "result": "EQUAL",
                 "mod_revision": m.kv.mod_revision.to_string() })
     };
+    // The failure branch reads every key of the transaction, so one reply tells which
+    // keys changed since they were read.
     let txn = |items: &[(usize, i64, Instant)]| {
         json!({
             "compare": items.iter().map(|&(i, _, _)| cmp_op(&moves[i])).collect::<Vec<_>>(),
             "success": items.iter().map(|&(i, t, _)| put_op(&moves[i], t)).collect::<Vec<_>>(),
+            "failure": items.iter().map(|&(i, _, _)| json!({ "request_range": { "key": b64(&moves[i].key) } })).collect::<Vec<_>>(),
         })
     };
-    // One transaction per 128 keys, all at once.
-    let chunks: Vec<&[(usize, i64, Instant)]> = puts.chunks(MAX_TXN_OPS).collect();
+    // What one transaction of `items` came to; the items whose keys had not changed when a
+    // transaction failed on another key's, to try once more.
+    let done = |out: &mut Vec<Option<Result<Option<Lease>, BackendError>>>,
+                items: &[(usize, i64, Instant)],
+                reply: Result<Value, BackendError>|
+     -> Vec<(usize, i64, Instant)> {
+        let reply = match reply {
+            Err(e) => {
+                if is_lease_not_found(&e) {
+                    for &(_, t, _) in items {
+                        inner.forget_lease(t);
+                    }
+                }
+                for &(i, _, _) in items {
+                    out[i] = Some(Err(e.duplicate()));
+                }
+                return Vec::new();
+            }
+            Ok(reply) => reply,
+        };
+        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
+            let mut leases = inner.leases.lock();
+            for &(i, t, start) in items {
+                let m = &moves[i];
+                if t != m.kv.lease {
+                    leases.drop_key(m.kv.lease, &tag_of(&m.key, m.owner));
+                }
+                let fence = m.kv.fence();
+                out[i] = Some(
+                    inner
+                        .lease_from(start, m.ttl)
+                        .map(|l| Some(l.with_fence(fence))),
+                );
+            }
+            return Vec::new();
+        }
+        // A key changed since it was read: gone or another owner's is lost; still ours
+        // (an extension of the guard's moved it meanwhile) is a failure the watchdog
+        // retries sooner, reading it again; unchanged ones go again.
+        let mut again = Vec::new();
+        for (k, &(i, t, start)) in items.iter().enumerate() {
+            let m = &moves[i];
+            let now = reply
+                .pointer(&format!("/responses/{k}/response_range/kvs/0"))
+                .map(Kv::from_json)
+                .transpose();
+            out[i] = match now {
+                Err(e) => Some(Err(e)),
+                Ok(None) => Some(Ok(None)),
+                Ok(Some(kv)) if kv.mod_revision == m.kv.mod_revision => {
+                    again.push((i, t, start));
+                    None
+                }
+                Ok(Some(kv)) if kv.is_owned_by(m.name, m.owner).unwrap_or(false) => {
+                    Some(Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        "the key changed during its renewal; read again at the next",
+                    )))
+                }
+                Ok(Some(_)) => Some(Ok(None)),
+            };
+        }
+        again
+    };
+    // One transaction per 128 keys, all at once; the unchanged keys of a transaction that
+    // failed on another key's go once more, in one transaction per chunk, all at once.
+    let chunks: Vec<Vec<(usize, i64, Instant)>> =
+        puts.chunks(MAX_TXN_OPS).map(<[_]>::to_vec).collect();
     let replies = all_at_once(&chunks, |chunk| {
         inner.gateway.post("/v3/kv/txn", &txn(chunk))
     });
-    for (chunk, reply) in chunks.into_iter().zip(replies) {
-        let done = |out: &mut Vec<Option<Result<Option<Lease>, BackendError>>>,
-                    items: &[(usize, i64, Instant)],
-                    reply: Result<Value, BackendError>| {
-            match reply {
-                Err(e) => {
-                    if is_lease_not_found(&e) {
-                        for &(_, t, _) in items {
-                            inner.forget_lease(t);
-                        }
-                    }
-                    for &(i, _, _) in items {
-                        out[i] = Some(Err(BackendError::new(
-                            BackendErrorKind::Unavailable,
-                            format!("moving the key to a new etcd lease: {}", e.message()),
-                        )));
-                    }
-                    true
-                }
-                Ok(reply) if reply.get("succeeded").and_then(Value::as_bool) == Some(true) => {
-                    let mut leases = inner.leases.lock();
-                    for &(i, t, start) in items {
-                        let m = &moves[i];
-                        if t != m.kv.lease {
-                            leases.drop_key(m.kv.lease, &tag_of(&m.key, m.owner));
-                        }
-                        let fence = m.kv.fence();
-                        out[i] = Some(
-                            inner
-                                .lease_from(start, m.ttl)
-                                .map(|l| Some(l.with_fence(fence))),
-                        );
-                    }
-                    true
-                }
-                // A key changed since it was read.
-                Ok(_) => false,
-            }
-        };
-        if done(&mut out, chunk, reply) {
-            continue;
-        }
-        for item in chunk {
-            let one = std::slice::from_ref(item);
-            let reply = inner.gateway.post("/v3/kv/txn", &txn(one));
-            if !done(&mut out, one, reply) {
-                // No longer ours as read: lost (or released meanwhile).
-                out[item.0] = Some(Ok(None));
-            }
+    let again: Vec<Vec<(usize, i64, Instant)>> = chunks
+        .iter()
+        .zip(replies)
+        .map(|(chunk, reply)| done(&mut out, chunk, reply))
+        .filter(|a| !a.is_empty())
+        .collect();
+    let replies = all_at_once(&again, |chunk| {
+        inner.gateway.post("/v3/kv/txn", &txn(chunk))
+    });
+    for (chunk, reply) in again.iter().zip(replies) {
+        for (i, _, _) in done(&mut out, chunk, reply) {
+            out[i] = Some(Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                "the keys of the renewal kept changing; read again at the next",
+            )));
         }
     }
     out.into_iter()
@@ -278,7 +313,7 @@ pub(crate) fn extend_many(inner: &Inner, renewals: &[Renewal<'_>], renewed: &mut
         match reply {
             Err(e) => {
                 for &i in *chunk {
-                    renewed(i, Err(copy(&e)));
+                    renewed(i, Err(e.duplicate()));
                 }
             }
             Ok(responses) => {
@@ -341,7 +376,7 @@ pub(crate) fn extend_many(inner: &Inner, renewals: &[Renewal<'_>], renewed: &mut
         match inner.keep_alive(&alive, sent) {
             Err(e) => {
                 for (i, _) in &batched {
-                    renewed(*i, Err(copy(&e)));
+                    renewed(*i, Err(e.duplicate()));
                 }
             }
             Ok(kept) => {
@@ -397,27 +432,31 @@ fn all_at_once<C: Sync, T: Send>(
     for (wave, slots) in chunks.chunks(PARALLEL).zip(out.chunks_mut(PARALLEL)) {
         std::thread::scope(|scope| {
             let request = &request;
+            // A thread that cannot be started leaves its chunk to this one.
             let handles: Vec<_> = wave[1..]
                 .iter()
-                .map(|c| scope.spawn(move || request(c)))
+                .map(|c| {
+                    std::thread::Builder::new()
+                        .name("dlm-etcd-renew".into())
+                        .spawn_scoped(scope, move || request(c))
+                        .ok()
+                })
                 .collect();
             slots[0] = Some(request(&wave[0]));
-            for (slot, h) in slots[1..].iter_mut().zip(handles) {
-                *slot = Some(h.join().unwrap_or_else(|_| {
-                    Err(BackendError::new(
-                        BackendErrorKind::Other,
-                        "a renewal request panicked",
-                    ))
-                }));
+            for ((slot, h), c) in slots[1..].iter_mut().zip(handles).zip(&wave[1..]) {
+                *slot = Some(match h {
+                    Some(h) => h.join().unwrap_or_else(|_| {
+                        Err(BackendError::new(
+                            BackendErrorKind::Other,
+                            "a renewal request panicked",
+                        ))
+                    }),
+                    None => request(c),
+                });
             }
         });
     }
     out.into_iter()
         .map(|r| r.expect("every chunk answered"))
         .collect()
-}
-
-/// `e` again, for each renewal a shared failure answers (`BackendError` is not `Clone`).
-fn copy(e: &BackendError) -> BackendError {
-    BackendError::new(e.kind(), e.message())
 }

@@ -491,7 +491,13 @@ fn min_replicas_max_lag_refuses_writes_once_the_replicas_are_silent_that_long() 
         let elapsed = paused.elapsed();
         assert!(elapsed < Duration::from_secs(10), "never refused");
         match lock.try_lock() {
-            Ok(Some(g)) => g.unlock().unwrap(),
+            // The lag can pass between a grant and its release: the release is refused
+            // then (and sent again in the background once writes are taken again).
+            Ok(Some(g)) => {
+                if let Err(e) = g.unlock() {
+                    break (elapsed, e);
+                }
+            }
             Ok(None) => panic!("held by nobody"),
             Err(e) => break (elapsed, e),
         }

@@ -135,16 +135,15 @@ impl LockBackend for FaultyBackend {
             }
             return;
         }
-        let mut answers: Vec<(usize, Result<Option<Lease>, BackendError>)> = Vec::new();
-        self.inner
-            .extend_many(renewals, &mut |i, r| answers.push((i, r)));
+        // A lost reply loses the whole round's: decided before it is sent, and each
+        // renewal's report forwarded (or replaced) as it comes, as the contract asks.
         let lost = {
             let mut f = self.faults.lock();
             let lost = f.lose > 0;
             f.lose = f.lose.saturating_sub(1);
             lost
         };
-        for (i, r) in answers {
+        self.inner.extend_many(renewals, &mut |i, r| {
             if lost {
                 renewed(
                     i,
@@ -156,7 +155,7 @@ impl LockBackend for FaultyBackend {
             } else {
                 renewed(i, r);
             }
-        }
+        });
     }
 
     fn fence(

@@ -43,12 +43,15 @@ pub(crate) fn lock_for(
     if let Some(label) = &args.label {
         builder = builder.label(label);
     }
+    // dlm waits for the releases sent again in the background itself, once, before it
+    // exits (`Resource::flush_releases`): the client's drop need not wait again.
+    let mut retry = RetryPolicy::new().release_wait(Duration::ZERO);
     if let Some(wait) = args.wait {
         // Transient backend errors (unreachable, no quorum) are retried for the whole wait,
         // not only for the library's default 10 s.
-        let retry = RetryPolicy::new();
-        builder = builder.retry(retry.error_timeout(wait.max(retry.error_timeout_value())));
+        retry = retry.error_timeout(wait.max(retry.error_timeout_value()));
     }
+    builder = builder.retry(retry);
     let client = builder
         .build()
         .map_err(|e| Failure::from_lock_error("bad settings", &e))?;

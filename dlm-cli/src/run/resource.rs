@@ -107,9 +107,10 @@ impl Resource {
         self.kind
     }
 
-    /// Before dlm exits: waits (at most the client's release wait, 5 s) for the releases
-    /// that failed transiently and are being sent again, so that the lock is free for
-    /// others now rather than at the end of its lease.
+    /// Before dlm exits: waits (at most the library's default release wait, 5 s) for the
+    /// releases that failed transiently and are being sent again, so that the lock is free
+    /// for others now rather than at the end of its lease. (The client itself does not
+    /// wait on drop: `lock_for` sets its wait to zero, so dlm waits once.)
     pub(crate) fn flush_releases(&self) {
         let left = self
             .client

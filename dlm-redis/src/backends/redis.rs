@@ -488,7 +488,7 @@ impl LockBackend for RedisBackend {
                 )
             });
             for &i in group {
-                renewed(i, Err(BackendError::new(e.kind(), e.message().to_owned())));
+                renewed(i, Err(e.duplicate()));
             }
         }
     }

@@ -332,8 +332,7 @@ impl Pool {
             }
             Err(e) => {
                 use r2d2::HandleError;
-                self.connects
-                    .handle_error(BackendError::new(e.kind(), e.message().to_owned()));
+                self.connects.handle_error(e.duplicate());
                 // Starts r2d2's attempts (none is idle: it connects in the background).
                 let _ = self.shared().get_timeout(Duration::ZERO);
                 Err(e)

@@ -103,7 +103,7 @@ impl<T> Replies<T> {
                 BackendErrorKind::UnexpectedKey | BackendErrorKind::Auth
             )
         }) {
-            return BackendError::new(e.kind(), e.message().to_owned());
+            return e.duplicate();
         }
         let timeouts = self.pending();
         let first = errors

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, FencingToken, Lease, LockBackend, LockName, OwnerToken, Renewal,
-    Renewed, Watch,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, Lease, LockBackend, LockName,
+    OwnerToken, Renewal, Renewed, Watch,
 };
 
 use crate::fanout::{Fanout, Late, Replies};
@@ -201,8 +201,22 @@ impl LockBackend for Redlock {
     /// One batch per node (all the extensions in one write), all nodes at once: a round
     /// costs one round trip, whatever the number of holds; a node that has not answered
     /// when every hold is decided is left to the drainer.
+    /// The mutex's holds only (Redlock keeps no other kind, `supports`): a renewal of
+    /// another kind is answered `Unsupported` on its own, the others renewed as usual.
     fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
-        for (i, result) in self.extend_holds(renewals).into_iter().enumerate() {
+        let (mine, others): (Vec<usize>, Vec<usize>) =
+            (0..renewals.len()).partition(|&i| renewals[i].claim == Claim::Exclusive);
+        for i in others {
+            renewed(
+                i,
+                Err(BackendError::new(
+                    BackendErrorKind::Unsupported,
+                    format!("Redlock keeps no {} holds", renewals[i].claim),
+                )),
+            );
+        }
+        let batch: Vec<Renewal<'_>> = mine.iter().map(|&i| renewals[i]).collect();
+        for (&i, result) in mine.iter().zip(self.extend_holds(&batch)) {
             renewed(i, result);
         }
     }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlm_core::backend::{BackendError, Claim, Lease, LockName, OwnerToken, Renewal};
+use dlm_core::backend::{BackendError, Lease, LockName, OwnerToken, Renewal};
 
 use crate::fanout::{Late, Replies};
 use crate::protocol::Call;
@@ -57,18 +57,6 @@ impl Redlock {
         let (n, q) = (self.nodes_ref().len(), self.inner.quorum);
         if renewals.is_empty() {
             return Vec::new();
-        }
-        // Redlock keeps the mutex only (`supports`): no other kind of hold is ever made.
-        if let Some(r) = renewals.iter().find(|r| r.claim != Claim::Exclusive) {
-            return renewals
-                .iter()
-                .map(|_| {
-                    Err(BackendError::new(
-                        dlm_core::backend::BackendErrorKind::Unsupported,
-                        format!("Redlock keeps no {} holds", r.claim),
-                    ))
-                })
-                .collect();
         }
         let start = Instant::now();
         let counts = |r: &Replies<Vec<Result<bool, BackendError>>>, k: usize| {
