@@ -42,6 +42,11 @@ pub struct ScaleBar<'a> {
     /// What the servers have counted so far, by name (requests, scripts, reads...):
     /// reported per renewal round.
     pub counters: &'a dyn Fn() -> Vec<(&'static str, u64)>,
+    /// The counter (by name) that counts the requests the servers read, and the most it
+    /// may count per round: far fewer than the round's renewals, or the backend renews
+    /// one hold per request (the front's batching is checked by the wrapper; this checks
+    /// the backend's, at the servers).
+    pub at_most: (&'static str, f64),
 }
 
 impl ScaleBar<'_> {
@@ -120,15 +125,23 @@ impl ScaleBar<'_> {
         let renewed: usize = rounds.iter().map(|r| r.renewed).sum();
         let mut took: Vec<Duration> = rounds.iter().map(|r| r.took).collect();
         took.sort_unstable();
-        let per_round: Vec<String> = counted
+        let per_round_of = |(name, after): &(&'static str, u64), before: u64| {
+            (*name, (after - before) as f64 / rounds.len().max(1) as f64)
+        };
+        let per_round: Vec<(&'static str, f64)> = counted
             .iter()
             .zip(&counted_before)
-            .map(|((name, after), (_, before))| {
-                format!(
-                    "{:.1} {name}",
-                    (after - before) as f64 / rounds.len().max(1) as f64
-                )
-            })
+            .map(|(c, (_, before))| per_round_of(c, *before))
+            .collect();
+        let (bounded, most) = self.at_most;
+        let seen = per_round
+            .iter()
+            .find(|(name, _)| *name == bounded)
+            .map(|(_, n)| *n)
+            .unwrap_or_else(|| panic!("{what}: no counter named {bounded:?}"));
+        let per_round: Vec<String> = per_round
+            .iter()
+            .map(|(name, n)| format!("{n:.1} {name}"))
             .collect();
         eprintln!(
             "{what}: {} holds (each kind {EACH}), {LATENCY:?} per request, {WATCHDOG:?} watchdog: 0 lost; {} rounds in {:?}, {renewed} renewals, round median {:?}, slowest {:?}; per round at the servers (the other client's checks included): {}",
@@ -145,6 +158,11 @@ impl ScaleBar<'_> {
             "{what}: a renewal failed: {rounds:?}"
         );
         assert!(checked_others);
+        let renewals_per_round = renewed as f64 / rounds.len().max(1) as f64;
+        assert!(
+            seen <= most,
+            "{what}: {seen:.1} {bounded} per round for {renewals_per_round:.0} renewals: not batched at the servers (at most {most})"
+        );
         assert_eq!(
             counting.single_extends(),
             0,

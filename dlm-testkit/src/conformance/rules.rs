@@ -5,7 +5,9 @@
 //!   reply was lost) leaves no hold behind;
 //! - a release that failed transiently is sent again until it succeeds, and a client
 //!   dropped with such a release pending waits for it;
-//! - the watchdog renews every kind in one round (one `extend_many`), never one by one.
+//! - the watchdog renews every kind in one round (one `extend_many`), never one by one
+//!   (the front's rule; that a backend's `extend_many` batches at its servers is what
+//!   the scale bar, [`crate::scale`], checks on each real backend).
 //!
 //! The faults are a [`FaultyBackend`] around the fixture's backend: the store is the real
 //! one, only the reply (or the sending) is lost at the client's edge. The backends' own
