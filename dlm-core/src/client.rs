@@ -33,6 +33,11 @@ pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 /// from the OS at creation, and every lock it takes is owned by that id plus the holding
 /// thread. Two clients are two owners even in one process. Cloning shares the client.
 ///
+/// When the last of its handles and guards is dropped, the client stops its renewal
+/// thread and waits, at most [`RetryPolicy::release_wait`](crate::RetryPolicy::release_wait)
+/// (5 s), for the releases it is sending again after transient failures (usually none:
+/// the drop then returns at once).
+///
 /// ```
 /// use dlm_core::{Lock, LockClient};
 /// use dlm_memory::MemoryBackend;

@@ -14,9 +14,11 @@ use crate::signal::Signal;
 /// One hold of a lock. Created by the acquisition methods of [`Lock`](crate::Lock);
 /// releases the hold when dropped.
 ///
-/// Dropping is best effort: a failure to release is logged (with `log`) and never panics,
-/// and the lock then expires at the end of its lease. Call [`unlock`](LockGuard::unlock)
-/// to see the outcome. A guard is `Send` and `'static`: it can be moved to another thread
+/// Dropping is best effort: a failure to release is logged (with `log`) and never panics.
+/// A release that fails transiently is sent again in the background until it succeeds or
+/// the lease ends; when the guard is the client's last handle, its drop waits for such
+/// releases at most [`RetryPolicy::release_wait`](crate::RetryPolicy::release_wait) (5 s).
+/// Call [`unlock`](LockGuard::unlock) to see the outcome. A guard is `Send` and `'static`: it can be moved to another thread
 /// or stored; the hold still belongs to the thread that acquired it (re-entrancy and
 /// [`Lock::unlock`](crate::Lock::unlock) go by that thread).
 ///
@@ -96,8 +98,9 @@ impl LockGuard {
     /// # Errors
     /// [`Error::LockLost`] when the lease had already run out or been taken (whatever the
     /// lock protected may have been entered by someone else meanwhile);
-    /// [`Error::Backend`] when the backend could not be reached (the lock then expires at
-    /// the end of its lease).
+    /// [`Error::Backend`] when the backend could not be reached: a transient failure is
+    /// sent again in the background until it succeeds or the lease ends (see
+    /// [`LockClient::flush_releases`](crate::LockClient::flush_releases)).
     pub fn unlock(mut self) -> Result<()> {
         self.active = false;
         self.release()
@@ -361,7 +364,7 @@ impl Drop for LockGuard {
                 self.lock.name
             ),
             Err(e) => log::warn!(
-                "lock {:?}: release on drop failed, the lock expires with its lease: {e}",
+                "lock {:?}: release on drop failed (sent again in the background while it fails transiently, until the lease ends): {e}",
                 self.lock.name
             ),
         }

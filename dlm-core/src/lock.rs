@@ -137,8 +137,9 @@ pub trait Lock {
 
 /// The release at the end of a closure helper. `Err(LockLost)` when the hold was lost
 /// during the work (found gone by a renewal or by this release, or its lease ran out):
-/// the work was not exclusive. Any other failure of the release is logged and the lock
-/// left to its lease, so that the result of work that ran exclusively reaches the caller.
+/// the work was not exclusive. Any other failure of the release is logged (a transient
+/// one is sent again in the background), so that the result of work that ran exclusively
+/// reaches the caller.
 pub(crate) fn release_after_work(guard: LockGuard) -> Result<()> {
     let name = guard.name().to_owned();
     let held = guard.is_held();
@@ -148,8 +149,8 @@ pub(crate) fn release_after_work(guard: LockGuard) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) => {
             log::warn!(
-                "lock {name:?}: the work ran under the lock, but the release failed; \
-                 the lock expires with its lease: {e}"
+                "lock {name:?}: the work ran under the lock, but the release failed \
+                 (sent again in the background while it fails transiently): {e}"
             );
             Ok(())
         }

@@ -265,7 +265,7 @@ pub(crate) fn extend(
 /// carrying a key nobody renews any more (a fixed lease, a guard past `max_hold`) is
 /// not extended and ends. Each renewal is reported as soon as it is decided: a key
 /// found gone after the reads, the kept-alive ones after the keep-alive, the moved
-/// ones after their move.
+/// ones after the move transactions.
 pub(crate) fn extend_many(inner: &Inner, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
     // Each renewal's key and the class of its etcd lease.
     let mut keys: Vec<Option<KeyOf>> = Vec::with_capacity(renewals.len());
