@@ -159,6 +159,61 @@ fn plain_and_tls_mixed_up_are_quick_typed_errors() {
     assert!(text.contains("http://"), "says what to do: {text}");
 }
 
+/// A plain HTTP server answers a ClientHello with a 400 and closes; when it closes before
+/// reading the whole ClientHello, the client sees the connection reset rather than the
+/// reply (etcd under load did that now and then). That is the same mix-up: a typed
+/// `Tls` error naming the scheme to use. The listener plays such a port (a real etcd
+/// shows the same race only now and then): it resets a TLS handshake after one byte and
+/// answers plain HTTP requests.
+#[test]
+fn a_plain_port_that_resets_the_tls_handshake_is_a_tls_mix_up() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let pki = TestPki::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut resets = 0;
+            for conn in listener.incoming() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let mut conn = conn.unwrap();
+                let mut first = [0u8; 1];
+                if conn.read_exact(&mut first).is_err() {
+                    continue;
+                }
+                if first[0] == 0x16 {
+                    // The rest of the ClientHello is unread: closing now resets.
+                    resets += 1;
+                    drop(conn);
+                    continue;
+                }
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let _ = conn.write_all(b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+            }
+            resets
+        })
+    };
+    let text = refused(
+        backend(
+            &format!("https://127.0.0.1:{port}"),
+            Some(TlsOptions::new().ca_file(pki.ca_file())),
+        ),
+        "a TLS client on a plain port that resets",
+    );
+    assert!(text.contains("http://"), "says what to do: {text}");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = std::net::TcpStream::connect(("127.0.0.1", port));
+    assert!(server.join().unwrap() >= 1, "no handshake was reset");
+}
+
 #[test]
 fn tls_settings_that_cannot_work_are_refused_before_any_io() {
     let pki = TestPki::new();

@@ -221,6 +221,58 @@ fn plain_and_tls_mixed_up_are_quick_typed_errors() {
     );
 }
 
+/// A plain port may also answer a ClientHello with an error and close before reading all
+/// of it (a Redis port does when the hello's random bytes hold a newline): the client
+/// then sees the connection reset. That is the same mix-up, a quick `Tls` error. The
+/// listener plays such a port: it resets a TLS handshake after one byte and answers
+/// plain RESP.
+#[test]
+fn a_plain_port_that_resets_the_tls_handshake_is_a_tls_mix_up() {
+    use std::io::{Read, Write};
+    let pki = TestPki::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut resets = 0;
+            for conn in listener.incoming() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let mut conn = conn.unwrap();
+                let mut first = [0u8; 1];
+                if conn.read_exact(&mut first).is_err() {
+                    continue;
+                }
+                if first[0] == 0x16 {
+                    // The rest of the ClientHello is unread: closing now resets.
+                    resets += 1;
+                    continue;
+                }
+                let _ = conn.write_all(b"+PONG\r\n");
+            }
+            resets
+        })
+    };
+    let text = refused_at_once(
+        &single(
+            &format!("rediss://127.0.0.1:{port}"),
+            Some(TlsOptions::new().ca_file(pki.ca_file())),
+        )
+        .unwrap(),
+        "a TLS client on a plain port that resets",
+    );
+    assert!(
+        text.contains("use a redis:// URL"),
+        "says what to do: {text}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = std::net::TcpStream::connect(("127.0.0.1", port));
+    assert!(server.join().unwrap() >= 1, "no handshake was reset");
+}
+
 /// The first `try_lock` of a client whose URL has the wrong scheme for the port: a `Tls`
 /// error, within the connect timeout (1 s) and 100 ms. Returns its text.
 #[track_caller]

@@ -12,13 +12,26 @@ use crate::tls::{describe, tls_cause};
 
 impl Gateway {
     /// Whether `t` is an `https://` member closing the connection during the TLS
-    /// handshake (ureq's "tls connection init failed" over an unexpected end of file).
+    /// handshake (ureq's "tls connection init failed" over an unexpected end of file), or
+    /// resetting it there because the port speaks plain HTTP (a plain server that answers
+    /// the ClientHello with a 400 and closes before reading all of it resets the
+    /// connection instead: which of the two a client sees is a race).
     pub(super) fn tls_refused(&self, i: usize, t: &ureq::Transport) -> bool {
-        self.members[i].starts_with("https://")
-            && t.kind() == ureq::ErrorKind::ConnectionFailed
-            && t.source()
-                .and_then(|s| s.downcast_ref::<std::io::Error>())
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::UnexpectedEof)
+        if !self.members[i].starts_with("https://") || t.kind() != ureq::ErrorKind::ConnectionFailed
+        {
+            return false;
+        }
+        match t
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .map(std::io::Error::kind)
+        {
+            Some(std::io::ErrorKind::UnexpectedEof) => true,
+            // A member going down resets connections too: only a plain port is a TLS
+            // mix-up; anything else stays a transport failure.
+            Some(std::io::ErrorKind::ConnectionReset) => self.speaks_plain_http(i),
+            _ => false,
+        }
     }
 
     /// `Some(Tls error)` when member `i` (an `https://` URL) refuses a TLS connection of

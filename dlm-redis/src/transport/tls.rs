@@ -4,7 +4,7 @@
 //! (`dlm_core::tls`), shared with dlm-etcd.
 
 use std::io;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,13 +65,15 @@ pub(crate) fn handshake(
 ) -> RedisResult<StreamOwned<ClientConnection, TcpStream>> {
     let mut conn = ClientConnection::new(target.config.clone(), target.name.clone())
         .map_err(|e| tls_error(&e))?;
+    // Asked before the handshake: a reset connection has no peer any more.
+    let peer = tcp.peer_addr().ok();
     let first_word_by = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
     let mut heard = false;
     while conn.is_handshaking() {
         let until = if heard { deadline } else { first_word_by };
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(handshake_timeout(&tcp, deadline));
+            return Err(handshake_timeout(peer, deadline));
         }
         tcp.set_read_timeout(Some(left))?;
         tcp.set_write_timeout(Some(left))?;
@@ -90,7 +92,13 @@ pub(crate) fn handshake(
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(handshake_timeout(&tcp, deadline));
+                return Err(handshake_timeout(peer, deadline));
+            }
+            // A plain port that answered the ClientHello and closed before reading all of
+            // it resets the connection: the same mix-up as a handshake left unanswered
+            // (a server going down resets too, and stays a transport failure).
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(plain_port(peer, deadline).unwrap_or_else(|| io_error(e)));
             }
             Err(e) => return Err(io_error(e)),
         }
@@ -100,16 +108,22 @@ pub(crate) fn handshake(
 
 /// A handshake that got no answer: a plain Redis port (it waits for the end of a line),
 /// or a server that answers nothing at all (stopped), which stays a timeout.
-pub(crate) fn handshake_timeout(tcp: &TcpStream, deadline: Instant) -> RedisError {
+fn handshake_timeout(peer: Option<SocketAddr>, deadline: Instant) -> RedisError {
+    plain_port(peer, deadline).unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out").into()
+    })
+}
+
+/// The TLS mix-up error when `peer` answers plain RESP (asked before `deadline`).
+fn plain_port(peer: Option<SocketAddr>, deadline: Instant) -> Option<RedisError> {
     let left = deadline.saturating_duration_since(Instant::now());
-    if !left.is_zero() && tcp.peer_addr().is_ok_and(|a| speaks_resp(&a, left)) {
-        return RedisError::from((
+    (!left.is_zero() && peer.is_some_and(|a| speaks_resp(&a, left))).then(|| {
+        RedisError::from((
             ErrorKind::Client,
             "TLS",
             "the server does not speak TLS on this port (it answers plain RESP): use a redis:// URL, or its TLS port".to_owned(),
-        ));
-    }
-    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out").into()
+        ))
+    })
 }
 
 /// A TLS failure as a `RedisError` that `conn::map_error` types as TLS.
