@@ -88,6 +88,10 @@ pub(crate) struct LockShared {
 pub(crate) struct State {
     pub(crate) holding: Option<Holding>,
     pub(crate) next_generation: u64,
+    /// The last hold ended by its owner ([`LockShared::end_hold`]: a release, or a
+    /// downgrade that turned it into a read hold), whose own request takes care of the
+    /// store; holds dropped otherwise (found expired) have nobody's request behind them.
+    pub(crate) ended_by_owner: u64,
 }
 
 /// What this process knows about its own hold of a lock.
@@ -365,6 +369,7 @@ impl LockShared {
             .record(self.prediction, holding.read, holding.drew_at_acquisition);
         // Drops the hold's ticket under the state mutex: its renewals end.
         state.holding = None;
+        state.ended_by_owner = generation;
         drop(state);
         self.metrics.released(since);
         Ok(Some(ended))
@@ -412,8 +417,17 @@ impl Renewable for LockShared {
         self.with_current(generation, |h| h.start_renewal())
     }
 
-    fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold)) {
-        self.with_current(generation, |h| f(h));
+    fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold)) -> bool {
+        let mut state = self.state.lock();
+        match state.holding.as_mut() {
+            Some(h) if h.generation == generation => {
+                if !h.lost {
+                    f(h);
+                }
+                false
+            }
+            _ => state.ended_by_owner == generation,
+        }
     }
 
     fn metrics(&self) -> &Metrics {

@@ -51,8 +51,10 @@ pub(crate) trait Renewable: Send + Sync {
     fn start_renewal(&self, generation: u64) -> Option<Started>;
 
     /// Runs `f` under the lock's state mutex on hold `generation`, if it is still current
-    /// and not lost.
-    fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold));
+    /// and not lost. Returns whether its owner ended hold `generation` (released it, or
+    /// downgraded it): that request, not the renewal's outcome, decides what the store
+    /// keeps.
+    fn with_hold(&self, generation: u64, f: &mut dyn FnMut(&mut dyn RenewedHold)) -> bool;
 
     /// Where the lock's renewals, losses and errors are counted.
     fn metrics(&self) -> &Metrics;
@@ -381,7 +383,7 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>) {
     let mut give_up: Option<Instant> = None;
     let mut entry = Some(entry);
     let mut result = Some(result);
-    lock.with_hold(generation, &mut |hold| {
+    let ended_by_owner = lock.with_hold(generation, &mut |hold| {
         let (Some(mut entry), Some(result)) = (entry.take(), result.take()) else {
             return;
         };
@@ -430,11 +432,14 @@ fn apply(w: &Watchdog, due: Due, result: Result<Option<Lease>, BackendError>) {
         // Still under the state mutex with the hold current: its ticket is alive.
         w.reschedule(number, entry);
     });
-    // The hold was over before its renewal came back (released, re-acquired after its
-    // lease ran out here, found lost): what the renewal may have written at the store is
+    // The hold was over before its renewal came back (found lost, or dropped as expired
+    // when its thread re-acquired): what the renewal may have written at the store is
     // nobody's. A release of the hold's own token touches nothing else (tokens are never
-    // reused), and finds nothing when the hold's release came after the renewal.
-    if let Some(result) = result {
+    // reused). A hold its owner ended (released or downgraded) is not released here: its
+    // owner's request deletes a renewal applied before it, and a renewal applied after it
+    // finds nothing (renewals never re-create a hold). Releasing it here too would race
+    // the owner's release, which would then find nothing and report the hold lost.
+    if let (Some(result), false) = (result, ended_by_owner) {
         give_up = match result {
             Ok(Some(lease)) => Some(lease.valid_until()),
             Err(e) if e.may_have_applied() => Some(lock.now() + w.config.timeout),
