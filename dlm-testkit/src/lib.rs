@@ -11,6 +11,8 @@
 //!   stepwise slot migration and failover.
 //! - [`etcd`]: real `etcd` processes: one member, or an `n`-member cluster, with
 //!   controls to pause, kill (`-9`) and restart members; killed and reaped on drop.
+//! - [`postgres`]: real PostgreSQL servers (`initdb` and `postgres`) on free ports, with
+//!   controls to pause, kill (`-9`), restart, stop and start them; killed on drop.
 //! - [`history`]: a checker for recorded holds (mutual exclusion, fencing order).
 //! - [`logs`]: captures the process's log records, to check warnings and secrets.
 //! - [`faults`]: a TCP proxy that injects network faults (latency, stalls, loss, resets)
@@ -34,6 +36,7 @@ mod faulty;
 pub mod guide;
 pub mod history;
 pub mod logs;
+pub mod postgres;
 mod process;
 pub mod redis_server;
 pub mod scale;

@@ -177,6 +177,21 @@ impl Process {
         }
     }
 
+    /// As [`command`](Self::command), run as the OS user `user` (its uid and gid, no
+    /// supplementary groups) by an outer `setpriv`: the parent-death signal is set after
+    /// the change of credentials, which clears it.
+    pub(crate) fn command_as(&self, user: &str) -> Command {
+        let mut cmd = Command::new("setpriv");
+        cmd.arg(format!("--reuid={user}"))
+            .arg(format!("--regid={user}"))
+            .args(["--clear-groups", "--"]);
+        if let Some(setpriv) = &*SETPRIV {
+            cmd.arg(setpriv).args(["--pdeathsig", "KILL", "--"]);
+        }
+        cmd.arg(&self.binary);
+        cmd
+    }
+
     /// Starts `cmd` (from [`command`](Self::command)) from the spawner thread, and
     /// registers its pid. Panics if it cannot be spawned.
     pub(crate) fn launch(&mut self, cmd: Command) {
