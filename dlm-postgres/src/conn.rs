@@ -1,0 +1,275 @@
+//! One connection to the server, used synchronously: a `tokio-postgres` client on a
+//! private single-threaded runtime, every request bounded by a deadline of its own. What
+//! a failure means, as a [`BackendError`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use dlm_core::backend::{BackendError, BackendErrorKind};
+use tokio::runtime::Runtime;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Config, NoTls, Row};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// How to open connections: the server's settings as parsed, the TLS to use, deadlines.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    pub(crate) config: Config,
+    /// `None`: plain TCP (or, with `sslmode=require` and no TLS settings, the system's
+    /// roots: see the builder).
+    pub(crate) tls: Option<MakeRustlsConnect>,
+    /// The whole connection's deadline (every host in turn, TLS and authentication).
+    pub(crate) connect_timeout: Duration,
+    /// A request's deadline, from its send to its reply.
+    pub(crate) io_timeout: Duration,
+    /// The servers, for messages (`host:port, ...`).
+    pub(crate) servers: String,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("servers", &self.servers)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection. Its runtime drives the connection only while a request is under way.
+pub(crate) struct Conn {
+    runtime: Runtime,
+    pub(crate) client: Client,
+    /// A request failed in a way that leaves the connection unusable (a timeout: its
+    /// reply may still come).
+    broken: bool,
+}
+
+impl Connector {
+    /// Opens a connection, within the connect timeout. Never applies anything.
+    pub(crate) fn connect(&self) -> Result<Conn, BackendError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                BackendError::new(
+                    BackendErrorKind::Other,
+                    format!("cannot start a connection's runtime: {e}"),
+                )
+                .never_sent()
+            })?;
+        let deadline = self.connect_timeout;
+        let client = match &self.tls {
+            None => runtime.block_on(async {
+                let (client, connection) = within(deadline, self.config.connect(NoTls)).await?;
+                tokio::spawn(connection);
+                Ok::<_, Failure>(client)
+            }),
+            Some(tls) => runtime.block_on(async {
+                let (client, connection) =
+                    within(deadline, self.config.connect(tls.clone())).await?;
+                tokio::spawn(connection);
+                Ok::<_, Failure>(client)
+            }),
+        }
+        .map_err(|f| f.connecting(&self.servers, deadline))?;
+        Ok(Conn {
+            runtime,
+            client,
+            broken: false,
+        })
+    }
+}
+
+impl Conn {
+    /// Whether the connection can take a request: not broken, and (after letting the
+    /// runtime read what the server may have sent meanwhile, such as its closing) not
+    /// closed.
+    pub(crate) fn is_usable(&mut self) -> bool {
+        if self.broken {
+            return false;
+        }
+        self.runtime.block_on(tokio::task::yield_now());
+        !self.client.is_closed()
+    }
+
+    /// Whether a request broke the connection, or the connection task saw it close.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken || self.client.is_closed()
+    }
+
+    /// Runs one statement with typed parameters (an unnamed statement: one round trip,
+    /// nothing left on the session), within `timeout`.
+    pub(crate) fn query(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        timeout: Duration,
+    ) -> Result<Vec<Row>, BackendError> {
+        let client = &self.client;
+        let answer = self
+            .runtime
+            .block_on(within(timeout, client.query_typed(sql, params)));
+        answer.map_err(|f| {
+            if f.leaves_broken() {
+                self.broken = true;
+            }
+            f.requesting(timeout)
+        })
+    }
+
+    /// Runs `sql` (several statements: one transaction) as a simple query.
+    pub(crate) fn batch(&mut self, sql: &str, timeout: Duration) -> Result<(), BackendError> {
+        let client = &self.client;
+        let answer = self
+            .runtime
+            .block_on(within(timeout, client.batch_execute(sql)));
+        answer.map_err(|f| {
+            if f.leaves_broken() {
+                self.broken = true;
+            }
+            f.requesting(timeout)
+        })
+    }
+}
+
+/// A request that did not come back with an answer.
+pub(crate) enum Failure {
+    /// Its deadline passed.
+    TimedOut,
+    /// The server or the connection said why.
+    Postgres(tokio_postgres::Error),
+}
+
+/// `future`, bounded by `timeout`.
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    future: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(timeout, future).await {
+        Ok(answer) => answer.map_err(Failure::Postgres),
+        Err(_) => Err(Failure::TimedOut),
+    }
+}
+
+impl Failure {
+    fn leaves_broken(&self) -> bool {
+        match self {
+            Failure::TimedOut => true,
+            Failure::Postgres(e) => e.as_db_error().is_none() || e.is_closed(),
+        }
+    }
+
+    /// What a failed connection attempt means. Nothing was applied.
+    pub(crate) fn connecting(self, servers: &str, deadline: Duration) -> BackendError {
+        let e = match self {
+            Failure::TimedOut => {
+                return BackendError::new(
+                    BackendErrorKind::Timeout,
+                    format!("connecting to PostgreSQL at {servers} took more than {deadline:?}"),
+                )
+                .never_sent();
+            }
+            Failure::Postgres(e) => e,
+        };
+        let chain = chain(&e);
+        let kind = if let Some(db) = e.as_db_error() {
+            db_kind(db.code())
+        } else if chain.contains("database does not allow writes") {
+            BackendErrorKind::ReadOnly
+        } else if chain.contains("error performing TLS handshake")
+            || chain.contains("server does not support TLS")
+        {
+            BackendErrorKind::Tls
+        } else if chain.contains("authentication error") || chain.contains("password missing") {
+            BackendErrorKind::Auth
+        } else if chain.contains("unexpected message from server") {
+            BackendErrorKind::Protocol
+        } else {
+            BackendErrorKind::Unavailable
+        };
+        let what = match kind {
+            BackendErrorKind::ReadOnly => format!(
+                "no server at {servers} accepts writes (a standby, or target_session_attrs asks for one): {chain}"
+            ),
+            BackendErrorKind::Protocol => format!(
+                "the server at {servers} does not speak PostgreSQL's protocol (is it the right port?): {chain}"
+            ),
+            _ => format!("connecting to PostgreSQL at {servers}: {chain}"),
+        };
+        BackendError::new(kind, what).never_sent()
+    }
+
+    /// What a failed request means. A statement the server refused with an error was
+    /// rolled back (every request is one transaction): never applied. One that timed out
+    /// or lost its connection may have been.
+    pub(crate) fn requesting(self, timeout: Duration) -> BackendError {
+        match self {
+            Failure::TimedOut => BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("PostgreSQL did not answer within {timeout:?}"),
+            ),
+            Failure::Postgres(e) => {
+                let chain = chain(&e);
+                match e.as_db_error() {
+                    // A fatal error ends the session: the server may have committed the
+                    // statement before it (an administrator's pg_terminate_backend).
+                    Some(db) if db.severity() == "FATAL" || db.severity() == "PANIC" => {
+                        BackendError::new(db_kind(db.code()), format!("PostgreSQL: {chain}"))
+                    }
+                    Some(db) => {
+                        BackendError::new(db_kind(db.code()), format!("PostgreSQL: {chain}"))
+                            .never_sent()
+                    }
+                    None => BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        format!("PostgreSQL connection: {chain}"),
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// The error and its causes, in one line.
+fn chain(e: &tokio_postgres::Error) -> String {
+    let mut s = match e.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => e.to_string(),
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if e.as_db_error().is_none() {
+            s.push_str(": ");
+            s.push_str(&cause.to_string());
+        }
+        source = cause.source();
+    }
+    s
+}
+
+/// The kind of a server's error code.
+pub(crate) fn db_kind(code: &SqlState) -> BackendErrorKind {
+    let c = code.code();
+    if *code == SqlState::INVALID_PASSWORD || c.starts_with("28") {
+        BackendErrorKind::Auth
+    } else if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+        BackendErrorKind::Permission
+    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+        BackendErrorKind::ReadOnly
+    } else if *code == SqlState::T_R_SERIALIZATION_FAILURE
+        || *code == SqlState::T_R_DEADLOCK_DETECTED
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+        || *code == SqlState::LOCK_NOT_AVAILABLE
+    {
+        BackendErrorKind::Busy
+    } else if *code == SqlState::QUERY_CANCELED {
+        BackendErrorKind::Timeout
+    } else if c.starts_with("08") || c.starts_with("57") || c.starts_with("53") {
+        // Connection exceptions, operator intervention (shutdown, terminated backend,
+        // starting up), insufficient resources.
+        BackendErrorKind::Unavailable
+    } else {
+        BackendErrorKind::Other
+    }
+}

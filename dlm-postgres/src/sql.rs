@@ -1,0 +1,502 @@
+//! What dlm keeps in the database: its schema (tables, a sequence, functions), written
+//! once here, and the statements that call it.
+//!
+//! Every operation is one call of a PL/pgSQL function: one round trip, one implicit
+//! transaction, whatever the function does inside it. The leases expire on the server's
+//! clock (`clock_timestamp()`).
+
+/// The version of the schema below: an older one is replaced at first use.
+pub(crate) const VERSION: i32 = 1;
+
+/// The schema, `$S` standing for the schema's quoted name and `$C` for the notification
+/// channel. Run as one simple query (one transaction), under an advisory lock so that two
+/// processes installing it at once do not collide.
+const SCHEMA: &str = r#"
+SELECT pg_advisory_xact_lock(7162534413490182231);
+CREATE SCHEMA IF NOT EXISTS $S;
+
+-- Leases live in UNLOGGED tables: no WAL, no fsync per acquisition. A crash (and a
+-- standby's promotion) empties them; the hold-back below covers that.
+CREATE UNLOGGED TABLE IF NOT EXISTS $S.locks (
+    name text PRIMARY KEY,
+    owner text NOT NULL,
+    expires timestamptz NOT NULL,
+    token bigint NOT NULL
+);
+-- The holders of semaphores ('s') and read-write locks ('r').
+CREATE UNLOGGED TABLE IF NOT EXISTS $S.holds (
+    name text NOT NULL,
+    kind "char" NOT NULL,
+    owner text NOT NULL,
+    write boolean NOT NULL,
+    expires timestamptz NOT NULL,
+    token bigint NOT NULL,
+    label text,
+    PRIMARY KEY (name, kind, owner)
+);
+-- A semaphore's permit count, a read-write lock's waiting writer.
+CREATE UNLOGGED TABLE IF NOT EXISTS $S.groups (
+    name text NOT NULL,
+    kind "char" NOT NULL,
+    permits integer NOT NULL DEFAULT 0,
+    writer_until timestamptz,
+    PRIMARY KEY (name, kind)
+);
+-- Someone waits for a release of (name, kind) until `until`: the release notifies.
+CREATE UNLOGGED TABLE IF NOT EXISTS $S.waiting (
+    name text NOT NULL,
+    kind "char" NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (name, kind)
+);
+-- One row while the unlogged tables have not been emptied since it was written.
+CREATE UNLOGGED TABLE IF NOT EXISTS $S.epoch (
+    id integer PRIMARY KEY CHECK (id = 1),
+    since timestamptz NOT NULL,
+    closed_until timestamptz
+);
+-- Logged: the latest end of any lease granted, plus slack, made durable before the
+-- grant is answered. A new epoch grants nothing before it.
+CREATE TABLE IF NOT EXISTS $S.settings (
+    id integer PRIMARY KEY CHECK (id = 1),
+    version integer NOT NULL,
+    held_until timestamptz NOT NULL
+);
+-- Fencing tokens: logged, set forward to the server's clock in microseconds at every new
+-- epoch, so they never go back.
+CREATE SEQUENCE IF NOT EXISTS $S.tokens;
+INSERT INTO $S.settings VALUES (1, 0, '-infinity') ON CONFLICT (id) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION $S.ms(d interval) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $f$ SELECT greatest(ceil(extract(epoch FROM d) * 1000), 0)::bigint $f$;
+
+-- The current epoch's hold-back: until when it grants nothing (NULL: it grants).
+CREATE OR REPLACE FUNCTION $S.open(p_now timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_closed timestamptz;
+    v_held timestamptz;
+BEGIN
+    SELECT e.closed_until INTO v_closed FROM $S.epoch e WHERE e.id = 1;
+    IF FOUND THEN
+        RETURN v_closed;
+    END IF;
+    -- A new epoch: the server crashed, a standby was promoted, or this is the first use.
+    SELECT s.held_until INTO v_held FROM $S.settings s WHERE s.id = 1;
+    PERFORM set_config('synchronous_commit', 'on', true);
+    PERFORM setval('$S.tokens', greatest(
+        (SELECT last_value FROM $S.tokens),
+        (extract(epoch FROM p_now) * 1000000)::bigint));
+    INSERT INTO $S.epoch VALUES (1, p_now, CASE WHEN v_held > p_now THEN v_held END)
+        ON CONFLICT (id) DO NOTHING;
+    SELECT e.closed_until INTO v_closed FROM $S.epoch e WHERE e.id = 1;
+    RETURN v_closed;
+END $f$;
+
+-- Records, durably, that a lease may last until p_until (plus ten seconds of slack, so
+-- that the logged row is written about once per ten seconds, not per grant).
+CREATE OR REPLACE FUNCTION $S.keep(p_until timestamptz) RETURNS void
+LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+BEGIN
+    IF p_until > (SELECT s.held_until FROM $S.settings s WHERE s.id = 1) THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+        UPDATE $S.settings SET held_until = greatest(held_until, p_until + interval '10 s')
+            WHERE id = 1;
+    END IF;
+END $f$;
+
+-- A failed attempt at (name, kind) that will look again within p_wait.
+CREATE OR REPLACE FUNCTION $S.wait(p_name text, p_kind "char", p_until timestamptz)
+RETURNS void LANGUAGE sql AS $f$
+    INSERT INTO $S.waiting VALUES (p_name, p_kind, p_until)
+    ON CONFLICT (name, kind) DO UPDATE SET until = greatest($S.waiting.until, excluded.until)
+$f$;
+
+-- Wakes the waiters of (name, kind), if any: a notification at commit.
+CREATE OR REPLACE FUNCTION $S.wake(p_name text, p_kind "char", p_sender text, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+BEGIN
+    IF EXISTS (SELECT 1 FROM $S.waiting w
+               WHERE w.name = p_name AND w.kind = p_kind AND w.until > p_now) THEN
+        PERFORM pg_notify('$C', p_sender || ' ' || p_kind::text || ' ' || p_name);
+    END IF;
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.acquire(p_name text, p_owner text, p_ttl bigint,
+    OUT granted boolean, OUT token bigint, OUT wait_ms bigint)
+LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_exp timestamptz := v_now + p_ttl * interval '1 ms';
+    v_closed timestamptz := $S.open(v_now);
+    v_other timestamptz;
+    v_row record;
+BEGIN
+    IF v_closed > v_now THEN
+        granted := false;
+        wait_ms := $S.ms(v_closed - v_now);
+        RETURN;
+    END IF;
+    -- A token is drawn only once the row is ours (locked or inserted by this
+    -- transaction): a later holder takes the row after this one commits, and so draws a
+    -- larger token. (Drawn before, in the INSERT's VALUES, a slower attempt could take the
+    -- row after a faster one had held and released it, with a smaller token.)
+    SELECT l.owner, l.expires, l.token INTO v_row FROM $S.locks l
+        WHERE l.name = p_name FOR NO KEY UPDATE;
+    IF FOUND THEN
+        IF v_row.owner = p_owner THEN
+            -- Ours already (a retry after a lost reply): refreshed, same token.
+            UPDATE $S.locks l SET expires = v_exp WHERE l.name = p_name;
+            token := v_row.token;
+        ELSIF v_row.expires <= v_now THEN
+            UPDATE $S.locks l SET owner = p_owner, expires = v_exp,
+                token = nextval('$S.tokens')
+                WHERE l.name = p_name RETURNING l.token INTO token;
+        END IF;
+    ELSE
+        INSERT INTO $S.locks VALUES (p_name, p_owner, v_exp, 0) ON CONFLICT (name) DO NOTHING;
+        IF FOUND THEN
+            UPDATE $S.locks l SET token = nextval('$S.tokens')
+                WHERE l.name = p_name RETURNING l.token INTO token;
+        END IF;
+    END IF;
+    IF token IS NOT NULL THEN
+        granted := true;
+        PERFORM $S.keep(v_exp);
+        RETURN;
+    END IF;
+    granted := false;
+    SELECT l.expires INTO v_other FROM $S.locks l WHERE l.name = p_name;
+    wait_ms := $S.ms(coalesce(v_other, v_now) - v_now);
+    PERFORM $S.wait(p_name, 'm', v_now + (wait_ms + 1000) * interval '1 ms');
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.extend(p_name text, p_owner text, p_ttl bigint) RETURNS bigint
+LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_exp timestamptz := v_now + p_ttl * interval '1 ms';
+    v_token bigint;
+BEGIN
+    UPDATE $S.locks l SET expires = v_exp
+        WHERE l.name = p_name AND l.owner = p_owner AND l.expires > v_now
+        RETURNING l.token INTO v_token;
+    IF FOUND THEN
+        PERFORM $S.keep(v_exp);
+    END IF;
+    RETURN v_token;
+END $f$;
+
+-- Every renewal of a round in one call: kind 'm' (mutex), 's' or 'r'. Answers the
+-- (1-based) positions renewed, with their tokens.
+CREATE OR REPLACE FUNCTION $S.extend_many(p_kinds "char"[], p_names text[], p_owners text[],
+    p_ttls bigint[])
+RETURNS TABLE (i integer, token bigint)
+LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    RETURN QUERY
+    WITH r AS (
+        SELECT * FROM unnest(p_kinds, p_names, p_owners, p_ttls) WITH ORDINALITY
+            AS r(kind, name, owner, ttl, i)
+    ), m AS (
+        UPDATE $S.locks l SET expires = v_now + r.ttl * interval '1 ms' FROM r
+        WHERE r.kind = 'm' AND l.name = r.name AND l.owner = r.owner AND l.expires > v_now
+        RETURNING r.i::integer AS i, l.token
+    ), g AS (
+        UPDATE $S.holds h SET expires = v_now + r.ttl * interval '1 ms' FROM r
+        WHERE r.kind <> 'm' AND h.name = r.name AND h.kind = r.kind AND h.owner = r.owner
+            AND h.expires > v_now
+        RETURNING r.i::integer AS i, h.token
+    )
+    SELECT * FROM m UNION ALL SELECT * FROM g;
+    IF FOUND THEN
+        PERFORM $S.keep(v_now + (SELECT max(t) FROM unnest(p_ttls) t) * interval '1 ms');
+    END IF;
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.release(p_name text, p_owner text, p_sender text)
+RETURNS boolean LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_live boolean;
+BEGIN
+    DELETE FROM $S.locks l WHERE l.name = p_name AND l.owner = p_owner
+        RETURNING l.expires > v_now INTO v_live;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM $S.wake(p_name, 'm', p_sender, v_now);
+    RETURN v_live;
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.force_release(p_name text, p_sender text)
+RETURNS boolean LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_live boolean;
+BEGIN
+    DELETE FROM $S.locks l WHERE l.name = p_name RETURNING l.expires > v_now INTO v_live;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM $S.wake(p_name, 'm', p_sender, v_now);
+    RETURN v_live;
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.inspect(p_name text) RETURNS bigint
+LANGUAGE sql AS $f$
+    SELECT $S.ms(l.expires - clock_timestamp()) FROM $S.locks l
+    WHERE l.name = p_name AND l.expires > clock_timestamp()
+$f$;
+
+CREATE OR REPLACE FUNCTION $S.fence(p_name text, p_owner text) RETURNS bigint
+LANGUAGE sql AS $f$
+    SELECT l.token FROM $S.locks l
+    WHERE l.name = p_name AND l.owner = p_owner AND l.expires > clock_timestamp()
+$f$;
+
+-- The group row of (name, kind), locked: every operation on a group takes it first, so
+-- that two of them never wait for each other's rows in opposite orders.
+CREATE OR REPLACE FUNCTION $S.group_row(p_name text, p_kind "char")
+RETURNS $S.groups LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_g $S.groups;
+BEGIN
+    LOOP
+        SELECT * INTO v_g FROM $S.groups g WHERE g.name = p_name AND g.kind = p_kind
+            FOR UPDATE;
+        IF FOUND THEN
+            RETURN v_g;
+        END IF;
+        INSERT INTO $S.groups (name, kind) VALUES (p_name, p_kind) ON CONFLICT DO NOTHING;
+    END LOOP;
+END $f$;
+
+-- An attempt at a group hold. `conflict`: the permit count the semaphore is held with,
+-- when it is not p_permits (nothing was done).
+CREATE OR REPLACE FUNCTION $S.acquire_group(p_name text, p_kind "char", p_write boolean,
+    p_permits integer, p_owner text, p_ttl bigint, p_mark bigint, p_label text,
+    OUT granted boolean, OUT token bigint, OUT wait_ms bigint, OUT conflict integer)
+LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_exp timestamptz := v_now + p_ttl * interval '1 ms';
+    v_closed timestamptz := $S.open(v_now);
+    v_g $S.groups;
+    v_count integer;
+    v_soonest timestamptz;
+    v_writer timestamptz;
+BEGIN
+    granted := false;
+    IF v_closed > v_now THEN
+        wait_ms := $S.ms(v_closed - v_now);
+        RETURN;
+    END IF;
+    v_g := $S.group_row(p_name, p_kind);
+    SELECT count(*), min(h.expires), min(h.expires) FILTER (WHERE h.write)
+        INTO v_count, v_soonest, v_writer
+        FROM $S.holds h WHERE h.name = p_name AND h.kind = p_kind AND h.expires > v_now;
+    IF p_kind = 's' AND v_count > 0 AND v_g.permits <> p_permits THEN
+        conflict := v_g.permits;
+        RETURN;
+    END IF;
+    -- Ours already (a retry after a lost reply): refreshed.
+    UPDATE $S.holds h SET expires = v_exp
+        WHERE h.name = p_name AND h.kind = p_kind AND h.owner = p_owner AND h.expires > v_now
+        RETURNING h.token INTO token;
+    IF FOUND THEN
+        granted := true;
+        PERFORM $S.keep(v_exp);
+        RETURN;
+    END IF;
+    IF p_kind = 's' THEN
+        IF v_count >= p_permits THEN
+            wait_ms := $S.ms(v_soonest - v_now);
+        END IF;
+    ELSIF NOT p_write THEN
+        IF v_writer IS NOT NULL THEN
+            wait_ms := $S.ms(v_writer - v_now);
+        ELSIF v_g.writer_until > v_now THEN
+            wait_ms := $S.ms(v_g.writer_until - v_now);
+        END IF;
+    ELSIF v_count > 0 THEN
+        -- Others inside: new readers wait behind this writer from now on, while it comes
+        -- back before its mark ends.
+        UPDATE $S.groups g SET writer_until = v_now + p_mark * interval '1 ms'
+            WHERE g.name = p_name AND g.kind = p_kind;
+        wait_ms := least($S.ms(v_soonest - v_now), p_mark / 3);
+    END IF;
+    IF wait_ms IS NOT NULL THEN
+        PERFORM $S.wait(p_name, p_kind, v_now + (wait_ms + 1000) * interval '1 ms');
+        RETURN;
+    END IF;
+    INSERT INTO $S.holds AS h VALUES (p_name, p_kind, p_owner, p_write, v_exp,
+        nextval('$S.tokens'), p_label)
+        ON CONFLICT (name, kind, owner) DO UPDATE SET write = excluded.write,
+            expires = excluded.expires, token = excluded.token, label = excluded.label
+        RETURNING h.token INTO token;
+    UPDATE $S.groups g SET
+        permits = CASE WHEN p_kind = 's' THEN p_permits ELSE g.permits END,
+        writer_until = CASE WHEN p_write THEN NULL ELSE g.writer_until END
+        WHERE g.name = p_name AND g.kind = p_kind;
+    granted := true;
+    PERFORM $S.keep(v_exp);
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.release_group(p_name text, p_kind "char", p_owner text,
+    p_sender text)
+RETURNS boolean LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_live boolean;
+BEGIN
+    PERFORM $S.group_row(p_name, p_kind);
+    DELETE FROM $S.holds h WHERE h.name = p_name AND h.kind = p_kind AND h.owner = p_owner
+        RETURNING h.expires > v_now INTO v_live;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM $S.wake(p_name, p_kind, p_sender, v_now);
+    RETURN v_live;
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.force_release_group(p_name text, p_kind "char", p_sender text)
+RETURNS boolean LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_g $S.groups := $S.group_row(p_name, p_kind);
+    v_live boolean;
+BEGIN
+    WITH d AS (
+        DELETE FROM $S.holds h WHERE h.name = p_name AND h.kind = p_kind
+        RETURNING h.expires > v_now AS live
+    ) SELECT coalesce(bool_or(d.live), false) INTO v_live FROM d;
+    UPDATE $S.groups g SET writer_until = NULL, permits = 0
+        WHERE g.name = p_name AND g.kind = p_kind;
+    PERFORM $S.wake(p_name, p_kind, p_sender, v_now);
+    RETURN v_live OR coalesce(v_g.writer_until > v_now, false);
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.downgrade(p_name text, p_writer text, p_reader text,
+    p_ttl bigint, p_sender text)
+RETURNS bigint LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_exp timestamptz := v_now + p_ttl * interval '1 ms';
+    v_token bigint;
+BEGIN
+    PERFORM $S.group_row(p_name, 'r');
+    UPDATE $S.holds h SET owner = p_reader, write = false, expires = v_exp
+        WHERE h.name = p_name AND h.kind = 'r' AND h.owner = p_writer AND h.write
+            AND h.expires > v_now
+        RETURNING h.token INTO v_token;
+    IF FOUND THEN
+        PERFORM $S.keep(v_exp);
+        PERFORM $S.wake(p_name, 'r', p_sender, v_now);
+    END IF;
+    RETURN v_token;
+END $f$;
+
+CREATE OR REPLACE FUNCTION $S.fence_group(p_name text, p_kind "char", p_owner text)
+RETURNS bigint LANGUAGE sql AS $f$
+    SELECT h.token FROM $S.holds h
+    WHERE h.name = p_name AND h.kind = p_kind AND h.owner = p_owner
+        AND h.expires > clock_timestamp()
+$f$;
+
+-- Who holds a group: one row per live holder, with the permit count.
+CREATE OR REPLACE FUNCTION $S.inspect_group(p_name text, p_kind "char")
+RETURNS TABLE (write boolean, remaining_ms bigint, label text, permits integer)
+LANGUAGE sql AS $f$
+    SELECT h.write, $S.ms(h.expires - clock_timestamp()), h.label, g.permits
+    FROM $S.holds h JOIN $S.groups g ON g.name = h.name AND g.kind = h.kind
+    WHERE h.name = p_name AND h.kind = p_kind AND h.expires > clock_timestamp()
+$f$;
+
+-- Deletes what expired a minute ago or more: nobody renews it, and every operation
+-- treats it as absent already.
+CREATE OR REPLACE FUNCTION $S.sweep() RETURNS void
+LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    v_old timestamptz := clock_timestamp() - interval '1 minute';
+BEGIN
+    DELETE FROM $S.locks l WHERE l.expires < v_old;
+    DELETE FROM $S.holds h WHERE h.expires < v_old;
+    DELETE FROM $S.waiting w WHERE w.until < v_old;
+    DELETE FROM $S.groups g
+        WHERE coalesce(g.writer_until < v_old, true)
+          AND NOT EXISTS (SELECT 1 FROM $S.holds h WHERE h.name = g.name AND h.kind = g.kind);
+END $f$;
+
+UPDATE $S.settings SET version = $V WHERE id = 1;
+"#;
+
+/// The schema's SQL for the schema named `schema` (already checked: lower-case letters,
+/// digits and `_`), its notification channel `channel`.
+pub(crate) fn schema_sql(schema: &str, channel: &str) -> String {
+    SCHEMA
+        .replace("$S", &format!("\"{schema}\""))
+        .replace("$C", channel)
+        .replace("$V", &VERSION.to_string())
+}
+
+/// The statements an operation sends, for the schema named `schema`.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) version: String,
+    pub(crate) acquire: String,
+    pub(crate) extend: String,
+    pub(crate) extend_many: String,
+    pub(crate) release: String,
+    pub(crate) force_release: String,
+    pub(crate) inspect: String,
+    pub(crate) fence: String,
+    pub(crate) acquire_group: String,
+    pub(crate) release_group: String,
+    pub(crate) force_release_group: String,
+    pub(crate) downgrade: String,
+    pub(crate) fence_group: String,
+    pub(crate) inspect_group: String,
+    pub(crate) sweep: String,
+}
+
+impl Statements {
+    pub(crate) fn new(schema: &str) -> Statements {
+        let s = format!("\"{schema}\"");
+        Statements {
+            version: format!("SELECT version FROM {s}.settings WHERE id = 1"),
+            acquire: format!("SELECT * FROM {s}.acquire($1, $2, $3)"),
+            extend: format!("SELECT {s}.extend($1, $2, $3)"),
+            extend_many: format!("SELECT * FROM {s}.extend_many($1, $2, $3, $4)"),
+            release: format!("SELECT {s}.release($1, $2, $3)"),
+            force_release: format!("SELECT {s}.force_release($1, $2)"),
+            inspect: format!("SELECT {s}.inspect($1)"),
+            fence: format!("SELECT {s}.fence($1, $2)"),
+            acquire_group: format!(
+                "SELECT * FROM {s}.acquire_group($1, $2, $3, $4, $5, $6, $7, $8)"
+            ),
+            release_group: format!("SELECT {s}.release_group($1, $2, $3, $4)"),
+            force_release_group: format!("SELECT {s}.force_release_group($1, $2, $3)"),
+            downgrade: format!("SELECT {s}.downgrade($1, $2, $3, $4, $5)"),
+            fence_group: format!("SELECT {s}.fence_group($1, $2, $3)"),
+            inspect_group: format!("SELECT * FROM {s}.inspect_group($1, $2)"),
+            sweep: format!("SELECT {s}.sweep()"),
+        }
+    }
+}
