@@ -37,8 +37,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 ///   waits for no `fsync` (about 140 µs per acquire-and-release on one connection, against
 ///   290 µs for logged rows, measured with pgbench). A crash empties them, and so does the
 ///   promotion of a standby (unlogged tables are not replicated). So the latest end of any
-///   lease granted is also kept, durably, in a logged row (written about once every ten
-///   seconds, with ten seconds of slack), and after such an emptying nothing is granted
+///   lease granted is also kept, durably, in a logged row (written at most about once a
+///   second, with a second of slack), and after such an emptying nothing is granted
 ///   before it: a lock granted before a crash is not granted to anyone else before its
 ///   lease could have ended.
 /// - **Fencing tokens** are drawn from a logged sequence with every grant, and set forward
@@ -58,6 +58,8 @@ pub struct PostgresBackend {
     stmts: Statements,
     schema: String,
     schema_sql: String,
+    /// The role dlm connects as (for the grants it needs).
+    role: String,
     /// Whether the schema was found (or installed) at its version.
     ready: AtomicBool,
     install: Mutex<()>,
@@ -98,11 +100,13 @@ fn token(t: i64) -> FencingToken {
 impl PostgresBackend {
     pub(crate) fn from_resolved(r: Resolved) -> Result<Self, InvalidArgument> {
         let channel = format!("dlm_{}", r.schema);
-        let hints = Hints::new(r.connector.clone(), channel.clone());
+        let role = r.connector.config.get_user().unwrap_or_default().to_owned();
+        let hints = Hints::new(r.listen, channel.clone());
         Ok(PostgresBackend {
             pool: Pool::new(r.connector, r.pool_size),
             stmts: Statements::new(&r.schema),
             schema_sql: sql::schema_sql(&r.schema, &channel),
+            role,
             schema: r.schema,
             ready: AtomicBool::new(false),
             install: Mutex::new(()),
@@ -119,6 +123,34 @@ impl PostgresBackend {
     /// needs (see the crate's documentation).
     pub fn schema_sql(&self) -> &str {
         &self.schema_sql
+    }
+
+    /// The statements that give the role `role` what dlm needs in its schema, once an
+    /// administrator has created it ([`schema_sql`](Self::schema_sql)): the use of the
+    /// schema, reading and writing its tables, drawing from its sequence.
+    pub fn grants_sql(&self, role: &str) -> String {
+        let (s, r) = (&self.schema, role.replace('"', "\"\""));
+        format!(
+            "GRANT USAGE ON SCHEMA \"{s}\" TO \"{r}\"; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{s}\" TO \"{r}\"; \
+             GRANT SELECT, USAGE, UPDATE ON SEQUENCE \"{s}\".tokens TO \"{r}\";"
+        )
+    }
+
+    /// A refusal for want of rights, with what an administrator must run.
+    fn advise(&self, e: BackendError) -> BackendError {
+        if e.kind() != BackendErrorKind::Permission {
+            return e;
+        }
+        BackendError::new(
+            BackendErrorKind::Permission,
+            format!(
+                "{}. dlm's role needs: {}",
+                e.message(),
+                self.grants_sql(&self.role)
+            ),
+        )
+        .never_sent()
     }
 
     /// The lease `ttl` asked for at `start` gives its holder: shortened by the drift
@@ -146,7 +178,7 @@ impl PostgresBackend {
         if !self.ready.load(Ordering::Acquire) {
             self.ensure_schema(&mut conn)?;
         }
-        let answer = f(&mut conn, &self.stmts, self.pool.io_timeout());
+        let answer = f(&mut conn, &self.stmts, self.pool.io_timeout()).map_err(|e| self.advise(e));
         if matches!(&answer, Err(e) if e.message().contains("(42883)") || e.message().contains("(42P01)"))
         {
             // The schema went away (dropped by hand): installed again at the next call.
@@ -188,10 +220,10 @@ impl PostgresBackend {
                         format!(
                             "dlm's schema {:?} is missing or out of date, and this role may not create it ({}). \
                              Have an administrator run PostgresBackend::schema_sql() once (or grant this role \
-                             CREATE on the database), then grant this role USAGE on the schema, SELECT, INSERT, \
-                             UPDATE and DELETE on its tables, and USAGE and UPDATE on its sequence",
+                             CREATE on the database), then: {}",
                             self.schema,
-                            e.message()
+                            e.message(),
+                            self.grants_sql(&self.role)
                         ),
                     )
                     .never_sent()

@@ -47,6 +47,7 @@ impl PostgresBackend {
             tls: None,
             password: None,
             password_file: None,
+            listen_url: None,
         }
     }
 }
@@ -73,11 +74,14 @@ pub struct PostgresBackendBuilder {
     tls: Option<TlsOptions>,
     password: Option<Secret>,
     password_file: Option<PathBuf>,
+    listen_url: Option<String>,
 }
 
 /// What `build` resolved: the connections' settings and the backend's own.
 pub(crate) struct Resolved {
     pub(crate) connector: Connector,
+    /// Where the release hints are listened for.
+    pub(crate) listen: Connector,
     pub(crate) schema: String,
     pub(crate) drift_factor: f64,
     pub(crate) pool_size: usize,
@@ -146,6 +150,16 @@ impl PostgresBackendBuilder {
         self
     }
 
+    /// Where to `LISTEN` for release hints, when it is not `url`: behind a connection
+    /// pooler in transaction mode (PgBouncer), a `LISTEN` through the pooler hears
+    /// nothing, so give the server's own address here (same user, password and TLS
+    /// settings). Without hints, waiters still get the lock, by looking again when the
+    /// holder's lease would end.
+    pub fn listen_url(mut self, url: &str) -> Self {
+        self.listen_url = Some(url.to_owned());
+        self
+    }
+
     /// Checks the settings and builds the backend. No network I/O (a password file and
     /// TLS files are read).
     ///
@@ -158,7 +172,19 @@ impl PostgresBackendBuilder {
         PostgresBackend::from_resolved(self.resolve()?)
     }
 
-    fn resolve(self) -> Result<Resolved, InvalidArgument> {
+    fn resolve(mut self) -> Result<Resolved, InvalidArgument> {
+        let listen = match self.listen_url.take() {
+            Some(listen_url) => Some(
+                PostgresBackendBuilder {
+                    url: listen_url,
+                    ..self.clone()
+                }
+                .resolve()
+                .map_err(|e| InvalidArgument::new("listen_url", e.reason().to_owned()))?
+                .connector,
+            ),
+            None => None,
+        };
         let url = self.url.trim();
         if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
             let shown = url.split_once("://").map_or("", |(scheme, _)| scheme);
@@ -192,7 +218,7 @@ impl PostgresBackendBuilder {
                 .copied()
                 .unwrap_or(5432);
             match host {
-                Host::Tcp(h) => servers.push(format!("{h}:{port}")),
+                Host::Tcp(h) => servers.push((h.clone(), port)),
                 #[allow(unreachable_patterns)]
                 _ => {
                     return Err(InvalidArgument::new(
@@ -287,14 +313,21 @@ impl PostgresBackendBuilder {
         }
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(10));
+        let connector = Connector {
+            config,
+            tls,
+            connect_timeout: self.connect_timeout,
+            io_timeout: self.io_timeout,
+            servers: servers
+                .iter()
+                .map(|(h, p)| format!("{h}:{p}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            hosts: servers,
+        };
         Ok(Resolved {
-            connector: Connector {
-                config,
-                tls,
-                connect_timeout: self.connect_timeout,
-                io_timeout: self.io_timeout,
-                servers: servers.join(", "),
-            },
+            listen: listen.unwrap_or_else(|| connector.clone()),
+            connector,
             schema: self.schema,
             drift_factor: self.drift_factor,
             pool_size: self.pool_size,

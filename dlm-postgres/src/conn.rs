@@ -25,6 +25,8 @@ pub(crate) struct Connector {
     pub(crate) io_timeout: Duration,
     /// The servers, for messages (`host:port, ...`).
     pub(crate) servers: String,
+    /// The same, as (host, port) pairs.
+    pub(crate) hosts: Vec<(String, u16)>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -72,12 +74,60 @@ impl Connector {
                 Ok::<_, Failure>(client)
             }),
         }
-        .map_err(|f| f.connecting(&self.servers, deadline))?;
+        .map_err(|f| match f {
+            Failure::TimedOut => self
+                .sniff()
+                .unwrap_or_else(|| f.connecting(&self.servers, deadline)),
+            f => f.connecting(&self.servers, deadline),
+        })?;
         Ok(Conn {
             runtime,
             client,
             broken: false,
         })
+    }
+}
+
+/// How long [`Connector::sniff`] waits for each server.
+const SNIFF_TIMEOUT: Duration = Duration::from_millis(300);
+
+impl Connector {
+    /// After a connection attempt that timed out: whether a server accepted the
+    /// connection and is not PostgreSQL but Redis (which waits, silent, for the end of a
+    /// line that PostgreSQL's start-up message never has). Asks each with `PING`.
+    fn sniff(&self) -> Option<BackendError> {
+        use std::io::{Read, Write};
+        use std::net::{TcpStream, ToSocketAddrs};
+        for (host, port) in &self.hosts {
+            let Some(addr) = (host.as_str(), *port)
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+            else {
+                continue;
+            };
+            let Ok(mut stream) = TcpStream::connect_timeout(&addr, SNIFF_TIMEOUT) else {
+                continue;
+            };
+            let _ = stream.set_read_timeout(Some(SNIFF_TIMEOUT));
+            let _ = stream.set_write_timeout(Some(SNIFF_TIMEOUT));
+            let mut reply = [0u8; 1];
+            if stream.write_all(b"PING\r\n").is_ok()
+                && stream.read_exact(&mut reply).is_ok()
+                && matches!(reply[0], b'+' | b'-')
+            {
+                return Some(
+                    BackendError::new(
+                        BackendErrorKind::Protocol,
+                        format!(
+                            "the server at {host}:{port} does not speak PostgreSQL's protocol: it answers as Redis does (is it the right port?)"
+                        ),
+                    )
+                    .never_sent(),
+                );
+            }
+        }
+        None
     }
 }
 
@@ -89,7 +139,13 @@ impl Conn {
         if self.broken {
             return false;
         }
-        self.runtime.block_on(tokio::task::yield_now());
+        // The first yield lets the runtime poll its I/O driver (without waiting), which
+        // wakes the connection's task if the server closed the socket; the second lets
+        // that task run and end.
+        self.runtime.block_on(async {
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+        });
         !self.client.is_closed()
     }
 

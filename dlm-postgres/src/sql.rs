@@ -94,15 +94,15 @@ BEGIN
     RETURN v_closed;
 END $f$;
 
--- Records, durably, that a lease may last until p_until (plus ten seconds of slack, so
--- that the logged row is written about once per ten seconds, not per grant).
+-- Records, durably, that a lease may last until p_until (plus a second of slack, so that
+-- the logged row is written at most about once a second, not per grant).
 CREATE OR REPLACE FUNCTION $S.keep(p_until timestamptz) RETURNS void
 LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
 BEGIN
     IF p_until > (SELECT s.held_until FROM $S.settings s WHERE s.id = 1) THEN
         PERFORM set_config('synchronous_commit', 'on', true);
-        UPDATE $S.settings SET held_until = greatest(held_until, p_until + interval '10 s')
+        UPDATE $S.settings SET held_until = greatest(held_until, p_until + interval '1 s')
             WHERE id = 1;
     END IF;
 END $f$;
