@@ -1,7 +1,7 @@
 //! Shared plumbing of the example programs: command-line parsing and backend choice
 //! (`--redis URL[,URL...]`: one URL for a single Redis server, three or more for Redlock;
-//! `--etcd URL[,URL...]`: an etcd cluster's members; without either, the embedded memory
-//! backend).
+//! `--etcd URL[,URL...]`: an etcd cluster's members; `--postgres URL`: a PostgreSQL
+//! server; without any, the embedded memory backend).
 #![deny(missing_docs)]
 
 use std::sync::Arc;
@@ -83,8 +83,15 @@ impl Args {
 
     /// The backend chosen by the arguments: `--redis URL` for one Redis server,
     /// `--redis URL,URL,URL[,...]` (three or more) for Redlock, else the embedded memory
-    /// backend; `--etcd URL[,URL...]` for an etcd cluster (the members' client URLs).
+    /// backend; `--etcd URL[,URL...]` for an etcd cluster (the members' client URLs);
+    /// `--postgres URL` for a PostgreSQL server.
     pub fn backend(&mut self) -> Arc<dyn LockBackend> {
+        if let Some(url) = self.value("--postgres") {
+            return match dlm_postgres::PostgresBackend::new(&url) {
+                Ok(b) => Arc::new(b),
+                Err(e) => self.fail(&format!("--postgres: {e}")),
+            };
+        }
         if let Some(urls) = self.value("--etcd") {
             let urls: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
             return match dlm_etcd::EtcdBackend::new(&urls) {

@@ -299,3 +299,65 @@ fn a_stopped_etcd_holder_is_a_second_holder_and_only_fencing_refuses_its_late_wr
     assert!(holder.ask("unlock").starts_with("unlock failed"));
     guard.unlock().unwrap();
 }
+
+/// The same on PostgreSQL, with the write in the database itself: a holder process
+/// stopped (SIGSTOP) past its lease while another client takes the lock and writes the
+/// row with its token. The history checker sees two holders at once (a lease cannot stop
+/// a paused process), and the fenced `UPDATE ... WHERE fence < $token` refuses the paused
+/// holder's late write: it changes no row.
+#[test]
+fn a_stopped_postgres_holder_is_a_second_holder_and_the_fenced_update_refuses_its_late_write() {
+    use dlm_testkit::history::{History, Hold};
+    const WATCHDOG: Duration = Duration::from_secs(1);
+    let server = dlm_testkit::postgres::PostgresServer::spawn();
+    let url = server.url();
+    server.psql("CREATE TABLE report (id int PRIMARY KEY, fence bigint NOT NULL, body text)");
+    server.psql("INSERT INTO report VALUES (1, 0, NULL)");
+    let fenced_write = |token: u64, body: &str| -> String {
+        server.psql(&format!(
+            "WITH w AS (UPDATE report SET body = '{body}', fence = {token} \
+             WHERE id = 1 AND fence < {token} RETURNING 1) SELECT count(*) FROM w"
+        ))
+    };
+    let name = dlm_testkit::unique_name("paused-postgres");
+    let (mut holder, old) =
+        Holder::start_on("--postgres", std::slice::from_ref(&url), &name, WATCHDOG);
+    let held_from = Instant::now();
+    assert_eq!(fenced_write(old, "holder"), "1");
+    holder.signal("STOP");
+    let other = LockClient::new(dlm_postgres::PostgresBackend::new(&url).unwrap());
+    let guard = other
+        .get_lock(&name)
+        .unwrap()
+        .try_lock_timeout(WATCHDOG * 10)
+        .unwrap()
+        .expect("the stopped holder's lock never expired");
+    let history = History::new();
+    let new_hold = history.begin("new holder", &guard);
+    let new = guard.fencing_token().unwrap();
+    assert!(new.get() > old, "token {new} after {old}");
+    assert_eq!(fenced_write(new.get(), "new holder"), "1");
+    holder.signal("CONT");
+    // The paused holder writes as if it still held the lock, without checking.
+    let late = fenced_write(old, "holder, late");
+    history.push(Hold::new(
+        name.as_str(),
+        "paused holder",
+        held_from,
+        Instant::now(),
+        Some(old),
+    ));
+    history.end(new_hold, &guard);
+    assert_eq!(late, "0", "the fenced update accepted the late write");
+    assert!(
+        history.check().has_overlap(),
+        "the history checker must see the paused holder and the new one at once"
+    );
+    assert_eq!(
+        server.psql("SELECT body FROM report WHERE id = 1"),
+        "new holder"
+    );
+    assert_eq!(holder.ask("check"), "lost");
+    assert!(holder.ask("unlock").starts_with("unlock failed"));
+    guard.unlock().unwrap();
+}

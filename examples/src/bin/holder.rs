@@ -5,13 +5,15 @@
 //! ```text
 //! holder --redis URL[,URL...] --name NAME [--watchdog SECS (30)] [--key KEY]
 //! holder --etcd URL[,URL...] --name NAME [--watchdog SECS (30)]
+//! holder --postgres URL --name NAME [--watchdog SECS (30)]
 //! ```
 //! Prints `held <token>` once the lock is taken, then answers each line of stdin:
 //! - `check`: `held` or `lost` (`LockGuard::ensure_held`: local knowledge, no I/O);
 //! - `write VALUE`: writes VALUE to the Redis hash KEY through the fencing check
 //!   (`dlm_redis::fenced_set`) with the lock's token, whether or not the lock is still
 //!   held (as a holder that does not check would): `written` or `refused` (with
-//!   `--redis` only; with `--etcd` the test writes through its own fencing check);
+//!   `--redis` only; with `--etcd` or `--postgres` the test writes through its own
+//!   fencing check);
 //! - `unlock`: releases the lock, prints `unlocked` or `unlock failed: ...`, and exits.
 //!
 //! End of input releases the lock and exits too.
@@ -27,13 +29,13 @@ use dlm_redis::{FencedWriteError, redis};
 fn main() -> ExitCode {
     let mut args = Args::from_env(
         "holder",
-        "(--redis URL[,URL...] | --etcd URL[,URL...]) --name NAME [--watchdog SECS (30)] [--key KEY]",
+        "(--redis URL[,URL...] | --etcd URL[,URL...] | --postgres URL) --name NAME [--watchdog SECS (30)] [--key KEY]",
     );
     let first_url = args
         .peek("--redis")
         .and_then(|u| u.split(',').next().map(str::to_owned));
-    if first_url.is_none() && args.peek("--etcd").is_none() {
-        args.fail("--redis or --etcd is required");
+    if first_url.is_none() && args.peek("--etcd").is_none() && args.peek("--postgres").is_none() {
+        args.fail("--redis, --etcd or --postgres is required");
     }
     let backend = args.backend();
     let Some(name) = args.value("--name") else {
