@@ -40,3 +40,8 @@ mod sql;
 pub use backend::PostgresBackend;
 pub use builder::PostgresBackendBuilder;
 pub use dlm_core::tls::TlsOptions;
+
+/// The README's examples, compiled as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
