@@ -1,5 +1,6 @@
 //! The backend from the command line: URLs, the password, TLS.
 
+use std::str::FromStr;
 use std::sync::Arc;
 
 use dlm_core::backend::LockBackend;
@@ -18,12 +19,18 @@ pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
 /// The environment variable with the password for etcd URLs that name a user and have
 /// none; `DLM_REDIS_PASSWORD` is read when it is not set.
 pub(crate) const ETCD_PASSWORD_VAR: &str = "DLM_ETCD_PASSWORD";
+/// The environment variable read for PostgreSQL when no backend flag is given.
+pub(crate) const POSTGRES_VAR: &str = "DLM_POSTGRES_URL";
+/// The environment variable with the password for a PostgreSQL URL that has none (else
+/// dlm-postgres reads libpq's `$PGPASSWORD`).
+pub(crate) const POSTGRES_PASSWORD_VAR: &str = "DLM_POSTGRES_PASSWORD";
 
 /// dlm's environment variables that hold a secret, which the command does not get: the
-/// password, and the URLs (Redis or etcd) when one of them carries a password (as `user:pw@` or, for a
-/// unix socket, `?pass=`). A URL list without one stays, for a nested `dlm`.
+/// passwords, and the URLs (Redis, etcd or PostgreSQL) when one of them carries a password
+/// (as `user:pw@`, or `?pass=` for a Redis unix socket, `?password=` for PostgreSQL). A URL
+/// list without one stays, for a nested `dlm`.
 pub(crate) fn secret_vars() -> Vec<&'static str> {
-    let mut vars = vec![PASSWORD_VAR, ETCD_PASSWORD_VAR];
+    let mut vars = vec![PASSWORD_VAR, ETCD_PASSWORD_VAR, POSTGRES_PASSWORD_VAR];
     let has_password = |u: &str| {
         url::Url::parse(u.trim()).is_ok_and(|u| {
             u.password().is_some_and(|p| !p.is_empty())
@@ -35,7 +42,26 @@ pub(crate) fn secret_vars() -> Vec<&'static str> {
             vars.push(var);
         }
     }
+    // One URL, whose hosts are comma-separated (not a list), read as libpq reads it.
+    if std::env::var(POSTGRES_VAR).is_ok_and(|url| postgres_password_in(&url)) {
+        vars.push(POSTGRES_VAR);
+    }
     vars
+}
+
+/// Whether a PostgreSQL URL carries a password (`user:pw@` or `?password=`), read with
+/// dlm-postgres's parser. One that parser refuses is taken to carry one when it has a
+/// `:` before its `@` or a `password=` (it reaches the command only if dlm refuses it).
+fn postgres_password_in(url: &str) -> bool {
+    let url = url.trim();
+    match tokio_postgres::Config::from_str(url) {
+        Ok(config) => config.get_password().is_some_and(|p| !p.is_empty()),
+        Err(_) => {
+            url.split_once('@')
+                .is_some_and(|(creds, _)| creds.contains(':'))
+                || url.to_ascii_lowercase().contains("password=")
+        }
+    }
 }
 
 /// A backend, and what the output may say about it (never a password).
@@ -50,22 +76,45 @@ impl Connection {
     /// Builds the backend the arguments (or the environment) name.
     pub(crate) fn from_args(args: &BackendArgs) -> Result<Connection, Failure> {
         let env = |var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty());
-        match (&args.etcd, &args.redis, env(URL_VAR), env(ETCD_VAR)) {
-            (Some(urls), _, _, _) => return etcd(args, urls, "--etcd"),
-            (None, None, None, Some(urls)) => return etcd(args, &urls, "$DLM_ETCD_ENDPOINTS"),
-            (None, None, Some(_), Some(_)) => {
-                return Err(Failure::usage(format!(
-                    "both {URL_VAR} and {ETCD_VAR} are set: give --redis or --etcd"
-                )));
+        // A flag names the backend (the parser refused two); without one, the one
+        // variable that is set does.
+        if let Some(url) = &args.postgres {
+            return postgres(args, url, "--postgres");
+        }
+        if let Some(urls) = &args.etcd {
+            return etcd(args, urls, "--etcd");
+        }
+        if args.redis.is_none() {
+            let set: Vec<(&str, &str, String)> = [
+                (URL_VAR, "--redis"),
+                (ETCD_VAR, "--etcd"),
+                (POSTGRES_VAR, "--postgres"),
+            ]
+            .into_iter()
+            .filter_map(|(var, flag)| env(var).map(|value| (var, flag, value)))
+            .collect();
+            match &set[..] {
+                [(ETCD_VAR, _, urls)] => return etcd(args, urls, "$DLM_ETCD_ENDPOINTS"),
+                [(POSTGRES_VAR, _, url)] => return postgres(args, url, "$DLM_POSTGRES_URL"),
+                [] | [_] => {}
+                [(a, fa, _), (b, fb, _)] => {
+                    return Err(Failure::usage(format!(
+                        "both {a} and {b} are set: give {fa} or {fb}"
+                    )));
+                }
+                _ => {
+                    return Err(Failure::usage(format!(
+                        "{URL_VAR}, {ETCD_VAR} and {POSTGRES_VAR} are all set: give --redis, --etcd or --postgres"
+                    )));
+                }
             }
-            _ => {}
         }
         let (list, source) = match (&args.redis, std::env::var(URL_VAR)) {
             (Some(urls), _) => (urls.clone(), "--redis"),
             (None, Ok(urls)) if !urls.trim().is_empty() => (urls, "$DLM_REDIS_URL"),
             _ => {
                 return Err(Failure::usage(format!(
-                    "no backend: give --redis URL[,URL...] or --etcd URL[,URL...], or set {URL_VAR} or {ETCD_VAR} (see dlm --help)"
+                    "no backend: give --redis URL[,URL...], --etcd URL[,URL...] or --postgres URL, or set {URL_VAR}, {ETCD_VAR} or {POSTGRES_VAR} (see dlm --help)"
                 )));
             }
         };
@@ -225,6 +274,68 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
     })
 }
 
+/// A PostgreSQL backend on the server(s) of `url` (one libpq URL, whose hosts may be
+/// several: `host1:5432,host2:5432`) from `source`. The options of Redis deployments were
+/// refused by the argument parser. The password of `--password-file` or
+/// `$DLM_POSTGRES_PASSWORD` is for a URL that has none; without any, dlm-postgres reads
+/// `$PGPASSWORD`. `--prefix` names the schema; the `--tls-*` flags make it TLS
+/// (`sslmode=require`, verified), whatever the URL says but `sslmode=disable`.
+fn postgres(args: &BackendArgs, url: &str, source: &'static str) -> Result<Connection, Failure> {
+    let url = url.trim();
+    let mut b = dlm_postgres::PostgresBackend::builder(url);
+    if let Some(password) = password(args, &[POSTGRES_PASSWORD_VAR])?
+        && !postgres_password_in(url)
+    {
+        b = b.password(&password);
+    }
+    if let Some(prefix) = &args.prefix {
+        b = b.schema(prefix);
+    }
+    if let Some(tls) = tls_options(args) {
+        b = b.tls(tls);
+    }
+    // Checked before any I/O: the scheme, libpq's rules, the settings, the files.
+    let backend = b
+        .build()
+        .map_err(|e| Failure::usage(crate::exit::invalid(&e, source)))?;
+    let describe = format!("postgres ({})", postgres_servers(url));
+    log::info!("backend: {describe}");
+    Ok(Connection {
+        backend: Arc::new(backend),
+        describe,
+    })
+}
+
+/// The `host:port` pairs of a PostgreSQL URL that dlm-postgres accepted, comma-separated
+/// (never its user or password).
+fn postgres_servers(url: &str) -> String {
+    let Ok(config) = tokio_postgres::Config::from_str(url) else {
+        return "?".into();
+    };
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match host {
+                tokio_postgres::config::Host::Tcp(h) if h.contains(':') => {
+                    format!("[{h}]:{port}")
+                }
+                tokio_postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+                // Refused by dlm-postgres.
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            }
+        })
+        .collect();
+    if hosts.is_empty() {
+        // libpq's default host, as dlm-postgres takes it.
+        return format!("localhost:{}", ports.first().copied().unwrap_or(5432));
+    }
+    hosts.join(", ")
+}
+
 /// A plain URL list (not `--cluster`, not `--sentinel`) is one server, or Redlock over 3
 /// or more independent masters. Two masters are refused: Redlock's majority of 2 is both,
 /// so either one down stops every lock (worse than one server). So is one URL written as
@@ -305,18 +416,17 @@ fn with_password(
 }
 
 /// The TLS options, when any TLS flag is given: the same flags and the same options
-/// (`dlm_core::tls::TlsOptions`) for Redis and etcd; `tls_scheme` is the scheme of the
-/// URLs they apply to (`rediss`, `https`), `plain` the other one's.
+/// (`dlm_core::tls::TlsOptions`) for Redis, etcd and PostgreSQL; `tls_scheme` is the
+/// scheme of the URLs they apply to (`rediss`, `https`), `plain` the other one's.
+/// (PostgreSQL has one scheme: the flags make its connections TLS, see [`postgres`].)
 fn tls(
     args: &BackendArgs,
     urls: &[impl AsRef<str>],
     (tls_scheme, plain): (&str, &str),
 ) -> Result<Option<TlsOptions>, Failure> {
-    let any =
-        args.tls_ca_file.is_some() || args.tls_cert.is_some() || args.tls_server_name.is_some();
-    if !any {
+    let Some(options) = tls_options(args) else {
         return Ok(None);
-    }
+    };
     let prefix = format!("{tls_scheme}://");
     if !urls
         .iter()
@@ -325,6 +435,16 @@ fn tls(
         return Err(Failure::usage(format!(
             "--tls-* options need a URL with the {prefix} scheme (TLS); the URLs are plain {plain}://"
         )));
+    }
+    Ok(Some(options))
+}
+
+/// The TLS options of the `--tls-*` flags, if any is given.
+fn tls_options(args: &BackendArgs) -> Option<TlsOptions> {
+    let any =
+        args.tls_ca_file.is_some() || args.tls_cert.is_some() || args.tls_server_name.is_some();
+    if !any {
+        return None;
     }
     let mut tls = TlsOptions::new();
     if let Some(ca) = &args.tls_ca_file {
@@ -336,5 +456,5 @@ fn tls(
     if let Some(name) = &args.tls_server_name {
         tls = tls.server_name(name);
     }
-    Ok(Some(tls))
+    Some(tls)
 }

@@ -70,10 +70,10 @@ impl Failure {
 }
 
 /// The command-line flag that set each argument the libraries can reject (the
-/// `InvalidArgument::argument` names of dlm-core and dlm-redis), so that a message names
-/// what the user typed, not the library's setting. `None` for the settings `dlm` leaves
-/// at the library's defaults (`pool_size`, `timeout`, `fence_ttl`, `drift_factor`,
-/// `backoff`, `hold count`), which are never rejected.
+/// `InvalidArgument::argument` names of dlm-core, dlm-redis and dlm-postgres), so that a
+/// message names what the user typed, not the library's setting. `None` for the settings
+/// `dlm` leaves at the library's defaults (`pool_size`, `timeout`, `fence_ttl`,
+/// `drift_factor`, `backoff`, `hold count`), which are never rejected.
 fn flag(argument: &str, reason: &str, urls: &'static str) -> Option<&'static str> {
     Some(match argument {
         "lease" => "--lease",
@@ -81,7 +81,8 @@ fn flag(argument: &str, reason: &str, urls: &'static str) -> Option<&'static str
         "name" => "lock name",
         "url" | "urls" | "seeds" | "sentinels" => urls,
         "master_name" => "--sentinel",
-        "prefix" => "--prefix",
+        // dlm-postgres's schema is what --prefix sets there.
+        "prefix" | "schema" => "--prefix",
         "wait_for_replicas" if reason.starts_with("the timeout") => "--wait-timeout",
         "wait_for_replicas" => "--wait-replicas",
         "tls" | "the TLS provider" => "TLS options",
@@ -158,6 +159,7 @@ mod tests {
             ("sentinels", "the sentinels disagree", "bad --redis: the"),
             ("master_name", "unknown", "bad --sentinel: unknown"),
             ("prefix", "must be 1 to 64 bytes", "bad --prefix: must"),
+            ("schema", "must be 1 to 40 bytes", "bad --prefix: must"),
             (
                 "wait_for_replicas",
                 "at least 1 replica",

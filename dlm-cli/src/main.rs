@@ -1,6 +1,6 @@
 //! `dlm`: runs a command under a distributed lock on Redis (one server, Sentinel, Cluster,
-//! Redlock) or etcd, for cron jobs, batch jobs and shell scripts (`flock(1)` across
-//! machines): a lock, one of N permits of a semaphore, or a read or write hold of a
+//! Redlock), etcd or PostgreSQL, for cron jobs, batch jobs and shell scripts (`flock(1)`
+//! across machines): a lock, one of N permits of a semaphore, or a read or write hold of a
 //! read-write lock. See `dlm --help` and the README.
 
 mod backend;
@@ -35,6 +35,9 @@ Examples:
   # on an etcd cluster
   dlm run --etcd http://10.0.3.1:2379,http://10.0.3.2:2379,http://10.0.3.3:2379 backup -- ./backup.sh
 
+  # on PostgreSQL: a primary and its standby (dlm uses the one that accepts writes)
+  dlm run --postgres postgresql://dlm@10.0.4.1:5432,10.0.4.2:5432/app backup -- ./backup.sh
+
   # at most 3 exports at once across all machines (a semaphore of 3 permits; every
   # run gives the same count)
   dlm run --permits 3 exports -- ./export.sh
@@ -61,14 +64,18 @@ Exit status:
   126    the command cannot be executed; 127: the command was not found
 
 Environment:
-  DLM_REDIS_URL        the backend when --redis is not given (one URL or several, comma-separated)
-  DLM_REDIS_PASSWORD   the password for Redis URLs that have none (never shown anywhere)
-  DLM_ETCD_ENDPOINTS   etcd members when neither --redis nor --etcd nor DLM_REDIS_URL is given
-  DLM_ETCD_PASSWORD    the password for etcd URLs that name a user and have none
-                       (default: DLM_REDIS_PASSWORD)
+  DLM_REDIS_URL          the backend when no --redis, --etcd or --postgres is given (one URL
+                         or several, comma-separated)
+  DLM_REDIS_PASSWORD     the password for Redis URLs that have none (never shown anywhere)
+  DLM_ETCD_ENDPOINTS     etcd members when no --redis, --etcd or --postgres is given
+  DLM_ETCD_PASSWORD      the password for etcd URLs that name a user and have none
+                         (default: DLM_REDIS_PASSWORD)
+  DLM_POSTGRES_URL       a PostgreSQL URL when no --redis, --etcd or --postgres is given
+  DLM_POSTGRES_PASSWORD  the password for a PostgreSQL URL that has none (default: PGPASSWORD)
+  Without a flag, set one of DLM_REDIS_URL, DLM_ETCD_ENDPOINTS and DLM_POSTGRES_URL.
   The command gets DLM_LOCK_NAME, DLM_FENCING_TOKEN (with fencing) and DLM_LEASE_MS, and
-  not dlm's secrets: DLM_REDIS_PASSWORD, DLM_ETCD_PASSWORD, and DLM_REDIS_URL or
-  DLM_ETCD_ENDPOINTS when a URL in it has a password.";
+  not dlm's secrets: DLM_REDIS_PASSWORD, DLM_ETCD_PASSWORD, DLM_POSTGRES_PASSWORD, and
+  DLM_REDIS_URL, DLM_ETCD_ENDPOINTS or DLM_POSTGRES_URL when a URL in it has a password.";
 
 const HOLD_EXAMPLES: &str = "\
 Output: one line, DLM_LOCK_NAME='NAME' DLM_FENCING_TOKEN=N DLM_LEASE_MS=N (the token empty
@@ -94,7 +101,7 @@ SIGINT, SIGHUP, SIGQUIT (exit 128+N). Exit status as dlm run's: 1 (-E) not obtai
 69 backend failed, 70 the lock was lost (its lease ran out unrenewed).";
 
 /// Runs a command under a distributed lock on Redis (single instance, Sentinel, Cluster or
-/// Redlock) or etcd: a lock, a permit of a semaphore, or a read or write hold.
+/// Redlock), etcd or PostgreSQL: a lock, a permit of a semaphore, or a read or write hold.
 #[derive(Debug, Parser)]
 #[command(name = "dlm", version, about, after_long_help = EXAMPLES)]
 struct Cli {
@@ -134,13 +141,23 @@ struct BackendArgs {
     redis: Option<String>,
     /// etcd member client URL(s), comma-separated (http://host:2379; one is enough,
     /// more give failover): the locks live in etcd's Raft log. Default, when neither
-    /// --redis nor $DLM_REDIS_URL is given: $DLM_ETCD_ENDPOINTS. With etcd auth, the
-    /// user goes in the URL (http://USER@host:2379) and the password comes from
-    /// --password-file, $DLM_ETCD_PASSWORD (else $DLM_REDIS_PASSWORD) or the URL.
+    /// --redis nor --postgres nor their variables are given: $DLM_ETCD_ENDPOINTS. With
+    /// etcd auth, the user goes in the URL (http://USER@host:2379) and the password comes
+    /// from --password-file, $DLM_ETCD_PASSWORD (else $DLM_REDIS_PASSWORD) or the URL.
     #[arg(long, value_name = "URL[,URL...]", conflicts_with_all = [
         "redis", "cluster", "sentinel", "wait_replicas",
     ])]
     etcd: Option<String>,
+    /// A PostgreSQL URL (postgresql://USER@host:5432/DATABASE, libpq's form; several
+    /// hosts, host1:5432,host2:5432, for a primary and its standbys: dlm uses the one that
+    /// accepts writes): the locks live in rows of the schema dlm (see --prefix). Default,
+    /// when neither --redis nor --etcd nor their variables are given: $DLM_POSTGRES_URL.
+    /// A password here is visible in `ps`: prefer --password-file or
+    /// $DLM_POSTGRES_PASSWORD (for a URL without one; else libpq's $PGPASSWORD).
+    #[arg(long, value_name = "URL", conflicts_with_all = [
+        "redis", "etcd", "cluster", "sentinel", "wait_replicas",
+    ])]
+    postgres: Option<String>,
     /// The URLs are seed nodes of a Redis Cluster (one is enough; more in case one is
     /// down): each lock lives on the master of its hash slot.
     #[arg(long, conflicts_with = "sentinel")]
@@ -162,21 +179,24 @@ struct BackendArgs {
     /// A file whose first line is the password for URLs that have none.
     #[arg(long, value_name = "FILE")]
     password_file: Option<std::path::PathBuf>,
-    /// For rediss:// and https:// URLs: a PEM file of CA certificates to trust instead of the system's.
+    /// For rediss:// and https:// URLs, and --postgres (a --tls-* flag makes it require
+    /// TLS): a PEM file of CA certificates to trust instead of the system's.
     #[arg(long, value_name = "FILE")]
     tls_ca_file: Option<std::path::PathBuf>,
-    /// For rediss:// and https:// URLs: a PEM client certificate chain (mutual TLS); needs --tls-key.
+    /// For rediss:// and https:// URLs and --postgres: a PEM client certificate chain
+    /// (mutual TLS); needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
-    /// For rediss:// and https:// URLs: the PEM private key of --tls-cert.
+    /// For rediss:// and https:// URLs and --postgres: the PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
-    /// For rediss:// and https:// URLs: the name to verify in the server's certificate, when it is not
-    /// the URL's host.
+    /// For rediss:// and https:// URLs and --postgres: the name to verify in the server's
+    /// certificate, when it is not the URL's host.
     #[arg(long, value_name = "NAME")]
     tls_server_name: Option<String>,
-    /// The prefix of dlm's keys (default: dlm on Redis, dlm/ on etcd): locks under
-    /// another prefix are other locks.
+    /// The prefix of dlm's keys (default: dlm on Redis, dlm/ on etcd), or on PostgreSQL
+    /// the schema of its tables (default: dlm): locks under another prefix are other
+    /// locks.
     #[arg(long, value_name = "PREFIX")]
     prefix: Option<String>,
     /// More messages on stderr (-v: what dlm does, -vv: the library's debug messages).

@@ -80,7 +80,7 @@ impl Resource {
                 };
                 log::info!("{e}");
                 return Failure::usage(format!(
-                    "{}: {} keeps no {what}; they need one Redis server, --sentinel, --cluster or --etcd",
+                    "{}: {} keeps no {what}; they need one Redis server, --sentinel, --cluster, --etcd or --postgres",
                     kind.flag(),
                     conn.describe
                 ));

@@ -59,13 +59,17 @@ pub(crate) fn try_once(urls: &str, name: &str) -> i32 {
     code
 }
 
-/// The binary under test, with no backend or password from the test's environment.
+/// The binary under test, with no backend or password from the test's environment
+/// (`PGPASSWORD` included: dlm-postgres reads it).
 pub(crate) fn dlm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dlm"));
     c.env_remove("DLM_REDIS_URL")
         .env_remove("DLM_REDIS_PASSWORD")
         .env_remove("DLM_ETCD_ENDPOINTS")
         .env_remove("DLM_ETCD_PASSWORD")
+        .env_remove("DLM_POSTGRES_URL")
+        .env_remove("DLM_POSTGRES_PASSWORD")
+        .env_remove("PGPASSWORD")
         .stdin(Stdio::null());
     c
 }
