@@ -26,6 +26,11 @@ impl Log for Stderr {
             } else {
                 LevelFilter::Off
             }
+        } else if target.starts_with("tokio_postgres") {
+            // The PostgreSQL driver's debug lines are the statements (the whole schema
+            // at first use) and its info lines the server's notices ("already exists,
+            // skipping"): only its warnings show.
+            self.library.min(LevelFilter::Warn)
         } else {
             self.library
         };

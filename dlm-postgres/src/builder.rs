@@ -266,7 +266,14 @@ impl PostgresBackendBuilder {
                         format!("cannot read {}: {e}", path.display()),
                     )
                 })?;
-                Some(text.lines().next().unwrap_or("").to_owned())
+                let password = text.lines().next().unwrap_or("");
+                if password.is_empty() {
+                    return Err(InvalidArgument::new(
+                        "password_file",
+                        format!("{} holds no password on its first line", path.display()),
+                    ));
+                }
+                Some(password.to_owned())
             }
             (None, None) => None,
         };
@@ -274,6 +281,7 @@ impl PostgresBackendBuilder {
             config.password(p);
         } else if config.get_password().is_none()
             && let Ok(p) = std::env::var("PGPASSWORD")
+            && !p.is_empty()
         {
             config.password(p);
         }
@@ -320,7 +328,13 @@ impl PostgresBackendBuilder {
             io_timeout: self.io_timeout,
             servers: servers
                 .iter()
-                .map(|(h, p)| format!("{h}:{p}"))
+                .map(|(h, p)| {
+                    if h.contains(':') {
+                        format!("[{h}]:{p}")
+                    } else {
+                        format!("{h}:{p}")
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
             hosts: servers,

@@ -81,6 +81,11 @@ fn settings_are_checked_before_any_io() {
             .argument(),
         "tls"
     );
+    let empty = std::env::temp_dir().join(format!("dlm-pg-empty-{}", std::process::id()));
+    std::fs::write(&empty, "\n").unwrap();
+    let e = b().password_file(&empty).build().unwrap_err();
+    std::fs::remove_file(&empty).unwrap();
+    assert_eq!(e.argument(), "password_file");
     // A secret never shows.
     let shown = format!("{:?}", b().password("hunter2"));
     assert!(!shown.contains("hunter2"), "{shown}");
