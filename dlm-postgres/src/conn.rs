@@ -319,6 +319,10 @@ pub(crate) fn db_kind(code: &SqlState) -> BackendErrorKind {
         || *code == SqlState::LOCK_NOT_AVAILABLE
     {
         BackendErrorKind::Busy
+    } else if *code == SqlState::PROTOCOL_VIOLATION {
+        // A pooler refusing a start-up parameter, a server refusing what it was sent:
+        // not an outage, and no retry changes it.
+        BackendErrorKind::Protocol
     } else if *code == SqlState::QUERY_CANCELED {
         BackendErrorKind::Timeout
     } else if c.starts_with("08") || c.starts_with("57") || c.starts_with("53") {

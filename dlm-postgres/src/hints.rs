@@ -203,7 +203,11 @@ impl Listen {
             loop {
                 tokio::select! {
                     _ = &mut stopped => return,
-                    () = self.listen() => {}
+                    kept = self.listen() => if !kept {
+                        // The connection does not keep a LISTEN: listening again would
+                        // only leave more of them behind. Waiters poll from now on.
+                        return;
+                    }
                 }
                 tokio::select! {
                     _ = &mut stopped => return,
@@ -214,7 +218,9 @@ impl Listen {
     }
 
     /// One connection's life: connect, `LISTEN`, route notifications until it fails.
-    async fn listen(&self) {
+    /// `false` when the connection did not keep its `LISTEN` (a pooler in transaction
+    /// mode): hints are then off for good.
+    async fn listen(&self) -> bool {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let connect = async move {
             match &self.connector.tls {
@@ -264,7 +270,7 @@ impl Listen {
                 let e = f.connecting(&self.connector.servers, self.connector.connect_timeout);
                 log::debug!("dlm-postgres: the listening connection: {e}");
                 self.first_attempt_over();
-                return;
+                return true;
             }
         };
         let listen = format!("LISTEN \"{}\"", self.channel);
@@ -274,7 +280,30 @@ impl Listen {
                 f.requesting(self.connector.io_timeout)
             );
             self.first_attempt_over();
-            return;
+            return true;
+        }
+        // Asked in a request of its own: behind a pooler in transaction mode it runs on
+        // another server connection, which does not listen (and the LISTEN stays behind
+        // on the one that ran it, hearing for nobody).
+        let check = format!(
+            "SELECT count(*) FROM pg_listening_channels() c WHERE c = '{}'",
+            self.channel
+        );
+        let kept = |rows: &[tokio_postgres::SimpleQueryMessage]| {
+            rows.iter().any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("1"))
+            })
+        };
+        match within(self.connector.io_timeout, client.simple_query(&check)).await {
+            Ok(rows) if !kept(&rows) => {
+                self.give_up(&client).await;
+                return false;
+            }
+            Ok(_) => {}
+            Err(_) => {
+                self.first_attempt_over();
+                return true;
+            }
         }
         // After a break, a release before this LISTEN was not heard: every waiter looks
         // again. (The first waiters waited for it: they look again anyway.)
@@ -290,13 +319,37 @@ impl Listen {
                     None => break,
                 },
                 () = tokio::time::sleep(PROBE_AFTER) => {
-                    if within(self.connector.io_timeout, client.simple_query("")).await.is_err() {
-                        break;
+                    match within(self.connector.io_timeout, client.simple_query(&check)).await {
+                        Ok(rows) if !kept(&rows) => {
+                            self.give_up(&client).await;
+                            return false;
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
                     }
                 }
             }
         }
         log::debug!("dlm-postgres: the listening connection ended; connecting again");
+        self.wake_everyone();
+        true
+    }
+
+    /// The connection does not keep a `LISTEN`: says so once, undoes what it can, and
+    /// wakes every waiter (they poll from now on, within the holder's lease).
+    async fn give_up(&self, client: &tokio_postgres::Client) {
+        log::warn!(
+            "dlm-postgres: the listening connection to {} does not keep its LISTEN (a connection \
+             pooler in transaction mode?): release wake-ups are off, waiters look again when the \
+             holder's lease would end. Give the server's own address as listen_url",
+            self.connector.servers
+        );
+        let _ = within(
+            self.connector.io_timeout,
+            client.batch_execute("UNLISTEN *"),
+        )
+        .await;
+        self.first_attempt_over();
         self.wake_everyone();
     }
 
