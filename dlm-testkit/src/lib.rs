@@ -13,6 +13,10 @@
 //!   controls to pause, kill (`-9`) and restart members; killed and reaped on drop.
 //! - [`postgres`]: real PostgreSQL servers (`initdb` and `postgres`) on free ports, with
 //!   controls to pause, kill (`-9`), restart, stop and start them; killed on drop.
+//! - [`postgres_pair`]: a PostgreSQL primary and a streaming standby (asynchronous or
+//!   synchronous), with promotion and replay waits, for failover tests.
+//! - [`pgbouncer`]: real PgBouncer processes (session, transaction or statement pooling)
+//!   in front of a [`postgres`] server, on free ports; killed on drop.
 //! - [`history`]: a checker for recorded holds (mutual exclusion, fencing order).
 //! - [`logs`]: captures the process's log records, to check warnings and secrets.
 //! - [`faults`]: a TCP proxy that injects network faults (latency, stalls, loss, resets)
@@ -36,7 +40,9 @@ mod faulty;
 pub mod guide;
 pub mod history;
 pub mod logs;
+pub mod pgbouncer;
 pub mod postgres;
+pub mod postgres_pair;
 mod process;
 pub mod redis_server;
 pub mod scale;

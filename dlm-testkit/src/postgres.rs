@@ -167,6 +167,59 @@ impl PostgresServer {
         server
     }
 
+    /// A server on a data dir made by `make_data` instead of `initdb` (a base backup of
+    /// another server, for a standby), then started as [`spawn_with`](Self::spawn_with)
+    /// starts one. `make_data` gets the server, not started yet (its [`dir`](Self::dir)
+    /// already handed to the OS user `postgres` when this process is root: see
+    /// [`tool`](Self::tool)), and the data dir to create (`dir/data`).
+    ///
+    /// # Panics
+    /// As [`spawn`](Self::spawn), and when `make_data` panics.
+    pub(crate) fn spawn_from(
+        options: PostgresOptions,
+        make_data: impl FnOnce(&PostgresServer, &Path),
+    ) -> PostgresServer {
+        let bin_dir = require_postgres();
+        let process = Process::new(
+            "postgres",
+            bin_dir.join("postgres"),
+            "dlm-postgres-",
+            LOGS,
+            &LIVE_PIDS,
+        );
+        let mut server = PostgresServer {
+            process,
+            bin_dir,
+            options,
+            port: 0,
+        };
+        let dir = server.dir();
+        if let Some((uid, gid)) = *RUN_AS {
+            chown_all(dir, uid, gid)
+                .unwrap_or_else(|e| panic!("chown -R {POSTGRES} {}: {e}", dir.display()));
+        }
+        make_data(&server, &dir.join("data"));
+        Server::start(&mut server, false);
+        server
+    }
+
+    /// A command of the program `name` of the server's PostgreSQL installation
+    /// (`pg_basebackup`...), run as the OS user `postgres` when this process is root.
+    pub(crate) fn tool(&self, name: &str) -> Command {
+        let program = self.bin_dir.join(name);
+        match *RUN_AS {
+            Some(_) => {
+                let mut cmd = Command::new("setpriv");
+                cmd.arg(format!("--reuid={POSTGRES}"))
+                    .arg(format!("--regid={POSTGRES}"))
+                    .args(["--clear-groups", "--"])
+                    .arg(program);
+                cmd
+            }
+            None => Command::new(program),
+        }
+    }
+
     /// The TCP port it listens on (127.0.0.1). It stays the same across restarts.
     pub fn port(&self) -> u16 {
         self.port
@@ -431,8 +484,10 @@ impl PostgresServer {
         let pidfile =
             fs::read_to_string(self.dir().join("data/postmaster.pid")).unwrap_or_default();
         let lines: Vec<&str> = pidfile.lines().map(str::trim).collect();
-        // Line 1: the postmaster's pid; line 8: its status (`starting`, `ready`...).
-        if lines.first() != Some(&self.pid().to_string().as_str()) || lines.get(7) != Some(&"ready")
+        // Line 1: the postmaster's pid; line 8: its status (`starting`, `ready`, or
+        // `standby` for a standby that answers read-only queries...).
+        if lines.first() != Some(&self.pid().to_string().as_str())
+            || !matches!(lines.get(7), Some(&("ready" | "standby")))
         {
             return false;
         }
