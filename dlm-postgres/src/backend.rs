@@ -16,7 +16,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use crate::builder::Resolved;
-use crate::conn::Conn;
+use crate::conn::{Conn, How};
 use crate::hints::Hints;
 use crate::pool::Pool;
 use crate::sql::{self, Statements};
@@ -62,6 +62,8 @@ pub struct PostgresBackend {
     role: String,
     /// Whether the schema was found (or installed) at its version.
     ready: AtomicBool,
+    /// Whether statements are prepared on each connection (see `Conn::query`).
+    prepare: AtomicBool,
     install: Mutex<()>,
     drift_factor: f64,
     hints: Hints,
@@ -109,6 +111,7 @@ impl PostgresBackend {
             role,
             schema: r.schema,
             ready: AtomicBool::new(false),
+            prepare: AtomicBool::new(true),
             install: Mutex::new(()),
             drift_factor: r.drift_factor,
             hints,
@@ -172,13 +175,17 @@ impl PostgresBackend {
     /// Runs `f` on a lent connection, once the schema is there.
     fn call<T>(
         &self,
-        f: impl FnOnce(&mut Conn, &Statements, Duration) -> Result<T, BackendError>,
+        f: impl FnOnce(&mut Conn, &Statements, &How<'_>) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         let mut conn = self.pool.get()?;
         if !self.ready.load(Ordering::Acquire) {
             self.ensure_schema(&mut conn)?;
         }
-        let answer = f(&mut conn, &self.stmts, self.pool.io_timeout()).map_err(|e| self.advise(e));
+        let how = How {
+            timeout: self.pool.io_timeout(),
+            prepare: &self.prepare,
+        };
+        let answer = f(&mut conn, &self.stmts, &how).map_err(|e| self.advise(e));
         if matches!(&answer, Err(e) if e.message().contains("(42883)") || e.message().contains("(42P01)"))
         {
             // The schema went away (dropped by hand): installed again at the next call.
@@ -194,7 +201,11 @@ impl PostgresBackend {
             return Ok(());
         }
         let timeout = self.pool.io_timeout();
-        let version = match conn.query(&self.stmts.version, &[], timeout) {
+        let how = How {
+            timeout,
+            prepare: &AtomicBool::new(false),
+        };
+        let version = match conn.query(&self.stmts.version, &[], &how) {
             Ok(rows) => rows.first().map_or(0, |r| r.get::<_, i32>(0)),
             Err(e)
                 if e.message()

@@ -2,14 +2,16 @@
 //! private single-threaded runtime, every request bounded by a deadline of its own. What
 //! a failure means, as a [`BackendError`].
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use dlm_core::backend::{BackendError, BackendErrorKind};
 use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, NoTls, Row};
+use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How to open connections: the server's settings as parsed, the TLS to use, deadlines.
@@ -38,6 +40,13 @@ impl std::fmt::Debug for Connector {
     }
 }
 
+/// How requests are sent: their deadline, and whether statements are prepared (shared by
+/// a backend's connections; turned off for good when a pooler loses them).
+pub(crate) struct How<'a> {
+    pub(crate) timeout: Duration,
+    pub(crate) prepare: &'a AtomicBool,
+}
+
 /// A connection. Its runtime drives the connection only while a request is under way.
 pub(crate) struct Conn {
     runtime: Runtime,
@@ -45,6 +54,8 @@ pub(crate) struct Conn {
     /// A request failed in a way that leaves the connection unusable (a timeout: its
     /// reply may still come).
     broken: bool,
+    /// The statements prepared on this connection, by their SQL.
+    prepared: HashMap<String, Statement>,
 }
 
 impl Connector {
@@ -84,6 +95,7 @@ impl Connector {
             runtime,
             client,
             broken: false,
+            prepared: HashMap::new(),
         })
     }
 }
@@ -154,18 +166,86 @@ impl Conn {
         self.broken || self.client.is_closed()
     }
 
-    /// Runs one statement with typed parameters (an unnamed statement: one round trip,
-    /// nothing left on the session), within `timeout`.
+    /// Runs one statement with typed parameters, within `timeout`: prepared on this
+    /// connection the first time (one round trip more, once), and then only bound and
+    /// executed, while `prepare` holds; an unnamed statement otherwise (parsed and
+    /// planned by the server every time, but nothing left on the session).
+    ///
+    /// Behind a connection pooler in transaction mode (PgBouncer before 1.21), a prepared
+    /// statement may be missing from the server connection a request lands on, or another
+    /// client's may have its name: the server refuses the request before running it, and
+    /// `prepare` is turned off for good (for every connection of the backend) and the
+    /// request sent again, unnamed.
     pub(crate) fn query(
         &mut self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
-        timeout: Duration,
+        how: &How<'_>,
     ) -> Result<Vec<Row>, BackendError> {
+        let (timeout, prepare) = (how.timeout, how.prepare);
+        if prepare.load(Ordering::Relaxed) {
+            match self.query_prepared(sql, params, timeout) {
+                Err(Failure::Postgres(e))
+                    if e.code().is_some_and(|c| {
+                        *c == SqlState::INVALID_SQL_STATEMENT_NAME
+                            || *c == SqlState::DUPLICATE_PSTATEMENT
+                    }) =>
+                {
+                    if prepare.swap(false, Ordering::Relaxed) {
+                        log::warn!(
+                            "dlm-postgres: a prepared statement was not where it was prepared \
+                             (a connection pooler in transaction mode?): statements are sent \
+                             unprepared from now on ({e})"
+                        );
+                    }
+                    self.prepared.clear();
+                }
+                answer => return self.answered(answer, timeout),
+            }
+        }
         let client = &self.client;
         let answer = self
             .runtime
             .block_on(within(timeout, client.query_typed(sql, params)));
+        self.answered(answer, timeout)
+    }
+
+    fn query_prepared(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        timeout: Duration,
+    ) -> Result<Vec<Row>, Failure> {
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        let statement = match self.prepared.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                let client = &self.client;
+                let statement = self
+                    .runtime
+                    .block_on(within(timeout, client.prepare_typed(sql, &types)))?;
+                self.prepared.insert(sql.to_owned(), statement.clone());
+                statement
+            }
+        };
+        let client = &self.client;
+        let answer = self
+            .runtime
+            .block_on(within(timeout, client.query(&statement, &values)));
+        if answer.is_err() {
+            // A statement the server no longer has, or whose plan changed: prepared again
+            // next time.
+            self.prepared.remove(sql);
+        }
+        answer
+    }
+
+    fn answered(
+        &mut self,
+        answer: Result<Vec<Row>, Failure>,
+        timeout: Duration,
+    ) -> Result<Vec<Row>, BackendError> {
         answer.map_err(|f| {
             if f.leaves_broken() {
                 self.broken = true;

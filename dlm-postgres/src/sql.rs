@@ -6,7 +6,7 @@
 //! clock (`clock_timestamp()`).
 
 /// The version of the schema below: an older one is replaced at first use.
-pub(crate) const VERSION: i32 = 1;
+pub(crate) const VERSION: i32 = 2;
 
 /// The schema, `$S` standing for the schema's quoted name and `$C` for the notification
 /// channel. Run as one simple query (one transaction), under an advisory lock so that two
@@ -17,12 +17,17 @@ CREATE SCHEMA IF NOT EXISTS $S;
 
 -- Leases live in UNLOGGED tables: no WAL, no fsync per acquisition. A crash (and a
 -- standby's promotion) empties them; the hold-back below covers that.
+-- A row outlives its holds: a release marks it free (owner '', expires -infinity), so the
+-- next acquisition is one UPDATE of a row that exists (the sweep deletes rows free or
+-- expired for a minute). `waited_until`: someone waits for its release until then.
 CREATE UNLOGGED TABLE IF NOT EXISTS $S.locks (
     name text PRIMARY KEY,
     owner text NOT NULL,
     expires timestamptz NOT NULL,
-    token bigint NOT NULL
+    token bigint NOT NULL,
+    waited_until timestamptz
 );
+ALTER TABLE $S.locks ADD COLUMN IF NOT EXISTS waited_until timestamptz;
 -- The holders of semaphores ('s') and read-write locks ('r').
 CREATE UNLOGGED TABLE IF NOT EXISTS $S.holds (
     name text NOT NULL,
@@ -132,33 +137,35 @@ LANGUAGE plpgsql AS $f$
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_exp timestamptz := v_now + p_ttl * interval '1 ms';
-    v_closed timestamptz := $S.open(v_now);
+    v_closed timestamptz;
+    v_held timestamptz;
     v_other timestamptz;
-    v_row record;
 BEGIN
+    -- The epoch's hold-back and the durable mark, in one read.
+    SELECT e.closed_until, s.held_until, e.id IS NOT NULL INTO v_closed, v_held, granted
+        FROM $S.settings s LEFT JOIN $S.epoch e ON e.id = 1 WHERE s.id = 1;
+    IF granted IS NOT TRUE THEN
+        v_closed := $S.open(v_now);
+    END IF;
+    granted := false;
     IF v_closed > v_now THEN
-        granted := false;
         wait_ms := $S.ms(v_closed - v_now);
         RETURN;
     END IF;
-    -- A token is drawn only once the row is ours (locked or inserted by this
-    -- transaction): a later holder takes the row after this one commits, and so draws a
-    -- larger token. (Drawn before, in the INSERT's VALUES, a slower attempt could take the
-    -- row after a faster one had held and released it, with a smaller token.)
-    SELECT l.owner, l.expires, l.token INTO v_row FROM $S.locks l
-        WHERE l.name = p_name FOR NO KEY UPDATE;
-    IF FOUND THEN
-        IF v_row.owner = p_owner THEN
-            -- Ours already (a retry after a lost reply): refreshed, same token.
-            UPDATE $S.locks l SET expires = v_exp WHERE l.name = p_name;
-            token := v_row.token;
-        ELSIF v_row.expires <= v_now THEN
-            UPDATE $S.locks l SET owner = p_owner, expires = v_exp,
-                token = nextval('$S.tokens')
-                WHERE l.name = p_name RETURNING l.token INTO token;
-        END IF;
-    ELSE
-        INSERT INTO $S.locks VALUES (p_name, p_owner, v_exp, 0) ON CONFLICT (name) DO NOTHING;
+    -- Free (released or expired) or ours already (a retry after a lost reply, which keeps
+    -- its token): taken. The token is drawn while the row is locked by this update: had
+    -- another transaction changed the row meanwhile, PostgreSQL evaluates the update
+    -- again on the new row (and draws again), so a later holder, which can only take the
+    -- row after this one commits, always draws a larger token.
+    UPDATE $S.locks l SET owner = p_owner, expires = v_exp,
+        token = CASE WHEN l.owner = p_owner THEN l.token ELSE nextval('$S.tokens') END
+        WHERE l.name = p_name AND (l.owner = p_owner OR l.expires <= v_now)
+        RETURNING l.token INTO token;
+    IF NOT FOUND THEN
+        -- A name without a row: inserted, then its token drawn under the row's lock (a
+        -- token in the INSERT's VALUES would be drawn before the row is ours).
+        INSERT INTO $S.locks VALUES (p_name, p_owner, v_exp, 0, NULL)
+            ON CONFLICT (name) DO NOTHING;
         IF FOUND THEN
             UPDATE $S.locks l SET token = nextval('$S.tokens')
                 WHERE l.name = p_name RETURNING l.token INTO token;
@@ -166,13 +173,17 @@ BEGIN
     END IF;
     IF token IS NOT NULL THEN
         granted := true;
-        PERFORM $S.keep(v_exp);
+        IF v_exp > v_held OR v_held IS NULL THEN
+            PERFORM $S.keep(v_exp);
+        END IF;
         RETURN;
     END IF;
-    granted := false;
-    SELECT l.expires INTO v_other FROM $S.locks l WHERE l.name = p_name;
-    wait_ms := $S.ms(coalesce(v_other, v_now) - v_now);
-    PERFORM $S.wait(p_name, 'm', v_now + (wait_ms + 1000) * interval '1 ms');
+    -- Held: when its lease ends, and that this attempt will look again by then.
+    UPDATE $S.locks l SET waited_until = greatest(l.waited_until,
+            l.expires + interval '1 s')
+        WHERE l.name = p_name RETURNING l.expires INTO v_other;
+    -- (Freed meanwhile: -infinity, or gone: look again at once.)
+    wait_ms := $S.ms(greatest(coalesce(v_other, v_now), v_now) - v_now);
 END $f$;
 
 CREATE OR REPLACE FUNCTION $S.extend(p_name text, p_owner text, p_ttl bigint) RETURNS bigint
@@ -222,19 +233,29 @@ BEGIN
     END IF;
 END $f$;
 
+-- Marks the row free; whether the hold was live, and a notification at commit when
+-- someone waits.
 CREATE OR REPLACE FUNCTION $S.release(p_name text, p_owner text, p_sender text)
 RETURNS boolean LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_live boolean;
+    v_waited boolean;
 BEGIN
-    DELETE FROM $S.locks l WHERE l.name = p_name AND l.owner = p_owner
-        RETURNING l.expires > v_now INTO v_live;
+    WITH old AS (
+        SELECT l.expires, l.waited_until FROM $S.locks l
+        WHERE l.name = p_name AND l.owner = p_owner FOR NO KEY UPDATE
+    )
+    UPDATE $S.locks l SET owner = '', expires = '-infinity', waited_until = NULL FROM old
+        WHERE l.name = p_name
+        RETURNING old.expires > v_now, old.waited_until > v_now INTO v_live, v_waited;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM $S.wake(p_name, 'm', p_sender, v_now);
+    IF v_waited THEN
+        PERFORM pg_notify('$C', p_sender || ' m ' || p_name);
+    END IF;
     RETURN v_live;
 END $f$;
 
@@ -244,12 +265,21 @@ RETURNS boolean LANGUAGE plpgsql AS $f$
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_live boolean;
+    v_waited boolean;
 BEGIN
-    DELETE FROM $S.locks l WHERE l.name = p_name RETURNING l.expires > v_now INTO v_live;
+    WITH old AS (
+        SELECT l.expires, l.waited_until FROM $S.locks l
+        WHERE l.name = p_name AND l.owner <> '' FOR NO KEY UPDATE
+    )
+    UPDATE $S.locks l SET owner = '', expires = '-infinity', waited_until = NULL FROM old
+        WHERE l.name = p_name
+        RETURNING old.expires > v_now, old.waited_until > v_now INTO v_live, v_waited;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM $S.wake(p_name, 'm', p_sender, v_now);
+    IF v_waited THEN
+        PERFORM pg_notify('$C', p_sender || ' m ' || p_name);
+    END IF;
     RETURN v_live;
 END $f$;
 
@@ -436,7 +466,8 @@ LANGUAGE plpgsql AS $f$
 DECLARE
     v_old timestamptz := clock_timestamp() - interval '1 minute';
 BEGIN
-    DELETE FROM $S.locks l WHERE l.expires < v_old;
+    DELETE FROM $S.locks l
+        WHERE l.expires < v_old AND coalesce(l.waited_until < v_old, true);
     DELETE FROM $S.holds h WHERE h.expires < v_old;
     DELETE FROM $S.waiting w WHERE w.until < v_old;
     DELETE FROM $S.groups g
