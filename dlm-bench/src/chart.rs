@@ -53,10 +53,10 @@ fn groups(rows: &[Row]) -> Vec<Group> {
                 groups.push(Group {
                     title: format!(
                         "{}{}, {} node{}, {} thread{}",
-                        if min.system == "minimal" {
-                            ""
-                        } else {
-                            "etcd: "
+                        match min.system.as_str() {
+                            crate::report::MINIMAL_ETCD => "etcd: ",
+                            crate::report::MINIMAL_POSTGRES => "postgres: ",
+                            _ => "",
                         },
                         r.scenario,
                         r.nodes,

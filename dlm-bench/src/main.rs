@@ -18,6 +18,7 @@ mod chart;
 mod etcd;
 mod opts;
 mod peers;
+mod postgres;
 mod proxy;
 mod recorder;
 mod report;
@@ -201,6 +202,44 @@ fn main() {
                 matches!(scenario, Scenario::Uncontended { .. })
                     || s.name() != etcd::MINIMAL_ETCD_CHECKED
             })
+            .collect();
+            if !chosen.is_empty() {
+                for row in measure(&chosen, *scenario, rounds, run_for) {
+                    push(row, 1);
+                }
+            }
+        }
+    }
+
+    // PostgreSQL, one server: dlm beside the minimal rows client (the same mechanism at
+    // its least) and the raw session advisory-lock cycle.
+    let postgres_rows = [
+        "dlm (postgres)",
+        report::MINIMAL_POSTGRES,
+        "advisory lock (postgres)",
+    ];
+    if opts.nodes.is_none_or(|n| n == 1)
+        && postgres_rows
+            .iter()
+            .any(|name| scenarios.iter().any(|s| opts.wants(name, s.name())))
+    {
+        let server = dlm_testkit::postgres::PostgresServer::spawn();
+        let url = server.url();
+        let dlm_postgres = Dlm::new(
+            postgres_rows[0],
+            Arc::new(dlm_postgres::PostgresBackend::new(&url).unwrap()),
+            TTL,
+        );
+        let minimal = postgres::MinimalPostgres::new(&url, TTL);
+        let advisory = postgres::AdvisoryLock { url };
+        for scenario in &scenarios {
+            let chosen: Vec<&dyn LockSystem> = [
+                &dlm_postgres as &dyn LockSystem,
+                &minimal as &dyn LockSystem,
+                &advisory as &dyn LockSystem,
+            ]
+            .into_iter()
+            .filter(|s| opts.wants(&s.name(), scenario.name()))
             .collect();
             if !chosen.is_empty() {
                 for row in measure(&chosen, *scenario, rounds, run_for) {

@@ -29,7 +29,7 @@ pub struct Opts {
 const USAGE: &str = "usage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE] \
 [--only SYSTEM] [--scenario uncontended|contended|contended-8|handoff|paused-minority|fenced-use] [--nodes 1|5] \
 [--rounds N]
---only SYSTEM runs the systems whose name contains SYSTEM (e.g. \"dlm\", \"semaphore\", \"minimal\").";
+--only SYSTEM runs the systems whose name contains SYSTEM (e.g. \"dlm\", \"semaphore\", \"minimal\", \"etcd\", \"postgres\").";
 
 impl Opts {
     pub fn parse() -> Opts {

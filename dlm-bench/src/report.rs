@@ -60,11 +60,17 @@ fn round_ratios(rates: &[f64], base: &[f64]) -> String {
 /// delete over the gateway).
 pub const MINIMAL_ETCD: &str = "minimal (etcd gateway)";
 
+/// The minimal client PostgreSQL's rows are compared with (a lease as a row of an
+/// unlogged table: one upsert to acquire, one delete to release).
+pub const MINIMAL_POSTGRES: &str = "minimal (postgres rows)";
+
 /// The name of the minimal client `system` is compared with: the etcd gateway client for
-/// etcd's rows, the Redis one for the others.
+/// etcd's rows, the rows client for PostgreSQL's, the Redis one for the others.
 pub fn minimal_name(system: &str) -> &'static str {
     if system.contains("etcd") {
         MINIMAL_ETCD
+    } else if system.contains("postgres") {
+        MINIMAL_POSTGRES
     } else {
         "minimal"
     }
@@ -114,7 +120,7 @@ pub fn markdown(rows: &[Row], rtt: f64, rounds: usize, run_for: Duration) -> Str
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (for etcd's rows: the minimal etcd gateway client; paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT; the (metrics) rows, with a recorder installed: to the same system without one); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip); server us: the servers' CPU time (INFO cpu, user + system) per node per cycle, over 2,000 cycles of one client.\n"
+        "PING round trip p50: {rtt:.1} us. Each scenario: {rounds} interleaved round(s) of {run_for:?} per system. Ratios in parentheses: to the minimal client of the same scenario, nodes and threads (for etcd's rows: the minimal etcd gateway client; for PostgreSQL's rows: the minimal rows client; paused-minority: to the same system's uncontended row on the five healthy nodes; a master with a replica and the cluster: to dlm on the single server; their WAIT rows: to the same deployment without WAIT; the (metrics) rows, with a recorder installed: to the same system without one); by round: the lowest and highest ratio of cycles/s between rounds run side by side. Requests: round trips per node; commands: what they carried (pipelined commands share a round trip); server us: the servers' CPU time (INFO cpu, user + system) per node per cycle, over 2,000 cycles of one client.\n"
     );
     let _ = writeln!(
         out,
@@ -235,5 +241,36 @@ mod tests {
             .find(|l| l.starts_with("| dlm (etcd) "))
             .unwrap();
         assert!(etcd.contains("| 380 (0.95x) |"), "{etcd}");
+    }
+
+    #[test]
+    fn postgres_rows_are_compared_with_the_minimal_rows_client_not_with_redis() {
+        let rows = [
+            row("minimal", 10_000.0),
+            row("dlm", 9_000.0),
+            row(MINIMAL_ETCD, 400.0),
+            row("dlm (etcd)", 380.0),
+            row(MINIMAL_POSTGRES, 2_000.0),
+            row("dlm (postgres)", 1_900.0),
+            row("advisory lock (postgres)", 3_000.0),
+        ];
+        for (system, base) in [
+            ("dlm", "minimal"),
+            ("dlm (etcd)", MINIMAL_ETCD),
+            ("dlm (postgres)", MINIMAL_POSTGRES),
+            ("advisory lock (postgres)", MINIMAL_POSTGRES),
+            (MINIMAL_POSTGRES, MINIMAL_POSTGRES),
+        ] {
+            let r = rows.iter().find(|r| r.system == system).unwrap();
+            assert_eq!(base_of(&rows, r).unwrap().system, base, "{system}");
+        }
+        let table = markdown(&rows, 50.0, 2, Duration::from_millis(500));
+        let line = |prefix: &str| table.lines().find(|l| l.starts_with(prefix)).unwrap();
+        let dlm = line("| dlm (postgres) ");
+        assert!(dlm.contains("| 1900 (0.95x) | 0.95-0.95 |"), "{dlm}");
+        let advisory = line("| advisory lock (postgres) ");
+        assert!(advisory.contains("| 3000 (1.50x) |"), "{advisory}");
+        let minimal = line("| minimal (postgres rows) ");
+        assert!(minimal.contains("| 2000 (1.00x) | - |"), "{minimal}");
     }
 }

@@ -13,7 +13,7 @@ use dlm_core::backend::{
 };
 use parking_lot::Mutex;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::builder::Resolved;
 use crate::conn::{Conn, How};
@@ -106,7 +106,7 @@ impl PostgresBackend {
         let hints = Hints::new(r.listen, channel.clone());
         Ok(PostgresBackend {
             pool: Pool::new(r.connector, r.pool_size),
-            stmts: Statements::new(&r.schema),
+            stmts: Statements::new(&r.schema, &channel),
             schema_sql: sql::schema_sql(&r.schema, &channel),
             role,
             schema: r.schema,
@@ -266,6 +266,9 @@ impl PostgresBackend {
         }
     }
 
+    /// One attempt at the mutex: the one statement that inserts or takes the name's row
+    /// (and, when its lease outlasts the durable mark, the mark raised before the grant
+    /// is answered), else `acquire_slow` (a new epoch, or held: when to look again).
     fn acquire_mutex(
         &self,
         name: &LockName,
@@ -275,31 +278,46 @@ impl PostgresBackend {
         let owner = owner.encoded();
         let (name_s, owner_s, ms) = (name.as_str(), owner.as_str(), millis(ttl));
         let mut start = Instant::now();
-        let rows = self.call(|c, s, t| {
-            start = Instant::now();
-            c.query(
-                &s.acquire,
-                &[
-                    (&name_s, Type::TEXT),
-                    (&owner_s, Type::TEXT),
-                    (&ms, Type::INT8),
-                ],
-                t,
-            )
-        })?;
-        let row = rows.first().ok_or_else(no_row)?;
-        let granted: bool = row.get(0);
-        if granted {
-            let fence: i64 = row.get(1);
-            Ok(Acquire::Acquired(
-                self.lease_from(start, ttl)?.with_fence(token(fence)),
-            ))
-        } else {
-            let wait: Option<i64> = row.get(2);
+        self.call(|c, s, t| {
+            let params: &[(&(dyn ToSql + Sync), Type)] = &[
+                (&name_s, Type::TEXT),
+                (&owner_s, Type::TEXT),
+                (&ms, Type::INT8),
+            ];
+            let mut wait = None;
+            // A second go only when `acquire_slow` says the name may be free now (it
+            // opened an epoch that holds nothing back, or the row was freed meanwhile).
+            for _ in 0..2 {
+                start = Instant::now();
+                let rows = c.query(&s.acquire, params, t)?;
+                if let Some(row) = rows.first() {
+                    let fence: i64 = row.get(0);
+                    let outlasts_mark: Option<bool> = row.get(1);
+                    if outlasts_mark != Some(false) {
+                        // The grant is made: a failure now is the grant's, which the
+                        // front undoes (the error must not say "never sent").
+                        c.query(&s.keep, &[(&ms, Type::INT8)], t).map_err(|e| {
+                            BackendError::new(
+                                e.kind(),
+                                format!("the grant's durable mark: {}", e.message()),
+                            )
+                        })?;
+                    }
+                    return Ok(Acquire::Acquired(
+                        self.lease_from(start, ttl)?.with_fence(token(fence)),
+                    ));
+                }
+                let rows = c.query(&s.acquire_slow, params, t)?;
+                let row = rows.first().ok_or_else(no_row)?;
+                wait = row.get::<_, Option<i64>>(2);
+                if wait != Some(0) {
+                    break;
+                }
+            }
             Ok(Acquire::Held {
                 retry_after: wait.map(|ms| Duration::from_millis(ms.max(0) as u64)),
             })
-        }
+        })
     }
 }
 
@@ -439,7 +457,7 @@ impl LockBackend for PostgresBackend {
                 t,
             )
         })?;
-        let released: bool = rows.first().ok_or_else(no_row)?.get(0);
+        let released = rows.first().is_some_and(|r| r.get::<_, bool>(0));
         self.hints.released(b'm', name_s);
         self.maybe_sweep();
         Ok(released)

@@ -22,8 +22,15 @@ pub(crate) struct Pool {
     freed: Condvar,
 }
 
+/// How long a connection may have been idle and still be lent without first letting
+/// its runtime look for a close from the server (a restarted server): a connection given
+/// back moments ago is lent at once, which saves two turns of the runtime per request
+/// under load.
+const CHECK_AFTER_IDLE: Duration = Duration::from_millis(50);
+
 struct State {
-    idle: Vec<Conn>,
+    /// Idle connections, with when each was given back.
+    idle: Vec<(Conn, Instant)>,
     /// Open connections, idle or lent (and ones being opened).
     open: usize,
 }
@@ -60,9 +67,9 @@ impl Pool {
         let deadline = Instant::now() + self.connector.connect_timeout;
         let mut state = self.state.lock();
         loop {
-            while let Some(mut conn) = state.idle.pop() {
+            while let Some((mut conn, since)) = state.idle.pop() {
                 drop(state);
-                if conn.is_usable() {
+                if (since.elapsed() < CHECK_AFTER_IDLE && !conn.is_broken()) || conn.is_usable() {
                     return Ok(Lent {
                         pool: self,
                         conn: Some(conn),
@@ -109,7 +116,7 @@ impl Pool {
         let usable = !conn.is_broken();
         let mut state = self.state.lock();
         if usable {
-            state.idle.push(conn);
+            state.idle.push((conn, Instant::now()));
         } else {
             state.open -= 1;
             drop(state);

@@ -6,7 +6,7 @@
 //! clock (`clock_timestamp()`).
 
 /// The version of the schema below: an older one is replaced at first use.
-pub(crate) const VERSION: i32 = 2;
+pub(crate) const VERSION: i32 = 7;
 
 /// The schema, `$S` standing for the schema's quoted name and `$C` for the notification
 /// channel. Run as one simple query (one transaction), under an advisory lock so that two
@@ -17,17 +17,23 @@ CREATE SCHEMA IF NOT EXISTS $S;
 
 -- Leases live in UNLOGGED tables: no WAL, no fsync per acquisition. A crash (and a
 -- standby's promotion) empties them; the hold-back below covers that.
--- A row outlives its holds: a release marks it free (owner '', expires -infinity), so the
--- next acquisition is one UPDATE of a row that exists (the sweep deletes rows free or
--- expired for a minute). `waited_until`: someone waits for its release until then.
+-- A row outlives its holds: a release marks it free (owner '', expires -infinity), and
+-- the sweep deletes rows free or expired for a minute (see `Statements::acquire` for why
+-- tokens need that). `waited_until`: someone waits for its release until then.
 CREATE UNLOGGED TABLE IF NOT EXISTS $S.locks (
     name text PRIMARY KEY,
     owner text NOT NULL,
     expires timestamptz NOT NULL,
     token bigint NOT NULL,
-    waited_until timestamptz
+    waited_until timestamptz,
+    -- Set by the release that freed the row: whether the hold was live then, and
+    -- whether someone waited (read back by that release, in the same statement).
+    ended_live boolean,
+    ended_waited boolean
 );
 ALTER TABLE $S.locks ADD COLUMN IF NOT EXISTS waited_until timestamptz;
+ALTER TABLE $S.locks ADD COLUMN IF NOT EXISTS ended_live boolean;
+ALTER TABLE $S.locks ADD COLUMN IF NOT EXISTS ended_waited boolean;
 -- The holders of semaphores ('s') and read-write locks ('r').
 CREATE UNLOGGED TABLE IF NOT EXISTS $S.holds (
     name text NOT NULL,
@@ -55,11 +61,15 @@ CREATE UNLOGGED TABLE IF NOT EXISTS $S.waiting (
     PRIMARY KEY (name, kind)
 );
 -- One row while the unlogged tables have not been emptied since it was written.
+-- `held_until`: a copy of the durable mark's (never ahead of it), so that an acquisition
+-- reads one row.
 CREATE UNLOGGED TABLE IF NOT EXISTS $S.epoch (
     id integer PRIMARY KEY CHECK (id = 1),
     since timestamptz NOT NULL,
-    closed_until timestamptz
+    closed_until timestamptz,
+    held_until timestamptz
 );
+ALTER TABLE $S.epoch ADD COLUMN IF NOT EXISTS held_until timestamptz;
 -- Logged: the latest end of any lease granted, plus slack, made durable before the
 -- grant is answered. A new epoch grants nothing before it.
 CREATE TABLE IF NOT EXISTS $S.settings (
@@ -71,6 +81,9 @@ CREATE TABLE IF NOT EXISTS $S.settings (
 -- epoch, so they never go back.
 CREATE SEQUENCE IF NOT EXISTS $S.tokens;
 INSERT INTO $S.settings VALUES (1, 0, '-infinity') ON CONFLICT (id) DO NOTHING;
+
+DROP FUNCTION IF EXISTS $S.acquire(text, text, bigint);
+DROP FUNCTION IF EXISTS $S.release(text, text, text);
 
 CREATE OR REPLACE FUNCTION $S.ms(d interval) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $f$ SELECT greatest(ceil(extract(epoch FROM d) * 1000), 0)::bigint $f$;
@@ -93,7 +106,7 @@ BEGIN
     PERFORM setval('$S.tokens', greatest(
         (SELECT last_value FROM $S.tokens),
         (extract(epoch FROM p_now) * 1000000)::bigint));
-    INSERT INTO $S.epoch VALUES (1, p_now, CASE WHEN v_held > p_now THEN v_held END)
+    INSERT INTO $S.epoch VALUES (1, p_now, CASE WHEN v_held > p_now THEN v_held END, v_held)
         ON CONFLICT (id) DO NOTHING;
     SELECT e.closed_until INTO v_closed FROM $S.epoch e WHERE e.id = 1;
     RETURN v_closed;
@@ -108,6 +121,8 @@ BEGIN
     IF p_until > (SELECT s.held_until FROM $S.settings s WHERE s.id = 1) THEN
         PERFORM set_config('synchronous_commit', 'on', true);
         UPDATE $S.settings SET held_until = greatest(held_until, p_until + interval '1 s')
+            WHERE id = 1;
+        UPDATE $S.epoch SET held_until = greatest(held_until, p_until + interval '1 s')
             WHERE id = 1;
     END IF;
 END $f$;
@@ -130,57 +145,31 @@ BEGIN
     END IF;
 END $f$;
 
-CREATE OR REPLACE FUNCTION $S.acquire(p_name text, p_owner text, p_ttl bigint,
+-- An acquisition that the one statement of `Statements::acquire` did not grant: the epoch
+-- opened if it is new, and when to look again (at once if the epoch just opened without
+-- a hold-back, or the row was freed meanwhile), with the mark that someone waits for its
+-- release.
+CREATE OR REPLACE FUNCTION $S.acquire_slow(p_name text, p_owner text, p_ttl bigint,
     OUT granted boolean, OUT token bigint, OUT wait_ms bigint)
 LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := clock_timestamp();
-    v_exp timestamptz := v_now + p_ttl * interval '1 ms';
     v_closed timestamptz;
-    v_held timestamptz;
     v_other timestamptz;
 BEGIN
-    -- The epoch's hold-back and the durable mark, in one read.
-    SELECT e.closed_until, s.held_until, e.id IS NOT NULL INTO v_closed, v_held, granted
-        FROM $S.settings s LEFT JOIN $S.epoch e ON e.id = 1 WHERE s.id = 1;
-    IF granted IS NOT TRUE THEN
-        v_closed := $S.open(v_now);
-    END IF;
     granted := false;
+    SELECT e.closed_until INTO v_closed FROM $S.epoch e WHERE e.id = 1;
+    IF NOT FOUND THEN
+        v_closed := $S.open(v_now);
+        wait_ms := $S.ms(greatest(coalesce(v_closed, v_now), v_now) - v_now);
+        RETURN;
+    END IF;
     IF v_closed > v_now THEN
         wait_ms := $S.ms(v_closed - v_now);
         RETURN;
     END IF;
-    -- Free (released or expired) or ours already (a retry after a lost reply, which keeps
-    -- its token): taken. The token is drawn while the row is locked by this update: had
-    -- another transaction changed the row meanwhile, PostgreSQL evaluates the update
-    -- again on the new row (and draws again), so a later holder, which can only take the
-    -- row after this one commits, always draws a larger token.
-    UPDATE $S.locks l SET owner = p_owner, expires = v_exp,
-        token = CASE WHEN l.owner = p_owner THEN l.token ELSE nextval('$S.tokens') END
-        WHERE l.name = p_name AND (l.owner = p_owner OR l.expires <= v_now)
-        RETURNING l.token INTO token;
-    IF NOT FOUND THEN
-        -- A name without a row: inserted, then its token drawn under the row's lock (a
-        -- token in the INSERT's VALUES would be drawn before the row is ours).
-        INSERT INTO $S.locks VALUES (p_name, p_owner, v_exp, 0, NULL)
-            ON CONFLICT (name) DO NOTHING;
-        IF FOUND THEN
-            UPDATE $S.locks l SET token = nextval('$S.tokens')
-                WHERE l.name = p_name RETURNING l.token INTO token;
-        END IF;
-    END IF;
-    IF token IS NOT NULL THEN
-        granted := true;
-        IF v_exp > v_held OR v_held IS NULL THEN
-            PERFORM $S.keep(v_exp);
-        END IF;
-        RETURN;
-    END IF;
-    -- Held: when its lease ends, and that this attempt will look again by then.
-    UPDATE $S.locks l SET waited_until = greatest(l.waited_until,
-            l.expires + interval '1 s')
+    UPDATE $S.locks l SET waited_until = greatest(l.waited_until, l.expires + interval '1 s')
         WHERE l.name = p_name RETURNING l.expires INTO v_other;
     -- (Freed meanwhile: -infinity, or gone: look again at once.)
     wait_ms := $S.ms(greatest(coalesce(v_other, v_now), v_now) - v_now);
@@ -231,32 +220,6 @@ BEGIN
     IF FOUND THEN
         PERFORM $S.keep(v_now + (SELECT max(t) FROM unnest(p_ttls) t) * interval '1 ms');
     END IF;
-END $f$;
-
--- Marks the row free; whether the hold was live, and a notification at commit when
--- someone waits.
-CREATE OR REPLACE FUNCTION $S.release(p_name text, p_owner text, p_sender text)
-RETURNS boolean LANGUAGE plpgsql AS $f$
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := clock_timestamp();
-    v_live boolean;
-    v_waited boolean;
-BEGIN
-    WITH old AS (
-        SELECT l.expires, l.waited_until FROM $S.locks l
-        WHERE l.name = p_name AND l.owner = p_owner FOR NO KEY UPDATE
-    )
-    UPDATE $S.locks l SET owner = '', expires = '-infinity', waited_until = NULL FROM old
-        WHERE l.name = p_name
-        RETURNING old.expires > v_now, old.waited_until > v_now INTO v_live, v_waited;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    IF v_waited THEN
-        PERFORM pg_notify('$C', p_sender || ' m ' || p_name);
-    END IF;
-    RETURN v_live;
 END $f$;
 
 CREATE OR REPLACE FUNCTION $S.force_release(p_name text, p_sender text)
@@ -492,6 +455,8 @@ pub(crate) fn schema_sql(schema: &str, channel: &str) -> String {
 pub(crate) struct Statements {
     pub(crate) version: String,
     pub(crate) acquire: String,
+    pub(crate) acquire_slow: String,
+    pub(crate) keep: String,
     pub(crate) extend: String,
     pub(crate) extend_many: String,
     pub(crate) release: String,
@@ -508,14 +473,53 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    pub(crate) fn new(schema: &str) -> Statements {
+    pub(crate) fn new(schema: &str, channel: &str) -> Statements {
         let s = format!("\"{schema}\"");
         Statements {
             version: format!("SELECT version FROM {s}.settings WHERE id = 1"),
-            acquire: format!("SELECT * FROM {s}.acquire($1, $2, $3)"),
+            // The name's row inserted, or, if it exists, taken where it is free (released
+            // or expired) or this owner's already (a retry after a lost reply, which keeps
+            // its token), unless the epoch holds grants back: one statement. Taking an
+            // existing row draws its token while the row is locked (PostgreSQL evaluates
+            // `DO UPDATE` on the locked row, again on a row changed meanwhile), so a later
+            // holder, which can only take the row after this one commits, draws a larger
+            // token. A new row's token is drawn just before its insertion; a row is not
+            // deleted at its release but marked free, and deleted by the sweep a minute
+            // after its last hold ended, so an insertion that draws a smaller token than
+            // an earlier holder of the name would have to stall for that minute between
+            // its draw and its insertion. Answers the token and whether the lease
+            // outlasts the durable mark (then raised with `keep` before the grant is
+            // answered). No row back: `acquire_slow`.
+            acquire: format!(
+                "WITH e AS (SELECT closed_until, held_until FROM {s}.epoch WHERE id = 1) \
+                 INSERT INTO {s}.locks AS l (name, owner, expires, token) \
+                 SELECT $1, $2, clock_timestamp() + $3 * interval '1 ms', \
+                 nextval('{s}.tokens') \
+                 WHERE EXISTS (SELECT 1 FROM e \
+                   WHERE e.closed_until IS NULL OR e.closed_until <= clock_timestamp()) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, \
+                 expires = excluded.expires, \
+                 token = CASE WHEN l.owner = excluded.owner THEN l.token \
+                   ELSE nextval('{s}.tokens') END \
+                 WHERE l.owner = excluded.owner OR l.expires <= clock_timestamp() \
+                 RETURNING l.token, \
+                 l.expires > (SELECT held_until FROM e)"
+            ),
+            acquire_slow: format!("SELECT * FROM {s}.acquire_slow($1, $2, $3)"),
+            keep: format!("SELECT {s}.keep(clock_timestamp() + $1 * interval '1 ms')"),
             extend: format!("SELECT {s}.extend($1, $2, $3)"),
             extend_many: format!("SELECT * FROM {s}.extend_many($1, $2, $3, $4)"),
-            release: format!("SELECT {s}.release($1, $2, $3)"),
+            // The row marked free if it is this owner's; whether the hold was live, and
+            // a notification at commit when someone waits. No row back: not ours.
+            release: format!(
+                "WITH freed AS (UPDATE {s}.locks SET owner = '', expires = '-infinity', \
+                   waited_until = NULL, ended_live = expires > clock_timestamp(), \
+                   ended_waited = coalesce(waited_until > clock_timestamp(), false) \
+                   WHERE name = $1 AND owner = $2 RETURNING ended_live, ended_waited) \
+                 SELECT ended_live, \
+                   CASE WHEN ended_waited THEN pg_notify('{channel}', $3 || ' m ' || $1) END \
+                   IS NOT NULL AS notified FROM freed"
+            ),
             force_release: format!("SELECT {s}.force_release($1, $2)"),
             inspect: format!("SELECT {s}.inspect($1)"),
             fence: format!("SELECT {s}.fence($1, $2)"),
