@@ -15,10 +15,10 @@ use parking_lot::Mutex;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use crate::builder::Resolved;
 use crate::conn::{Conn, How};
 use crate::hints::Hints;
 use crate::pool::Pool;
+use crate::resolved::Resolved;
 use crate::sql::{self, Statements};
 
 /// How often expired rows are swept (by the first renewal round or release after it).

@@ -12,6 +12,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::backend::PostgresBackend;
 use crate::conn::Connector;
+use crate::resolved::Resolved;
 
 /// The longest schema name: the notification channel (`dlm_` and the schema's name) must
 /// fit PostgreSQL's 63-byte identifiers.
@@ -75,16 +76,6 @@ pub struct PostgresBackendBuilder {
     password: Option<Secret>,
     password_file: Option<PathBuf>,
     listen_url: Option<String>,
-}
-
-/// What `build` resolved: the connections' settings and the backend's own.
-pub(crate) struct Resolved {
-    pub(crate) connector: Connector,
-    /// Where the release hints are listened for.
-    pub(crate) listen: Connector,
-    pub(crate) schema: String,
-    pub(crate) drift_factor: f64,
-    pub(crate) pool_size: usize,
 }
 
 impl PostgresBackendBuilder {

@@ -26,6 +26,7 @@
 // The layers, each importing only from those below it:
 // - `backend`, `builder`: the `LockBackend` impl, each call one statement; the settings.
 // - `hints`: the listening connection and its thread (release wake-ups).
+// - `resolved`: what the builder resolved (the backend is made from it).
 // - `pool`: the connections, lent one request at a time.
 // - `conn`: one connection, its deadlines, what its errors mean.
 // - `sql`: the schema (tables, sequence, functions) and the statements that call it.
@@ -35,6 +36,7 @@ mod builder;
 mod conn;
 mod hints;
 mod pool;
+mod resolved;
 mod sql;
 
 pub use backend::PostgresBackend;
