@@ -54,8 +54,9 @@ pub(crate) struct Conn {
     /// A request failed in a way that leaves the connection unusable (a timeout: its
     /// reply may still come).
     broken: bool,
-    /// The statements prepared on this connection, by their SQL.
-    prepared: HashMap<String, Statement>,
+    /// The statements prepared on this connection, by the address of their SQL (the
+    /// backend's `Statements`, which outlive its connections: no hashing of the text).
+    prepared: HashMap<usize, Statement>,
 }
 
 impl Connector {
@@ -217,7 +218,8 @@ impl Conn {
         timeout: Duration,
     ) -> Result<Vec<Row>, Failure> {
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-        let statement = match self.prepared.get(sql) {
+        let key = sql.as_ptr() as usize;
+        let statement = match self.prepared.get(&key) {
             Some(s) => s.clone(),
             None => {
                 let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
@@ -225,7 +227,7 @@ impl Conn {
                 let statement = self
                     .runtime
                     .block_on(within(timeout, client.prepare_typed(sql, &types)))?;
-                self.prepared.insert(sql.to_owned(), statement.clone());
+                self.prepared.insert(key, statement.clone());
                 statement
             }
         };
@@ -236,7 +238,7 @@ impl Conn {
         if answer.is_err() {
             // A statement the server no longer has, or whose plan changed: prepared again
             // next time.
-            self.prepared.remove(sql);
+            self.prepared.remove(&key);
         }
         answer
     }

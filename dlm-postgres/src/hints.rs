@@ -29,13 +29,11 @@ const PROBE_AFTER: Duration = Duration::from_secs(2);
 /// The pause before connecting again after a failure.
 const RECONNECT_AFTER: Duration = Duration::from_millis(200);
 
-/// A resource: its kind (`m`, `s`, `r`) and name.
-type Key = (u8, String);
-
 /// The waiters of each resource.
 #[derive(Default)]
 struct Lists {
-    by_key: HashMap<Key, WaitList>,
+    /// By name, then by kind (`m`, `s`, `r`): looked up with the name as it is, no copy.
+    by_key: HashMap<String, [Option<WaitList>; 3]>,
     /// Size after the last sweep of empty lists.
     swept_at: usize,
 }
@@ -96,10 +94,13 @@ impl Hints {
         drop(done);
         let mut lists = self.lists.lock();
         if lists.by_key.len() > 64 && lists.by_key.len() >= 2 * lists.swept_at {
-            lists.by_key.retain(|_, l| !l.is_empty());
+            lists
+                .by_key
+                .retain(|_, kinds| kinds.iter().flatten().any(|l| !l.is_empty()));
             lists.swept_at = lists.by_key.len();
         }
-        let list = lists.by_key.entry((kind, name.to_owned())).or_default();
+        let list = lists.by_key.entry(name.to_owned()).or_default()[slot(kind)]
+            .get_or_insert_with(WaitList::new);
         Some(list.subscribe())
     }
 
@@ -114,7 +115,8 @@ impl Hints {
         self.lists
             .lock()
             .by_key
-            .get(&(b'm', name.to_owned()))
+            .get(name)
+            .and_then(|kinds| kinds[slot(b'm')].as_ref())
             .is_some_and(WaitList::wake_pending)
     }
 
@@ -153,16 +155,29 @@ impl Drop for Hints {
                 let _ = t.join();
             }
         }
-        for list in self.lists.lock().by_key.values() {
+        for list in self.lists.lock().by_key.values().flatten().flatten() {
             list.close();
         }
+    }
+}
+
+/// Where a kind's list is kept.
+fn slot(kind: u8) -> usize {
+    match kind {
+        b'm' => 0,
+        b's' => 1,
+        _ => 2,
     }
 }
 
 /// Wakes the waiters of (`kind`, `name`): one for a mutex, all for a group.
 fn wake(lists: &Mutex<Lists>, kind: u8, name: &str) {
     let lists = lists.lock();
-    if let Some(list) = lists.by_key.get(&(kind, name.to_owned())) {
+    if let Some(list) = lists
+        .by_key
+        .get(name)
+        .and_then(|kinds| kinds[slot(kind)].as_ref())
+    {
         if kind == b'm' {
             list.notify_one();
         } else {
@@ -368,7 +383,7 @@ impl Listen {
     }
 
     fn wake_everyone(&self) {
-        for list in self.lists.lock().by_key.values() {
+        for list in self.lists.lock().by_key.values().flatten().flatten() {
             list.notify_all();
         }
     }
