@@ -11,15 +11,14 @@ use dlm_core::backend::{
     Lease, LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
     writer_mark,
 };
-use parking_lot::Mutex;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::conn::{Conn, How};
 use crate::hints::Hints;
 use crate::pool::Pool;
 use crate::resolved::Resolved;
-use crate::sql::{self, Statements};
+use crate::schema::Schema;
+use crate::sql::Statements;
 
 /// How often expired rows are swept (by the first renewal round or release after it).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -58,15 +57,10 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 pub struct PostgresBackend {
     pool: Pool,
     stmts: Statements,
-    schema: String,
-    schema_sql: String,
-    /// The role dlm connects as (for the grants it needs).
-    role: String,
-    /// Whether the schema was found (or installed) at its version.
-    ready: AtomicBool,
+    /// dlm's schema: its SQL, whether it is there, the grants it needs.
+    schema: Schema,
     /// Whether statements are prepared on each connection (see `Conn::query`).
     prepare: AtomicBool,
-    install: Mutex<()>,
     drift_factor: f64,
     hints: Hints,
     /// When the last sweep was made, in ms since `born`.
@@ -78,7 +72,7 @@ impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresBackend")
             .field("pool", &self.pool)
-            .field("schema", &self.schema)
+            .field("schema", &self.schema.name())
             .finish_non_exhaustive()
     }
 }
@@ -109,12 +103,8 @@ impl PostgresBackend {
         Ok(PostgresBackend {
             pool: Pool::new(r.connector, r.pool_size),
             stmts: Statements::new(&r.schema, &channel),
-            schema_sql: sql::schema_sql(&r.schema, &channel),
-            role,
-            schema: r.schema,
-            ready: AtomicBool::new(false),
+            schema: Schema::new(r.schema, &channel, role),
             prepare: AtomicBool::new(true),
-            install: Mutex::new(()),
             drift_factor: r.drift_factor,
             hints,
             swept: AtomicU64::new(0),
@@ -127,35 +117,14 @@ impl PostgresBackend {
     /// administrator runs it once, as a role that may, and grants dlm's role what it
     /// needs (see the crate's documentation).
     pub fn schema_sql(&self) -> &str {
-        &self.schema_sql
+        self.schema.sql()
     }
 
     /// The statements that give the role `role` what dlm needs in its schema, once an
     /// administrator has created it ([`schema_sql`](Self::schema_sql)): the use of the
     /// schema, reading and writing its tables, drawing from its sequence.
     pub fn grants_sql(&self, role: &str) -> String {
-        let (s, r) = (&self.schema, role.replace('"', "\"\""));
-        format!(
-            "GRANT USAGE ON SCHEMA \"{s}\" TO \"{r}\"; \
-             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{s}\" TO \"{r}\"; \
-             GRANT SELECT, USAGE, UPDATE ON SEQUENCE \"{s}\".tokens TO \"{r}\";"
-        )
-    }
-
-    /// A refusal for want of rights, with what an administrator must run.
-    fn advise(&self, e: BackendError) -> BackendError {
-        if e.kind() != BackendErrorKind::Permission {
-            return e;
-        }
-        BackendError::new(
-            BackendErrorKind::Permission,
-            format!(
-                "{}. dlm's role needs: {}",
-                e.message(),
-                self.grants_sql(&self.role)
-            ),
-        )
-        .never_sent()
+        self.schema.grants_sql(role)
     }
 
     /// The lease `ttl` asked for at `start` gives its holder: shortened by the drift
@@ -180,74 +149,14 @@ impl PostgresBackend {
         f: impl FnOnce(&mut Conn, &Statements, &How<'_>) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         let mut conn = self.pool.get()?;
-        if !self.ready.load(Ordering::Acquire) {
-            self.ensure_schema(&mut conn)?;
-        }
+        self.schema
+            .ensure(&mut conn, &self.stmts, self.pool.io_timeout())?;
         let how = How {
             timeout: self.pool.io_timeout(),
             prepare: &self.prepare,
         };
-        let answer = f(&mut conn, &self.stmts, &how).map_err(|e| self.advise(e));
-        if matches!(&answer, Err(e) if e.message().contains("(42883)") || e.message().contains("(42P01)"))
-        {
-            // The schema went away (dropped by hand): installed again at the next call.
-            self.ready.store(false, Ordering::Release);
-        }
-        answer
-    }
-
-    /// Finds the schema at its version, or installs it. Nothing of a lock is sent before.
-    fn ensure_schema(&self, conn: &mut Conn) -> Result<(), BackendError> {
-        let _installing = self.install.lock();
-        if self.ready.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let timeout = self.pool.io_timeout();
-        let how = How {
-            timeout,
-            prepare: &AtomicBool::new(false),
-        };
-        let version = match conn.query(&self.stmts.version, &[], &how) {
-            Ok(rows) => rows.first().map_or(0, |r| r.get::<_, i32>(0)),
-            Err(e)
-                if e.message()
-                    .contains(&format!("({})", SqlState::UNDEFINED_TABLE.code()))
-                    || e.message()
-                        .contains(&format!("({})", SqlState::INVALID_SCHEMA_NAME.code())) =>
-            {
-                0
-            }
-            Err(e) => return Err(e.never_sent_if_refused()),
-        };
-        if version < sql::VERSION {
-            log::info!(
-                "dlm-postgres: installing schema {:?} (version {})",
-                self.schema,
-                sql::VERSION
-            );
-            // Creating the schema takes longer than a request: a generous deadline.
-            if let Err(e) = conn.batch(&self.schema_sql, timeout.max(Duration::from_secs(10))) {
-                let e = if e.kind() == BackendErrorKind::Permission {
-                    BackendError::new(
-                        BackendErrorKind::Permission,
-                        format!(
-                            "dlm's schema {:?} is missing or out of date, and this role may not create it ({}). \
-                             Have an administrator run PostgresBackend::schema_sql() once (or grant this role \
-                             CREATE on the database), then: {}",
-                            self.schema,
-                            e.message(),
-                            self.grants_sql(&self.role)
-                        ),
-                    )
-                    .never_sent()
-                } else {
-                    e.never_sent_if_refused()
-                };
-                return Err(e);
-            }
-        }
-        self.ready.store(true, Ordering::Release);
-        Ok(())
+        let answer = f(&mut conn, &self.stmts, &how);
+        answer.map_err(|e| self.schema.after(e))
     }
 
     /// Sweeps expired rows if the last sweep is a minute old (errors only logged).
@@ -325,18 +234,6 @@ impl PostgresBackend {
 
 fn no_row() -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, "the server answered no row")
-}
-
-/// A refused statement was rolled back; only a lost one may have been applied.
-trait RefusedNeverSent {
-    fn never_sent_if_refused(self) -> Self;
-}
-
-impl RefusedNeverSent for BackendError {
-    fn never_sent_if_refused(self) -> Self {
-        // The schema's check and installation never write a lock: nothing to undo.
-        self.never_sent()
-    }
 }
 
 impl LockBackend for PostgresBackend {

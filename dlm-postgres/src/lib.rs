@@ -27,6 +27,7 @@
 // - `backend`, `builder`: the `LockBackend` impl, each call one statement; the settings.
 // - `hints`: the listening connection and its thread (release wake-ups).
 // - `resolved`: what the builder resolved (the backend is made from it).
+// - `schema`: dlm's schema in the database: found, installed, the grants it needs.
 // - `pool`: the connections, lent one request at a time.
 // - `conn`: one connection, its deadlines, what its errors mean.
 // - `sql`: the schema (tables, sequence, functions) and the statements that call it.
@@ -37,6 +38,7 @@ mod conn;
 mod hints;
 mod pool;
 mod resolved;
+mod schema;
 mod sql;
 
 pub use backend::PostgresBackend;
