@@ -40,6 +40,7 @@ mod faulty;
 pub mod guide;
 pub mod history;
 pub mod logs;
+mod pg_os;
 pub mod pgbouncer;
 pub mod postgres;
 pub mod postgres_pair;

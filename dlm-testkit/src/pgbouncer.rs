@@ -49,11 +49,10 @@ use std::fs;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::chown;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::sync::{LazyLock, mpsc};
-use std::thread;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::pg_os::{POSTGRES, RUN_AS, output_within};
 use crate::postgres::{PostgresServer, postgres_bin_dir};
 use crate::process::{
     LivePids, Logs, Process, Server, Startup, find_binary, free_ports, pick_port,
@@ -72,7 +71,6 @@ const LOGS: Logs = Logs {
 const INI: &str = "pgbouncer.ini";
 const USERLIST: &str = "userlist.txt";
 /// The OS user it runs as when this process is root, and the user it lets in.
-const POSTGRES: &str = "postgres";
 const NOT_FOUND: &str =
     "pgbouncer not found; install it (apt-get install pgbouncer) or set DLM_PGBOUNCER";
 
@@ -372,63 +370,5 @@ impl Drop for PgBouncer {
     fn drop(&mut self) {
         self.kill();
         free_ports(&[self.port]);
-    }
-}
-
-/// The uid and gid of the OS user `postgres` when this process runs as root (PgBouncer
-/// refuses to), `None` otherwise.
-static RUN_AS: LazyLock<Option<(u32, u32)>> = LazyLock::new(|| {
-    if !is_root() {
-        return None;
-    }
-    let id = |flag: &str| -> u32 {
-        let out = Command::new("id").args([flag, POSTGRES]).output();
-        out.ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or_else(|| {
-                panic!(
-                    "running as root, PgBouncer must run as the OS user {POSTGRES}, \
-                     which `id {flag} {POSTGRES}` does not find"
-                )
-            })
-    };
-    Some((id("-u"), id("-g")))
-});
-
-/// Whether the effective uid of this process is 0 (`/proc/self/status`).
-fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status").is_ok_and(|status| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("Uid:"))
-            .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
-            .unwrap_or(false)
-    })
-}
-
-/// Runs `cmd` (its stdin empty, its output captured), killing it after `timeout`.
-fn output_within(mut cmd: Command, timeout: Duration) -> Result<Output, String> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().map_err(|e| format!("spawning {cmd:?}: {e}"))?;
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(output) => output.map_err(|e| format!("waiting for {cmd:?}: {e}")),
-        Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            let _ = rx.recv();
-            Err(format!("no answer within {timeout:?}"))
-        }
     }
 }
