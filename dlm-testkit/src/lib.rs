@@ -49,6 +49,7 @@ pub mod redis_server;
 pub mod scale;
 pub mod sentinel;
 pub mod skew;
+mod tempdirs;
 pub mod tls;
 
 pub use conformance::fixture::{Fixture, Shared};

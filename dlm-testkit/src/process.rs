@@ -125,7 +125,8 @@ pub(crate) struct Process {
     program: &'static str,
     /// The server's binary (run through `setpriv` where it works).
     binary: PathBuf,
-    /// Data and logs; removed on drop.
+    /// Data and logs; removed on drop, or by a later test process if this one dies
+    /// first (`tempdirs`).
     dir: TempDir,
     /// Its log files in `dir`.
     logs: Logs,
@@ -148,9 +149,7 @@ impl Process {
         logs: Logs,
         live: &'static LivePids,
     ) -> Process {
-        let dir = tempfile::Builder::new()
-            .prefix(dir_prefix)
-            .tempdir()
+        let dir = crate::tempdirs::owned_tempdir(dir_prefix)
             .unwrap_or_else(|e| panic!("creating a temp dir for {program}: {e}"));
         Process {
             program,

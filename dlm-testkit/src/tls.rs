@@ -42,9 +42,7 @@ pub struct TestPki {
 impl TestPki {
     /// Generates every certificate and key (a few milliseconds).
     pub fn new() -> TestPki {
-        let dir = tempfile::Builder::new()
-            .prefix("dlm-pki-")
-            .tempdir()
+        let dir = crate::tempdirs::owned_tempdir("dlm-pki-")
             .expect("creating a temp dir for certificates");
         let path = dir.path();
 
