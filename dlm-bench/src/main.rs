@@ -284,6 +284,9 @@ fn main() {
                     Primitive::OneWriterIn(CONTENDERS),
                 ),
                 ("dlm rw (1 writer, 7 readers)", Primitive::OneWriterIn(8)),
+                // A multi-lock of 3 names beside the same 3 names taken one by one.
+                ("dlm multi-lock (3 names)", Primitive::Multi(3)),
+                ("dlm 3 locks one by one", Primitive::OneByOne(3)),
             ] {
                 let backend = dlm_redis::RedisBackend::new(&single.url()).unwrap();
                 timed.push(Box::new(

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlm_core::backend::LockBackend;
-use dlm_core::{FencedResource, FencingToken, Lock, LockClient, LockGuard, TokenDraw};
+use dlm_core::{
+    FencedResource, FencingToken, Lock, LockClient, LockGuard, MultiLockGuard, TokenDraw,
+};
 
 use crate::recorder::Atomics;
 use crate::system::{LockHandle, LockSystem};
@@ -22,6 +24,11 @@ pub enum Primitive {
     /// One handle in every `n` (the first of each round of `n` threads) takes write holds
     /// of a read-write lock, the others read holds.
     OneWriterIn(usize),
+    /// A multi-lock of this many names (`key/1`, `key/2`, ...), one guard for the set.
+    Multi(usize),
+    /// The same names as [`Multi`](Primitive::Multi), taken as single locks one after
+    /// another (in the same order) and released in the reverse order.
+    OneByOne(usize),
 }
 
 /// dlm over any backend; each handle is its own client (a separate owner).
@@ -100,11 +107,15 @@ impl LockSystem for Dlm {
             Primitive::OneWriterIn(_) | Primitive::Read => Take::Read,
             Primitive::Permit(n) => Take::Permit(n),
             Primitive::Mutex => Take::Mutex,
+            Primitive::Multi(n) => Take::Multi(n),
+            Primitive::OneByOne(n) => Take::OneByOne(n),
         };
         Box::new(DlmHandle {
             client,
             primitive,
             guard: None,
+            multi: None,
+            singles: Vec::new(),
             resource: FencedResource::new(0),
         })
     }
@@ -117,12 +128,23 @@ enum Take {
     Permit(u32),
     Read,
     Write,
+    Multi(usize),
+    OneByOne(usize),
+}
+
+/// The names a set of `n` takes for `key`.
+fn set_names(key: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{key}/{i}")).collect()
 }
 
 struct DlmHandle {
     client: LockClient,
     primitive: Take,
     guard: Option<LockGuard>,
+    /// A [`Take::Multi`] hold.
+    multi: Option<MultiLockGuard>,
+    /// A [`Take::OneByOne`] hold, in the order taken.
+    singles: Vec<LockGuard>,
     /// What `fenced-use` writes to (one per handle: its thread locks one name).
     resource: FencedResource<u64>,
 }
@@ -135,6 +157,33 @@ impl LockHandle for DlmHandle {
     fn lock(&mut self, key: &str, max_wait_ms: u64) -> bool {
         let wait = Duration::from_millis(max_wait_ms);
         let c = &self.client;
+        match self.primitive {
+            Take::Multi(n) => {
+                self.multi = c
+                    .get_multi_lock(set_names(key, n))
+                    .and_then(|m| m.try_lock_timeout(wait))
+                    .unwrap_or(None);
+                return self.multi.is_some();
+            }
+            Take::OneByOne(n) => {
+                // One deadline for the set, as the multi-lock's.
+                let deadline = std::time::Instant::now() + wait;
+                for name in set_names(key, n) {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    match c.get_lock(&name).and_then(|l| l.try_lock_timeout(left)) {
+                        Ok(Some(g)) => self.singles.push(g),
+                        _ => {
+                            while let Some(g) = self.singles.pop() {
+                                drop(g);
+                            }
+                            return false;
+                        }
+                    }
+                }
+                return true;
+            }
+            _ => {}
+        }
         self.guard = match self.primitive {
             Take::Mutex => c.get_lock(key).and_then(|l| l.try_lock_timeout(wait)),
             Take::Permit(n) => c
@@ -147,6 +196,7 @@ impl LockHandle for DlmHandle {
                 .get_rw_lock(key)
                 .and_then(|l| l.try_write_timeout(wait))
                 .map(|w| w.map(dlm_core::WriteGuard::into_guard)),
+            Take::Multi(_) | Take::OneByOne(_) => unreachable!("taken above"),
         }
         .unwrap_or(None);
         self.guard.is_some()
@@ -154,6 +204,12 @@ impl LockHandle for DlmHandle {
 
     fn unlock(&mut self) {
         if let Some(g) = self.guard.take() {
+            let _ = g.unlock();
+        }
+        if let Some(m) = self.multi.take() {
+            let _ = m.unlock();
+        }
+        while let Some(g) = self.singles.pop() {
             let _ = g.unlock();
         }
     }

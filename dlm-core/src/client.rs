@@ -10,6 +10,7 @@ use crate::backend::{
 use crate::error::{InvalidArgument, Result};
 use crate::handle::Handle;
 use crate::lock::DistributedLock;
+use crate::multi::MultiLock;
 use crate::retry::RetryPolicy;
 use crate::rwlock::ReadWriteLock;
 use crate::semaphore::Semaphore;
@@ -137,6 +138,38 @@ impl LockClient {
             self.shared.lease,
             self.keep_alive.clone(),
         ))
+    }
+
+    /// The locks called `names`, held together or not at all (see [`MultiLock`]), with
+    /// the client's default lease. The order of `names` does not matter: they are taken
+    /// in one canonical order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for no name at all, a
+    /// name given twice, or a name that [`LockName::new`] rejects. No I/O happens here.
+    pub fn get_multi_lock<I, S>(&self, names: I) -> Result<MultiLock>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut locks = names
+            .into_iter()
+            .map(|name| self.get_lock(name.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        if locks.is_empty() {
+            return Err(
+                InvalidArgument::new("names", "a multi-lock needs at least one name").into(),
+            );
+        }
+        locks.sort_by(|a, b| a.name().cmp(b.name()));
+        if let Some(twice) = locks.windows(2).find(|w| w[0].name() == w[1].name()) {
+            return Err(InvalidArgument::new(
+                "names",
+                format!("{:?} is named more than once", twice[0].name()),
+            )
+            .into());
+        }
+        Ok(MultiLock::new(locks))
     }
 
     /// The semaphore called `name` with `permits` permits: at most `permits` holders at

@@ -51,6 +51,7 @@ mod keep_alive;
 mod lock;
 mod lost;
 pub mod metric_names;
+mod multi;
 mod observe;
 mod predictions;
 mod registry;
@@ -72,8 +73,9 @@ pub use error::{BackendError, BackendErrorKind, Deadlock, Error, InvalidArgument
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;
 pub use interrupt::{Interrupt, InterruptOnDrop, Interrupter, interrupt_pair};
-pub use lock::{DistributedLock, Lock};
+pub use lock::{DistributedLock, HoldGuard, Lock};
 pub use lost::{HoldState, LostSignal};
+pub use multi::{MultiLock, MultiLockGuard, MultiLostSignal};
 pub use retry::RetryPolicy;
 pub use rwlock::{ReadWriteLock, WriteGuard};
 pub use semaphore::Semaphore;

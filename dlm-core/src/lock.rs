@@ -45,19 +45,23 @@ use crate::settings::thread_no;
 /// # Ok::<(), dlm_core::Error>(())
 /// ```
 pub trait Lock {
+    /// What an acquisition returns, releasing on drop: a [`LockGuard`] for one name, a
+    /// [`MultiLockGuard`](crate::MultiLockGuard) for a set.
+    type Guard: HoldGuard;
+
     /// Blocks until the lock is acquired. Not interruptible. Transient backend failures
     /// are retried for the retry policy's error timeout, then returned.
-    fn lock(&self) -> Result<LockGuard>;
+    fn lock(&self) -> Result<Self::Guard>;
 
     /// Blocks until the lock is acquired or `interrupt` fires ([`Error::Interrupted`]).
-    fn lock_interruptibly(&self, interrupt: &Interrupt) -> Result<LockGuard>;
+    fn lock_interruptibly(&self, interrupt: &Interrupt) -> Result<Self::Guard>;
 
     /// One attempt; `Ok(None)` if someone else holds the lock. Never waits.
-    fn try_lock(&self) -> Result<Option<LockGuard>>;
+    fn try_lock(&self) -> Result<Option<Self::Guard>>;
 
     /// Waits at most `timeout` (`Duration::MAX`: forever; zero: one attempt). `Ok(None)`
     /// if the lock was not acquired in time.
-    fn try_lock_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>>;
+    fn try_lock_timeout(&self, timeout: Duration) -> Result<Option<Self::Guard>>;
 
     /// Like [`try_lock_timeout`](Lock::try_lock_timeout), and ends early with
     /// [`Error::Interrupted`] when `interrupt` fires.
@@ -65,7 +69,7 @@ pub trait Lock {
         &self,
         timeout: Duration,
         interrupt: &Interrupt,
-    ) -> Result<Option<LockGuard>>;
+    ) -> Result<Option<Self::Guard>>;
 
     /// Gives back one hold of the calling thread; the last one releases the lock.
     ///
@@ -106,7 +110,7 @@ pub trait Lock {
     /// assert_eq!(total, 42);
     /// # Ok::<(), dlm_core::Error>(())
     /// ```
-    fn with_lock<R>(&self, f: impl FnOnce(&LockGuard) -> R) -> Result<R>
+    fn with_lock<R>(&self, f: impl FnOnce(&Self::Guard) -> R) -> Result<R>
     where
         Self: Sized,
     {
@@ -121,7 +125,7 @@ pub trait Lock {
     fn try_with_lock<R>(
         &self,
         timeout: Duration,
-        f: impl FnOnce(&LockGuard) -> R,
+        f: impl FnOnce(&Self::Guard) -> R,
     ) -> Result<Option<R>>
     where
         Self: Sized,
@@ -140,8 +144,8 @@ pub trait Lock {
 /// the work was not exclusive. Any other failure of the release is logged (a transient
 /// one is sent again in the background), so that the result of work that ran exclusively
 /// reaches the caller.
-pub(crate) fn release_after_work(guard: LockGuard) -> Result<()> {
-    let name = guard.name().to_owned();
+pub(crate) fn release_after_work(guard: impl HoldGuard) -> Result<()> {
+    let name = guard.describe();
     let held = guard.is_held();
     match guard.unlock() {
         Err(Error::LockLost) => Err(Error::LockLost),
@@ -149,11 +153,49 @@ pub(crate) fn release_after_work(guard: LockGuard) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) => {
             log::warn!(
-                "lock {name:?}: the work ran under the lock, but the release failed \
+                "{name}: the work ran under the lock, but the release failed \
                  (sent again in the background while it fails transiently): {e}"
             );
             Ok(())
         }
+    }
+}
+
+/// What the closure helpers of [`Lock`] need of its guard: implemented by [`LockGuard`]
+/// and [`MultiLockGuard`](crate::MultiLockGuard) only (sealed), whose own methods of the
+/// same names say more.
+pub trait HoldGuard: sealed::Sealed {
+    /// `true` while the hold is (every hold of the guard is) held. No I/O.
+    fn is_held(&self) -> bool;
+
+    /// Gives back the hold (every hold of the guard).
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when a hold had been lost; otherwise the first failure.
+    fn unlock(self) -> Result<()>;
+}
+
+pub(crate) mod sealed {
+    /// Keeps [`HoldGuard`](super::HoldGuard) to this crate's guards.
+    pub trait Sealed {
+        /// The lock or locks, for messages: `lock "a"`, `locks ["a", "b"]`.
+        fn describe(&self) -> String;
+    }
+}
+
+impl sealed::Sealed for LockGuard {
+    fn describe(&self) -> String {
+        format!("lock {:?}", self.name())
+    }
+}
+
+impl HoldGuard for LockGuard {
+    fn is_held(&self) -> bool {
+        LockGuard::is_held(self)
+    }
+
+    fn unlock(self) -> Result<()> {
+        LockGuard::unlock(self)
     }
 }
 
@@ -247,7 +289,11 @@ impl DistributedLock {
             .check(shared.client.backend.force_release(&shared.name))?)
     }
 
-    fn acquire(&self, wait: Wait, interrupt: Option<&Interrupt>) -> Result<Option<LockGuard>> {
+    pub(crate) fn acquire(
+        &self,
+        wait: Wait,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<Option<LockGuard>> {
         Acquisition {
             shared: &self.shared,
             lease: self.lease,
@@ -266,6 +312,8 @@ impl DistributedLock {
 }
 
 impl Lock for DistributedLock {
+    type Guard = LockGuard;
+
     fn lock(&self) -> Result<LockGuard> {
         self.acquire(Wait::Forever, None)
             .map(|g| g.expect("an unbounded wait ends only with the lock or an error"))

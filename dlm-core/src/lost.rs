@@ -112,6 +112,25 @@ impl LostSignal {
         }
     }
 
+    /// The name of the lock.
+    pub(crate) fn name(&self) -> &str {
+        self.lock.name.as_str()
+    }
+
+    /// `None` once the hold is over; while held, how long until its lease runs out
+    /// (`None` inside: its release is under way).
+    pub(crate) fn held_for(&self) -> Option<Option<Duration>> {
+        match self.current() {
+            (HoldState::Held, left) => Some(left),
+            _ => None,
+        }
+    }
+
+    /// The channel that disconnects when the hold ends.
+    pub(crate) fn end_channel(&self) -> &crossbeam_channel::Receiver<()> {
+        self.ending.receiver()
+    }
+
     /// The state, and while held, how long until the lease runs out.
     fn current(&self) -> (HoldState, Option<Duration>) {
         let state = self.lock.state.lock();

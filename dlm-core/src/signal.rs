@@ -78,6 +78,11 @@ impl Ending {
         }
     }
 
+    /// The channel that disconnects when the hold ends (no message ever comes).
+    pub(crate) fn receiver(&self) -> &Receiver<()> {
+        &self.ended
+    }
+
     /// Sleeps until the hold ends or `until`, whichever comes first.
     pub(crate) fn wait_until(&self, until: Instant) {
         // A message never comes: the channel disconnects when the signal ends.

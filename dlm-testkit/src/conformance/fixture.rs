@@ -205,10 +205,16 @@ macro_rules! conformance_tests {
             a_mispredicted_draw_is_released_with_the_lock,
             token_draw_settings_are_followed,
             a_step_whose_reply_was_lost_leaves_no_hold,
-            a_release_that_failed_is_sent_again
+            a_release_that_failed_is_sent_again,
+            multi_lock_takes_every_name_or_none,
+            multi_lock_refuses_bad_input_before_io,
+            multi_lock_gives_each_name_its_token
         );
         $crate::conformance_tests!(@cases write ($pred, $why) $fixture;
             renewals_of_every_kind_share_one_round,
+            multi_locks_in_opposite_orders_never_deadlock,
+            multi_lock_waits_and_is_woken_by_a_release,
+            multi_lock_reports_which_member_was_lost,
             expiry_frees_the_lock,
             extend_prolongs_the_lease,
             interrupt_wakes_a_waiter,

@@ -7,7 +7,7 @@
 //!
 //! The cases are grouped by theme, one file each: the basics, waiting (hints and
 //! hand-over), leases (the watchdog and the lost signal), fencing, the semaphore and the
-//! read-write lock (primitives), and the rules every kind of hold keeps (rules: undo
+//! read-write lock (primitives), multi-locks (multi), and the rules every kind of hold keeps (rules: undo
 //! after a lost reply, releases sent again, renewals in one round); the [`Fixture`] trait
 //! and the [`conformance_tests!`](crate::conformance_tests) macro are in `fixture.rs`.
 
@@ -15,6 +15,7 @@ mod basics;
 mod fencing;
 pub(crate) mod fixture;
 mod leases;
+mod multi;
 mod primitives;
 mod rules;
 mod waiting;
@@ -40,6 +41,12 @@ pub use leases::{
     a_lost_lock_is_signalled, a_released_lock_is_not_reported_lost, expiry_frees_the_lock,
     extend_after_expiry_fails_and_does_not_recreate, extend_prolongs_the_lease,
     leaked_guard_expires, watchdog_keeps_the_lock_while_held, watchdog_respects_max_hold,
+};
+pub use multi::{
+    multi_lock_gives_each_name_its_token, multi_lock_refuses_bad_input_before_io,
+    multi_lock_reports_which_member_was_lost, multi_lock_takes_every_name_or_none,
+    multi_lock_waits_and_is_woken_by_a_release, multi_locks_in_opposite_orders_for,
+    multi_locks_in_opposite_orders_never_deadlock,
 };
 pub use primitives::{
     primitive_tokens_increase, primitives_leave_no_key_without_expiry, primitives_refuse_bad_input,
