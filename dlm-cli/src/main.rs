@@ -6,6 +6,7 @@
 mod backend;
 mod exit;
 mod hold;
+mod leader;
 mod logger;
 mod run;
 mod status;
@@ -49,13 +50,18 @@ Examples:
   # is it held, and for how long? Who holds the permits or the read-write lock?
   dlm status nightly-export reindex --json
   dlm status --permits 3 exports; dlm status --rw config
+  # one scheduler across the machines, the others waiting as candidates; who leads?
+  dlm run --elect --value 10.0.0.7:8080 scheduler -- ./scheduler
+  dlm leader scheduler; dlm leader --watch --json scheduler
+
   # clear a semaphore or a read-write lock whoever holds it
   dlm unlock --force --permits exports; dlm unlock --force --rw config
 
 Exit status:
   0      the command succeeded (or: status and unlock succeeded)
   N      the command's own status; 128+N when it was killed by signal N
-  1      the lock was not obtained (-n, -w): change with -E/--conflict-exit-code
+  1      the lock was not obtained (-n, -w): change with -E/--conflict-exit-code;
+         dlm leader: nobody leads
   2      usage error: bad arguments, a bad URL, name or label, no command, no backend; a
          backend without semaphores or read-write locks (Redlock); another --permits count
          in use
@@ -122,6 +128,9 @@ enum Command {
     /// holders of a semaphore or read-write lock, each with its label and lease, and the
     /// count a semaphore is held with).
     Status(status::StatusArgs),
+    /// Who leads the election NAME (`dlm run --elect NAME`): its value and term; exit 1
+    /// when nobody leads. --watch: a line at every change.
+    Leader(leader::LeaderArgs),
     /// Release NAME whoever holds it (administration; --permits or --rw: every hold of
     /// the semaphore or read-write lock NAME).
     Unlock(status::UnlockArgs),
@@ -228,6 +237,10 @@ fn main() {
         Command::Status(args) => {
             logger::init(args.backend.verbose, args.backend.quiet);
             Connection::from_args(&args.backend).and_then(|c| status::status(&c, &args))
+        }
+        Command::Leader(args) => {
+            logger::init(args.backend.verbose, args.backend.quiet);
+            Connection::from_args(&args.backend).and_then(|c| leader::leader(&c, &args))
         }
         Command::Unlock(args) => {
             logger::init(args.backend.verbose, args.backend.quiet);

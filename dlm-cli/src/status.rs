@@ -242,7 +242,7 @@ pub(crate) fn unlock(conn: &Connection, args: &UnlockArgs) -> Result<u8, Failure
 }
 
 /// Appends `s` as a JSON string.
-fn json_string(out: &mut String, s: &str) {
+pub(crate) fn json_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {

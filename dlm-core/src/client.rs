@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::backend::{
     Claim, IntoBackend, LockBackend, LockName, MAX_LABEL_LEN, check_label, random_client_id,
 };
+use crate::election::Election;
 use crate::error::{InvalidArgument, Result};
 use crate::handle::Handle;
 use crate::lock::DistributedLock;
@@ -170,6 +171,48 @@ impl LockClient {
             .into());
         }
         Ok(MultiLock::new(locks))
+    }
+
+    /// The election called `name` (see [`Election`]): its campaigns are one-permit holds
+    /// of the semaphore `name`, labelled with the value they publish.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name; a
+    /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported) backend
+    /// error when the backend keeps no elections. No I/O happens here.
+    pub fn get_election(&self, name: &str) -> Result<Election> {
+        Election::new(self.clone(), LockName::new(name)?)
+    }
+
+    /// A client with this one's settings whose holds are labelled `label` and draw their
+    /// tokens at the grant, not re-entrant: an election's campaign.
+    pub(crate) fn campaigner(&self, label: &str) -> LockClient {
+        let s = &self.shared;
+        let watchdog = s.watchdog.config();
+        LockClient::from_parts(LockClientBuilder {
+            backend: s.backend.clone(),
+            lease: s.lease,
+            watchdog_timeout: watchdog.timeout,
+            max_hold: watchdog.max_hold,
+            max_lease: s.max_lease,
+            reentrant: false,
+            retry: s.retry,
+            metrics: s.metrics.is_on(),
+            metrics_lock_names: s.metrics_lock_names,
+            token_draw: TokenDraw::AtAcquisition,
+            label: Some(label.to_owned()),
+        })
+    }
+
+    /// A handle of `claim` (a group kind) on `name`.
+    pub(crate) fn group_handle(&self, name: LockName, claim: Claim) -> Result<Handle> {
+        Handle::new(
+            self.shared.clone(),
+            self.registry.clone(),
+            name,
+            claim,
+            self.keep_alive.clone(),
+        )
     }
 
     /// The semaphore called `name` with `permits` permits: at most `permits` holders at

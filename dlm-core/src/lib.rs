@@ -41,6 +41,7 @@
 mod acquire;
 pub mod backend;
 mod client;
+mod election;
 mod error;
 mod fenced;
 mod guard;
@@ -69,6 +70,7 @@ mod watchdog;
 
 pub use backend::{FencingToken, Holder, Holders, LockName, MAX_LABEL_LEN, MAX_NAME_LEN};
 pub use client::{DEFAULT_MAX_LEASE, DEFAULT_WATCHDOG_TIMEOUT, LockClient, LockClientBuilder};
+pub use election::{Election, Leader, Leadership, ObservedChanges, Observer};
 pub use error::{BackendError, BackendErrorKind, Deadlock, Error, InvalidArgument, Result};
 pub use fenced::{FencedResource, StaleToken};
 pub use guard::LockGuard;

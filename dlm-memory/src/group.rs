@@ -48,6 +48,9 @@ pub(crate) struct Group {
     /// Until when new readers are refused because a writer waits (read-write lock).
     writer_waits_until: Option<Instant>,
     pub(crate) waiters: WaitList,
+    /// Observers' channels by their ids (capacity 1: a hint pending is enough), removed
+    /// when their watch is dropped.
+    pub(crate) observers: Vec<(u64, crossbeam_channel::Sender<()>)>,
 }
 
 impl Group {
@@ -64,7 +67,27 @@ impl Group {
 
     pub(crate) fn is_idle(&mut self, now: Instant) -> bool {
         self.expire(now);
-        self.members.is_empty() && self.writer_waits_until.is_none() && self.waiters.is_empty()
+        self.members.is_empty()
+            && self.writer_waits_until.is_none()
+            && self.waiters.is_empty()
+            && self.observers.is_empty()
+    }
+
+    /// Hints every observer that the holders changed; forgets those that are gone.
+    pub(crate) fn tell_observers(&mut self) {
+        for (_, o) in &self.observers {
+            let _ = o.try_send(()); // full: a hint is pending already
+        }
+    }
+
+    /// Sets `owner`'s label; whether it holds.
+    pub(crate) fn relabel(&mut self, owner: &OwnerToken, label: Option<&str>) -> bool {
+        let Some(m) = self.member(owner) else {
+            return false;
+        };
+        m.label = label.map(Arc::from);
+        self.tell_observers();
+        true
     }
 
     pub(crate) fn member(&mut self, owner: &OwnerToken) -> Option<&mut Member> {
@@ -149,6 +172,7 @@ impl Group {
             fence,
             label: label.map(Arc::from),
         });
+        self.tell_observers();
         Ok(Ok(fence))
     }
 
@@ -163,6 +187,7 @@ impl Group {
                 self.permits = 0;
             }
             self.waiters.notify_all();
+            self.tell_observers();
         }
         released
     }
@@ -174,6 +199,7 @@ impl Group {
         self.permits = 0;
         self.writer_waits_until = None;
         self.waiters.notify_all();
+        self.tell_observers();
         held
     }
 
@@ -193,6 +219,7 @@ impl Group {
         m.expires_at = expires_at;
         let fence = m.fence;
         self.waiters.notify_all();
+        self.tell_observers();
         Some(fence)
     }
 
@@ -214,6 +241,7 @@ impl Group {
                     m.expires_at - now,
                     m.label.as_deref().map(str::to_owned),
                 )
+                .with_token(m.fence)
             })
             .collect();
         Holders::new((self.permits != 0).then_some(self.permits), holders)

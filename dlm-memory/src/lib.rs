@@ -57,8 +57,33 @@ struct Inner {
     faults: Faults,
 }
 
+/// Removes an observer from its group when its watch is dropped.
+struct ObserverGone {
+    inner: std::sync::Weak<Inner>,
+    key: (LockName, GroupKind),
+    id: u64,
+}
+
+impl dlm_core::backend::Unsubscribe for ObserverGone {
+    fn unsubscribe(self: Box<Self>, _pending_wake: bool) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let now = inner.clock.now();
+        let mut store = inner.store.lock();
+        if let Some(group) = store.groups.get_mut(&self.key) {
+            group.observers.retain(|(id, _)| *id != self.id);
+            if group.is_idle(now) {
+                store.groups.remove(&self.key);
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Store {
+    /// The last observer id handed out.
+    next_observer: u64,
     /// Names that are held or waited for (an entry is removed when neither).
     entries: HashMap<LockName, Entry>,
     /// The names' semaphores and read-write locks (separate from their mutexes).
@@ -427,6 +452,41 @@ impl LockBackend for MemoryBackend {
         let mut store = self.inner.store.lock();
         let group = store.groups.entry((name.clone(), kind)).or_default();
         Some(group.waiters.subscribe())
+    }
+
+    fn relabel_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        self.with_group(name, claim, |group, _, _| group.relabel(owner, label))
+    }
+
+    fn observe_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        let kind = GroupKind::of(claim)?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut store = self.inner.store.lock();
+        store.next_observer += 1;
+        let id = store.next_observer;
+        store
+            .groups
+            .entry((name.clone(), kind))
+            .or_default()
+            .observers
+            .push((id, tx));
+        let gone = ObserverGone {
+            inner: Arc::downgrade(&self.inner),
+            key: (name.clone(), kind),
+            id,
+        };
+        Some(Watch::with_unsubscribe(rx, Box::new(gone)))
+    }
+
+    /// With fencing on (an election's term is its token).
+    fn supports_elections(&self) -> bool {
+        self.inner.fencing
     }
 
     fn downgrade(

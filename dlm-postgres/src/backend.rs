@@ -413,6 +413,7 @@ impl LockBackend for PostgresBackend {
         let ms = millis(request.ttl);
         let mark = millis(writer_mark(request.ttl));
         let label = request.label;
+        let sender = self.hints.sender.as_str();
         let mut start = Instant::now();
         let rows = self.call(|c, s, t| {
             start = Instant::now();
@@ -427,6 +428,7 @@ impl LockBackend for PostgresBackend {
                     (&ms, Type::INT8),
                     (&mark, Type::INT8),
                     (&label, Type::TEXT),
+                    (&sender, Type::TEXT),
                 ],
                 t,
             )
@@ -441,6 +443,11 @@ impl LockBackend for PostgresBackend {
             .never_sent());
         }
         if granted {
+            if permits == 1 {
+                // An election's new leader: this backend's observers are told now (the
+                // server's notification skips the backend that sent it).
+                self.hints.released(kind as u8, name_s);
+            }
             let fence: i64 = row.get(1);
             Ok(Acquire::Acquired(
                 self.lease_from(start, request.ttl)?
@@ -522,6 +529,48 @@ impl LockBackend for PostgresBackend {
 
     fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
         self.hints.subscribe(kind_of(claim), name.as_str())
+    }
+
+    fn relabel_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let owner = owner.encoded();
+        let (name_s, owner_s) = (name.as_str(), owner.as_str());
+        let kind = kind_of(claim);
+        let kind_c = kind as i8;
+        let sender = self.hints.sender.as_str();
+        let rows = self.call(|c, s, t| {
+            c.query(
+                &s.relabel_group,
+                &[
+                    (&name_s, Type::TEXT),
+                    (&kind_c, Type::CHAR),
+                    (&owner_s, Type::TEXT),
+                    (&label, Type::TEXT),
+                    (&sender, Type::TEXT),
+                ],
+                t,
+            )
+        })?;
+        let relabelled: bool = rows.first().ok_or_else(no_row)?.get(0);
+        if relabelled {
+            self.hints.released(kind, name_s);
+        }
+        Ok(relabelled)
+    }
+
+    /// The group's waiters are all woken by each notification already; a one-permit
+    /// semaphore announces its grants, releases and relabels whether or not anyone waits.
+    fn observe_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        self.watch_group(name, claim)
+    }
+
+    fn supports_elections(&self) -> bool {
+        true
     }
 
     fn downgrade(
@@ -607,7 +656,9 @@ impl LockBackend for PostgresBackend {
                     _ if write => Claim::Write,
                     _ => Claim::Read,
                 };
+                let fence: i64 = row.get(4);
                 Holder::new(claim, Duration::from_millis(ms.max(0) as u64), label)
+                    .with_token(Some(token(fence)))
             })
             .collect();
         Ok(Holders::new(permits, holders))

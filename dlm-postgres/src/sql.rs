@@ -6,7 +6,7 @@
 //! clock (`clock_timestamp()`).
 
 /// The version of the schema below: an older one is replaced at first use.
-pub(crate) const VERSION: i32 = 7;
+pub(crate) const VERSION: i32 = 8;
 
 /// The schema, `$S` standing for the schema's quoted name and `$C` for the notification
 /// channel. Run as one simple query (one transaction), under an advisory lock so that two
@@ -83,6 +83,8 @@ CREATE SEQUENCE IF NOT EXISTS $S.tokens;
 INSERT INTO $S.settings VALUES (1, 0, '-infinity') ON CONFLICT (id) DO NOTHING;
 
 DROP FUNCTION IF EXISTS $S.acquire(text, text, bigint);
+DROP FUNCTION IF EXISTS $S.acquire_group(text, "char", boolean, integer, text, bigint, bigint, text);
+DROP FUNCTION IF EXISTS $S.inspect_group(text, "char");
 DROP FUNCTION IF EXISTS $S.release(text, text, text);
 
 CREATE OR REPLACE FUNCTION $S.ms(d interval) RETURNS bigint
@@ -144,6 +146,13 @@ BEGIN
         PERFORM pg_notify('$C', p_sender || ' ' || p_kind::text || ' ' || p_name);
     END IF;
 END $f$;
+
+-- Tells the listeners of (name, kind) that its holders changed, whether or not anyone
+-- waits: a one-permit semaphore is an election, whose observers follow every change.
+CREATE OR REPLACE FUNCTION $S.announce(p_name text, p_kind "char", p_sender text)
+RETURNS void LANGUAGE sql AS $f$
+    SELECT pg_notify('$C', p_sender || ' ' || p_kind::text || ' ' || p_name)
+$f$;
 
 -- An acquisition that the one statement of `Statements::acquire` did not grant: the epoch
 -- opened if it is new, and when to look again (at once if the epoch just opened without
@@ -280,6 +289,7 @@ END $f$;
 -- when it is not p_permits (nothing was done).
 CREATE OR REPLACE FUNCTION $S.acquire_group(p_name text, p_kind "char", p_write boolean,
     p_permits integer, p_owner text, p_ttl bigint, p_mark bigint, p_label text,
+    p_sender text,
     OUT granted boolean, OUT token bigint, OUT wait_ms bigint, OUT conflict integer)
 LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
@@ -346,6 +356,9 @@ BEGIN
         WHERE g.name = p_name AND g.kind = p_kind;
     granted := true;
     PERFORM $S.keep(v_exp);
+    IF p_kind = 's' AND p_permits = 1 THEN
+        PERFORM $S.announce(p_name, p_kind, p_sender); -- a new leader
+    END IF;
 END $f$;
 
 CREATE OR REPLACE FUNCTION $S.release_group(p_name text, p_kind "char", p_owner text,
@@ -355,14 +368,18 @@ RETURNS boolean LANGUAGE plpgsql AS $f$
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_live boolean;
+    v_g $S.groups := $S.group_row(p_name, p_kind);
 BEGIN
-    PERFORM $S.group_row(p_name, p_kind);
     DELETE FROM $S.holds h WHERE h.name = p_name AND h.kind = p_kind AND h.owner = p_owner
         RETURNING h.expires > v_now INTO v_live;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM $S.wake(p_name, p_kind, p_sender, v_now);
+    IF p_kind = 's' AND v_g.permits = 1 THEN
+        PERFORM $S.announce(p_name, p_kind, p_sender);
+    ELSE
+        PERFORM $S.wake(p_name, p_kind, p_sender, v_now);
+    END IF;
     RETURN v_live;
 END $f$;
 
@@ -380,7 +397,11 @@ BEGIN
     ) SELECT coalesce(bool_or(d.live), false) INTO v_live FROM d;
     UPDATE $S.groups g SET writer_until = NULL, permits = 0
         WHERE g.name = p_name AND g.kind = p_kind;
-    PERFORM $S.wake(p_name, p_kind, p_sender, v_now);
+    IF p_kind = 's' AND v_g.permits = 1 THEN
+        PERFORM $S.announce(p_name, p_kind, p_sender);
+    ELSE
+        PERFORM $S.wake(p_name, p_kind, p_sender, v_now);
+    END IF;
     RETURN v_live OR coalesce(v_g.writer_until > v_now, false);
 END $f$;
 
@@ -412,11 +433,28 @@ RETURNS bigint LANGUAGE sql AS $f$
         AND h.expires > clock_timestamp()
 $f$;
 
--- Who holds a group: one row per live holder, with the permit count.
+-- Sets the label of p_owner's live hold (an election leader's new value), and announces
+-- it. Whether it holds.
+CREATE OR REPLACE FUNCTION $S.relabel_group(p_name text, p_kind "char", p_owner text,
+    p_label text, p_sender text)
+RETURNS boolean LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+BEGIN
+    UPDATE $S.holds h SET label = p_label
+        WHERE h.name = p_name AND h.kind = p_kind AND h.owner = p_owner
+            AND h.expires > clock_timestamp();
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM $S.announce(p_name, p_kind, p_sender);
+    RETURN true;
+END $f$;
+
+-- Who holds a group: one row per live holder, with the permit count and its token.
 CREATE OR REPLACE FUNCTION $S.inspect_group(p_name text, p_kind "char")
-RETURNS TABLE (write boolean, remaining_ms bigint, label text, permits integer)
+RETURNS TABLE (write boolean, remaining_ms bigint, label text, permits integer, token bigint)
 LANGUAGE sql AS $f$
-    SELECT h.write, $S.ms(h.expires - clock_timestamp()), h.label, g.permits
+    SELECT h.write, $S.ms(h.expires - clock_timestamp()), h.label, g.permits, h.token
     FROM $S.holds h JOIN $S.groups g ON g.name = h.name AND g.kind = h.kind
     WHERE h.name = p_name AND h.kind = p_kind AND h.expires > clock_timestamp()
 $f$;
@@ -469,6 +507,7 @@ pub(crate) struct Statements {
     pub(crate) downgrade: String,
     pub(crate) fence_group: String,
     pub(crate) inspect_group: String,
+    pub(crate) relabel_group: String,
     pub(crate) sweep: String,
 }
 
@@ -524,13 +563,14 @@ impl Statements {
             inspect: format!("SELECT {s}.inspect($1)"),
             fence: format!("SELECT {s}.fence($1, $2)"),
             acquire_group: format!(
-                "SELECT * FROM {s}.acquire_group($1, $2, $3, $4, $5, $6, $7, $8)"
+                "SELECT * FROM {s}.acquire_group($1, $2, $3, $4, $5, $6, $7, $8, $9)"
             ),
             release_group: format!("SELECT {s}.release_group($1, $2, $3, $4)"),
             force_release_group: format!("SELECT {s}.force_release_group($1, $2, $3)"),
             downgrade: format!("SELECT {s}.downgrade($1, $2, $3, $4, $5)"),
             fence_group: format!("SELECT {s}.fence_group($1, $2, $3)"),
             inspect_group: format!("SELECT * FROM {s}.inspect_group($1, $2)"),
+            relabel_group: format!("SELECT {s}.relabel_group($1, $2, $3, $4, $5)"),
             sweep: format!("SELECT {s}.sweep()"),
         }
     }

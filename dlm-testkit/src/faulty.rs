@@ -234,6 +234,24 @@ impl LockBackend for FaultyBackend {
         self.inner.watch_group(name, claim)
     }
 
+    fn relabel_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        self.request(|| self.inner.relabel_group(name, claim, owner, label))
+    }
+
+    fn observe_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        self.inner.observe_group(name, claim)
+    }
+
+    fn supports_elections(&self) -> bool {
+        self.inner.supports_elections()
+    }
+
     fn downgrade(
         &self,
         name: &LockName,

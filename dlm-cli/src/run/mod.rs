@@ -90,26 +90,36 @@ pub(crate) struct LockArgs {
     /// Take one of N permits of the semaphore NAME instead of the lock NAME: at most N
     /// holders at once (as `consul lock -n N`). Every holder gives the same N (it is
     /// fixed while any permit is held; another count is refused, exit 2).
-    #[arg(long, value_name = "N", value_parser = permits, conflicts_with_all = ["shared", "exclusive"])]
+    #[arg(long, value_name = "N", value_parser = permits, conflicts_with_all = ["shared", "exclusive", "elect"])]
     permits: Option<u32>,
     /// Take a read hold of the read-write lock NAME: shared with other --shared holders,
     /// never beside an --exclusive one (as `flock -s`). A waiting --exclusive goes first.
-    #[arg(long, conflicts_with = "exclusive")]
+    #[arg(long, conflicts_with_all = ["exclusive", "elect"])]
     shared: bool,
     /// Take the write hold of the read-write lock NAME: no other --shared or --exclusive
     /// holder beside it (as `flock -x`). NOT the lock of plain `dlm run NAME`: the lock
     /// NAME, the semaphore NAME and the read-write lock NAME are three separate resources.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "elect")]
     exclusive: bool,
-    /// How `dlm status` names this holder (default: HOST:PID). Kept with permits and read
-    /// and write holds; 1 to 256 bytes, no control characters.
-    #[arg(long, value_name = "TEXT")]
+    /// Campaign in the election NAME instead of taking the lock NAME: the command runs as
+    /// its leader (others wait as candidates), and publishes --value for `dlm leader NAME`
+    /// to show. DLM_FENCING_TOKEN is the term. One Redis server, --sentinel, --cluster or
+    /// --postgres (an election is the semaphore NAME of 1 permit).
+    #[arg(long)]
+    elect: bool,
+    /// How `dlm status` names this holder (default: HOST:PID); with --elect, the value the
+    /// leader publishes (an address, a host name). Kept with permits, read and write holds
+    /// and leads; 1 to 256 bytes, no control characters.
+    #[arg(long, visible_alias = "value", value_name = "TEXT")]
     pub(crate) label: Option<String>,
 }
 
 impl LockArgs {
     /// What is taken: the lock, a permit, a read or a write hold.
     pub(crate) fn kind(&self) -> Kind {
+        if self.elect {
+            return Kind::Lead;
+        }
         match (self.permits, self.shared, self.exclusive) {
             (Some(n), _, _) => Kind::Permits(n),
             (None, true, _) => Kind::Shared,

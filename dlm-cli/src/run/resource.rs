@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use dlm_core::backend::Claim;
 use dlm_core::{
-    BackendErrorKind, DistributedLock, Error, Holder, Holders, Interrupt, Lock, LockClient,
-    LockGuard, LockName, ReadWriteLock, Semaphore, WriteGuard,
+    BackendErrorKind, DistributedLock, Election, Error, Holder, Holders, Interrupt, Lock,
+    LockClient, LockGuard, LockName, ReadWriteLock, Semaphore, WriteGuard,
 };
 
 use crate::backend::Connection;
@@ -27,6 +27,8 @@ pub(crate) enum Kind {
     Exclusive,
     /// The read-write lock NAME as a whole (`dlm status --shared`: readers and writer).
     Rw,
+    /// The lead of the election NAME, publishing the client's label.
+    Lead,
 }
 
 impl Kind {
@@ -38,6 +40,7 @@ impl Kind {
             Kind::Shared => "--shared",
             Kind::Exclusive => "--exclusive",
             Kind::Rw => "--rw",
+            Kind::Lead => "--elect",
         }
     }
 }
@@ -55,6 +58,7 @@ enum Handle {
     Lock(DistributedLock),
     Semaphore(Semaphore),
     Rw(ReadWriteLock),
+    Election(Election),
 }
 
 /// A hold, however it was acquired: the mutex's, a permit, a read hold, or a write hold
@@ -73,11 +77,17 @@ impl Resource {
     ) -> Result<Resource, Failure> {
         let refused = |e: Error| {
             if e.backend_kind() == Some(BackendErrorKind::Unsupported) {
-                let what = if matches!(kind, Kind::Permits(_)) {
-                    "semaphores"
-                } else {
-                    "read-write locks"
+                let what = match kind {
+                    Kind::Permits(_) => "semaphores",
+                    Kind::Lead => "elections",
+                    _ => "read-write locks",
                 };
+                if kind == Kind::Lead {
+                    return Failure::usage(format!(
+                        "--elect: {} keeps no elections; they need one Redis server, --sentinel, --cluster or --postgres, with fencing",
+                        conn.describe
+                    ));
+                }
                 log::info!("{e}");
                 return Failure::usage(format!(
                     "{}: {} keeps no {what}; they need one Redis server, --sentinel, --cluster, --etcd or --postgres",
@@ -95,6 +105,7 @@ impl Resource {
             Kind::Shared | Kind::Exclusive | Kind::Rw => {
                 Handle::Rw(client.get_rw_lock(name.as_str()).map_err(refused)?)
             }
+            Kind::Lead => Handle::Election(client.get_election(name.as_str()).map_err(refused)?),
         };
         Ok(Resource {
             handle,
@@ -127,7 +138,15 @@ impl Resource {
             (Handle::Semaphore(s), _) => s.try_acquire(),
             (Handle::Rw(rw), Kind::Exclusive) => Ok(rw.try_write()?.map(WriteGuard::into_guard)),
             (Handle::Rw(rw), _) => rw.try_read(),
+            (Handle::Election(e), _) => Ok(e
+                .try_campaign(self.value())?
+                .map(dlm_core::Leadership::into_guard)),
         }
+    }
+
+    /// What a campaign publishes: the client's label.
+    fn value(&self) -> &str {
+        self.client.label().unwrap_or("dlm")
     }
 
     /// Waits for the hold, at most `wait` (`None`: as long as it takes); `interrupt` ends
@@ -151,6 +170,12 @@ impl Resource {
                 .map(Some),
             (Handle::Rw(rw), _, Some(w)) => rw.try_read_interruptibly(w, interrupt),
             (Handle::Rw(rw), _, None) => rw.read_interruptibly(interrupt).map(Some),
+            (Handle::Election(e), _, Some(w)) => Ok(e
+                .try_campaign_interruptibly(self.value(), w, interrupt)?
+                .map(dlm_core::Leadership::into_guard)),
+            (Handle::Election(e), _, None) => e
+                .campaign_interruptibly(self.value(), interrupt)
+                .map(|l| Some(l.into_guard())),
         }
     }
 
@@ -168,6 +193,19 @@ impl Resource {
             )),
             Handle::Semaphore(s) => s.inspect(),
             Handle::Rw(rw) => rw.inspect(),
+            Handle::Election(e) => Ok(Holders::new(
+                Some(1),
+                e.leader()?
+                    .map(|l| {
+                        Holder::new(
+                            Claim::Permit { permits: 1 },
+                            l.remaining(),
+                            l.value().map(str::to_owned),
+                        )
+                    })
+                    .into_iter()
+                    .collect(),
+            )),
         }
     }
 
@@ -178,6 +216,10 @@ impl Resource {
             Handle::Lock(l) => l.force_unlock(),
             Handle::Semaphore(s) => s.force_unlock(),
             Handle::Rw(rw) => rw.force_unlock(),
+            Handle::Election(_) => Err(Error::InvalidArgument(dlm_core::InvalidArgument::new(
+                "kind",
+                "an election is cleared as the semaphore of 1 permit (dlm unlock --force --permits)",
+            ))),
         }
     }
 
@@ -194,6 +236,7 @@ impl Resource {
                 ),
                 _ => format!("{n} of {asked} permits taken"),
             },
+            Kind::Lead => format!("led by another candidate, lease ends in {secs}s"),
             Kind::Shared | Kind::Exclusive | Kind::Rw => format!(
                 "{n} holder{}, the longest lease ends in {secs}s",
                 if n == 1 { "" } else { "s" }

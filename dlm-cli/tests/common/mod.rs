@@ -167,6 +167,11 @@ impl Proc {
         signal(self.pid(), sig);
     }
 
+    /// Its stdout so far.
+    pub(crate) fn stdout_now(&self) -> String {
+        read(&self.out)
+    }
+
     /// Its stderr so far.
     pub(crate) fn stderr_now(&self) -> String {
         read(&self.err)

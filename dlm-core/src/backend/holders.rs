@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Claim;
+use super::{Claim, FencingToken};
 
 /// The holders of a semaphore or a read-write lock, as the store has them now.
 ///
@@ -64,8 +64,11 @@ pub struct Holder {
     pub claim: Claim,
     /// Its remaining lease, as the store has it (the store's clock).
     pub remaining: Duration,
-    /// Who holds it: the label its client gave (host and process by default), if any.
+    /// Who holds it: the label its client gave (host and process by default), if any;
+    /// an election's leader: the value it published.
     pub label: Option<String>,
+    /// Its fencing token, where the store drew one and reports it (an election's term).
+    pub token: Option<FencingToken>,
 }
 
 impl Holder {
@@ -75,6 +78,13 @@ impl Holder {
             claim,
             remaining,
             label,
+            token: None,
         }
+    }
+
+    /// The same hold, with its fencing token.
+    pub fn with_token(mut self, token: Option<FencingToken>) -> Self {
+        self.token = token;
+        self
     }
 }

@@ -383,6 +383,41 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Sets the label of `owner`'s live hold of kind `claim` on `name` to `label` (an
+    /// election leader's new value: [`Leadership::proclaim`](crate::Leadership::proclaim)),
+    /// keeping its lease and token, and tells the resource's observers
+    /// ([`observe_group`](LockBackend::observe_group)). `Ok(false)`: `owner` holds nothing
+    /// there. The default: unsupported.
+    fn relabel_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let _ = (name, owner, label);
+        Err(unsupported(claim))
+    }
+
+    /// A subscription for an observer of the holders of kind `claim` on `name` (an
+    /// election's [`Observer`](crate::Observer)): a hint at every change the store makes
+    /// to them (a grant, a release, a relabel, a forced release). Unlike
+    /// [`watch_group`](LockBackend::watch_group)'s, its hints are everyone's: an observer
+    /// never takes a wake-up meant for a waiter. `None` (the default): observers look
+    /// again when the current holder's lease would end.
+    fn observe_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        let _ = (name, claim);
+        None
+    }
+
+    /// Whether the backend keeps elections ([`LockClient::get_election`](crate::LockClient::get_election)):
+    /// semaphore permits, [`relabel_group`](LockBackend::relabel_group),
+    /// [`observe_group`](LockBackend::observe_group), and tokens in
+    /// [`inspect_group`](LockBackend::inspect_group)'s holders. The default: `false`.
+    fn supports_elections(&self) -> bool {
+        false
+    }
+
     /// Turns `writer`'s write hold of the read-write lock `name` into a read hold of
     /// `reader` for `ttl`, in one atomic step: no other writer can get in between.
     /// `Ok(None)`: `writer` no longer holds it. The read hold keeps the write hold's

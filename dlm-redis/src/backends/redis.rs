@@ -598,6 +598,27 @@ impl LockBackend for RedisBackend {
         self.claim_force_release(name, claim)
     }
 
+    fn relabel_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        self.claim_relabel(name, claim, owner, label)
+    }
+
+    /// The group's channel, watched by all: its waiters are all woken by each release
+    /// already, and a one-permit semaphore announces its grants and relabels there too.
+    fn observe_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        self.watch_group(name, claim)
+    }
+
+    /// With fencing on (an election's term is its token).
+    fn supports_elections(&self) -> bool {
+        self.inner.options.fencing
+    }
+
     fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
         self.claim_inspect(name, claim)
     }

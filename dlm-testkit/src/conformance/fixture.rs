@@ -97,12 +97,21 @@ impl<T> Default for Shared<T> {
 /// neither, `conformance_tests!(mutex_only = "why", EXPR)` lists them as ignored with that
 /// reason in every run (run anyway, each checks that the backend refuses them) and checks
 /// that the backend refuses both with a typed error;
-/// `conformance_tests!(ignore = "why", mutex_only = "why", EXPR)` combines the two.
+/// `conformance_tests!(ignore = "why", mutex_only = "why", EXPR)` combines the two. The
+/// election cases run on every backend that keeps semaphores; a backend that keeps them
+/// but no elections says so with `no_elections = "why"` (its election cases are listed
+/// as ignored with the reason, and a case checks that `get_election` is refused).
 #[macro_export]
 macro_rules! conformance_tests {
     (ignore = $why:literal, $fixture:expr) => {
         $crate::conformance_tests!(@all (all(), $why) $fixture);
         $crate::conformance_tests!(@primitives (all(), $why) $fixture);
+        $crate::conformance_tests!(@elections (all(), $why) $fixture);
+    };
+    (no_elections = $why:literal, $fixture:expr) => {
+        $crate::conformance_tests!(@all (any(), "") $fixture);
+        $crate::conformance_tests!(@primitives (any(), "") $fixture);
+        $crate::conformance_tests!(@no_elections $why, $fixture);
     };
     (mutex_only = $why:literal, $fixture:expr) => {
         $crate::conformance_tests!(@all (any(), "") $fixture);
@@ -110,10 +119,49 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases read (any(), "") $fixture;
             unsupported_primitives_are_refused_at_the_call
         );
+        $crate::conformance_tests!(@no_elections $why, $fixture);
     };
     (ignore = $why:literal, mutex_only = $why2:literal, $fixture:expr) => {
         $crate::conformance_tests!(@all (all(), $why) $fixture);
         $crate::conformance_tests!(@skipped $why2, $fixture);
+    };
+    // The election cases of a backend that keeps no elections: listed as ignored with the
+    // reason (run anyway, each checks the refusal), and the refusal checked.
+    (@no_elections $why:literal, $fixture:expr) => {
+        $crate::conformance_tests!(@cases read (any(), "") $fixture;
+            elections_unsupported_are_refused_at_the_call
+        );
+        $crate::conformance_tests!(@skip_with elections_unsupported_are_refused_at_the_call, $why, $fixture;
+            election_one_leader_at_a_time,
+            election_leader_is_seen_by_everyone,
+            election_resign_wakes_the_next_candidate,
+            election_observers_see_every_change_in_order,
+            election_lost_lead_is_signalled,
+            election_refuses_bad_values_before_io
+        );
+    };
+    (@elections ($pred:meta, $why:literal) $fixture:expr) => {
+        $crate::conformance_tests!(@cases read ($pred, $why) $fixture;
+            elections_unsupported_are_refused_at_the_call,
+            election_leader_is_seen_by_everyone,
+            election_refuses_bad_values_before_io
+        );
+        $crate::conformance_tests!(@cases write ($pred, $why) $fixture;
+            election_one_leader_at_a_time,
+            election_resign_wakes_the_next_candidate,
+            election_observers_see_every_change_in_order,
+            election_lost_lead_is_signalled
+        );
+    };
+    (@skip_with $check:ident, $why:literal, $fixture:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[ignore = $why]
+            #[test]
+            fn $case() {
+                let fixture = $fixture;
+                $crate::conformance::$check(&fixture);
+            }
+        )*
     };
     // The primitives' cases of a backend that keeps neither: listed as ignored with the
     // reason; run anyway (`--ignored`), each checks that the backend refuses them.
@@ -148,6 +196,7 @@ macro_rules! conformance_tests {
     ($fixture:expr) => {
         $crate::conformance_tests!(@all (any(), "") $fixture);
         $crate::conformance_tests!(@primitives (any(), "") $fixture);
+        $crate::conformance_tests!(@elections (any(), "") $fixture);
     };
     (@primitives ($pred:meta, $why:literal) $fixture:expr) => {
         $crate::conformance_tests!(@cases read ($pred, $why) $fixture;

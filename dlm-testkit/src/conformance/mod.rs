@@ -7,11 +7,12 @@
 //!
 //! The cases are grouped by theme, one file each: the basics, waiting (hints and
 //! hand-over), leases (the watchdog and the lost signal), fencing, the semaphore and the
-//! read-write lock (primitives), multi-locks (multi), and the rules every kind of hold keeps (rules: undo
+//! read-write lock (primitives), multi-locks (multi), elections (election), and the rules every kind of hold keeps (rules: undo
 //! after a lost reply, releases sent again, renewals in one round); the [`Fixture`] trait
 //! and the [`conformance_tests!`](crate::conformance_tests) macro are in `fixture.rs`.
 
 mod basics;
+mod election;
 mod fencing;
 pub(crate) mod fixture;
 mod leases;
@@ -30,6 +31,12 @@ pub use basics::{
     reentry_does_no_io, release_by_non_owner_is_refused, release_gives_back_every_hold,
     try_lock_never_blocks, try_lock_timeout_honours_its_timeout,
     unbounded_timeout_waits_without_overflow, zero_timeout_is_exactly_one_attempt,
+};
+pub use election::{
+    election_leader_is_seen_by_everyone, election_lost_lead_is_signalled,
+    election_observers_see_every_change_in_order, election_one_leader_at_a_time,
+    election_refuses_bad_values_before_io, election_resign_wakes_the_next_candidate,
+    elections_unsupported_are_refused_at_the_call,
 };
 pub use fencing::{
     a_mispredicted_draw_is_released_with_the_lock, a_paused_holder_is_fenced_off,

@@ -57,12 +57,16 @@ impl RedisBackend {
             _ => 0,
         };
         let fenced = req.fenced && self.inner.options.fencing;
-        let (mut ttl_ms, mut permits_s, mut mark_ms, mut stream_ttl) = (
+        let (mut ttl_ms, mut permits_s, mut mark_ms, mut stream_ttl, mut id_s) = (
+            itoa::Buffer::new(),
             itoa::Buffer::new(),
             itoa::Buffer::new(),
             itoa::Buffer::new(),
             itoa::Buffer::new(),
         );
+        // A one-permit semaphore (an election) announces its grants to its observers.
+        let channel = (permits == 1).then(|| self.inner.keys.claim_channel(name, claim));
+        let announce_id = ReleaseId::Release.random();
         let call = self.inner.keys.claim_call(
             name,
             claim,
@@ -75,6 +79,8 @@ impl RedisBackend {
                 mark_ms.format(millis(writer_mark(ttl))).as_bytes(),
                 stream_ttl.format(self.inner.keys.fence_ttl_ms).as_bytes(),
                 req.label.unwrap_or("").as_bytes(),
+                channel.as_deref().unwrap_or("").as_bytes(),
+                id_s.format(announce_id).as_bytes(),
             ],
         );
         self.claim_run(name, claim, |node| {
@@ -291,6 +297,38 @@ impl RedisBackend {
         Ok(held)
     }
 
+    pub(super) fn claim_relabel(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let member = claim_member(claim, owner);
+        let channel = self.inner.keys.claim_channel(name, claim);
+        let id = ReleaseId::Release.random();
+        let mut id_s = itoa::Buffer::new();
+        let call = self.inner.keys.claim_call(
+            name,
+            claim,
+            "relabel",
+            &member,
+            &[
+                label.unwrap_or("").as_bytes(),
+                channel.as_bytes(),
+                id_s.format(id).as_bytes(),
+            ],
+        );
+        let relabelled = self.claim_run(name, claim, |node| {
+            let reply = node.execute(&call)?;
+            Ok(node.reader().claim(name, claim, reply)?.code == 1)
+        })?;
+        if relabelled {
+            self.claim_released_here(name, claim, id);
+        }
+        Ok(relabelled)
+    }
+
     pub(super) fn claim_inspect(
         &self,
         name: &LockName,
@@ -315,9 +353,9 @@ impl RedisBackend {
                 _ => return Err(bad(&redis::Value::Array(parts.clone()))),
             };
             let permits = u32::try_from(permits).ok().filter(|&p| p > 0);
-            let mut holders = Vec::with_capacity(list.len() / 3);
-            for h in list.chunks(3) {
-                let [class, ms, label] = h else {
+            let mut holders = Vec::with_capacity(list.len() / 4);
+            for h in list.chunks(4) {
+                let [class, ms, label, id] = h else {
                     return Err(bad(&redis::Value::Array(list.clone())));
                 };
                 let text = |v: &redis::Value| match v {
@@ -338,7 +376,8 @@ impl RedisBackend {
                     other => return Err(bad(other)),
                 };
                 let label = text(label).filter(|l| !l.is_empty());
-                holders.push(Holder::new(claim, ms, label));
+                let token = Self::claim_token(node, id)?;
+                holders.push(Holder::new(claim, ms, label).with_token(token));
             }
             Ok(Holders::new(permits, holders))
         })

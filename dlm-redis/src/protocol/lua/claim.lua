@@ -22,8 +22,13 @@
 --             {0, ''}
 --   fence     ARGV[3] the stream's ttl in ms -> {0, 0} not ours, else what draw() returns
 --   force     ARGV[3] channel, ARGV[4] release id -> {1, ''} something was held, {0, ''}
---   inspect   -> {holders, permit count (0: none), {class, remaining ms, label, ...}} with
---             class 'p', 'r' or 'w' per holder (read only)
+--   relabel   ARGV[3] the new label, ARGV[4] channel, ARGV[5] release id -> {1, ''}
+--             relabelled (and announced), {0, ''} not ours
+--   inspect   -> {holders, permit count (0: none), {class, remaining ms, label, stream
+--             ID or '', ...}} with class 'p', 'r' or 'w' per holder (read only)
+-- A semaphore of one permit is an election: its grants (acquire's ARGV[9] channel,
+-- ARGV[10] release id), releases and relabels are published whether or not anyone
+-- waits, for its observers.
 -- Every operation answers {-1, 0} for a key of another type and {-2, 0} for a hash that
 -- dlm did not write (no expiry, or fields of another shape), and leaves such a key as it was.
 local key, op, member = KEYS[1], ARGV[1], ARGV[2]
@@ -50,7 +55,11 @@ if op == 'release' and exists then
       found = true
     elseif f == 'x' then
       someone_waits = true
-    elseif f ~= 'p' then
+    elseif f == 'p' then
+      if flat[i + 1] == '1' then
+        someone_waits = true -- an election: observed
+      end
+    else
       only = false
       break
     end
@@ -110,6 +119,7 @@ if op == 'inspect' then
     list[#list + 1] = string.sub(m, 1, 1)
     list[#list + 1] = h[1] - now
     list[#list + 1] = h[3]
+    list[#list + 1] = h[2]
   end
   return {count, tonumber(permits or '0') or 0, list}
 end
@@ -162,11 +172,14 @@ local function settle()
   redis.call('PEXPIREAT', key, string.format('%.0f', last))
 end
 
--- Wakes the waiters (every one: several may get in) when someone waits.
+-- Wakes the waiters (every one: several may get in) when someone waits, and an
+-- election's observers.
 local function announce(channel, id)
   if waited then
     redis.call('HDEL', key, 'x')
     waited = nil
+    redis.pcall('PUBLISH', channel, id)
+  elseif permits == '1' then
     redis.pcall('PUBLISH', channel, id)
   end
 end
@@ -247,6 +260,9 @@ if op == 'acquire' then
   end
   put(member, now + ttl, id, ARGV[8] or '', extra)
   settle()
+  if want == '1' and ARGV[9] then
+    redis.pcall('PUBLISH', ARGV[9], ARGV[10]) -- a new leader: for the observers
+  end
   return {1, id}
 elseif op == 'extend' then
   if not mine then
@@ -272,6 +288,13 @@ elseif op == 'downgrade' then
   announce(ARGV[5], ARGV[6])
   settle()
   return {1, mine[2]}
+elseif op == 'relabel' then
+  if not mine then
+    return {0, ''}
+  end
+  put(member, mine[1], mine[2], ARGV[3])
+  redis.pcall('PUBLISH', ARGV[4], ARGV[5])
+  return {1, ''}
 elseif op == 'fence' then
   if not mine then
     return {0, 0}
