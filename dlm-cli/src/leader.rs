@@ -38,7 +38,7 @@ pub(crate) fn leader(conn: &Connection, args: &LeaderArgs) -> Result<u8, Failure
     let election = client.get_election(&args.name).map_err(|e| {
         if e.backend_kind() == Some(dlm_core::BackendErrorKind::Unsupported) {
             Failure::usage(format!(
-                "{} keeps no elections; they need one Redis server, --sentinel, --cluster or --postgres, with fencing",
+                "{} keeps no elections; they need one Redis server (with fencing), --sentinel, --cluster, --etcd or --postgres",
                 conn.describe
             ))
         } else {

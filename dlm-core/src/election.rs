@@ -346,9 +346,9 @@ impl Leader {
 
 /// The changes of an election's leader, in order: a blocking iterator whose items are the
 /// leader after each change (`None`: nobody leads), starting with the current one. Woken
-/// by the store's notifications of each grant, release and proclamation, where the
-/// backend sends them; otherwise (and after a lost notification) it looks again when the
-/// leader's lease would end, never more often than every 50 ms. After a failure (the
+/// by the store's notifications of each grant, release and proclamation; it also looks
+/// again when the leader's lease would end (a crashed leader announces nothing), and
+/// while the store sends no notifications (its listener reconnecting), once per lease. After a failure (the
 /// store unreachable), the next item is the current leader once the store answers
 /// again, so an observer that missed changes meanwhile sees where things stand.
 ///
@@ -384,15 +384,16 @@ impl Observer {
         deadline: Option<Instant>,
         stop: &Receiver<()>,
     ) -> Result<Option<Option<Leader>>> {
-        if self.watch.is_none() {
-            self.watch = self
-                .election
-                .client
-                .shared
-                .backend
-                .observe_group(&self.election.name, LEAD);
-        }
         loop {
+            if self.watch.is_none() {
+                // (Again after a subscription died: a listener reconnecting, say.)
+                self.watch = self
+                    .election
+                    .client
+                    .shared
+                    .backend
+                    .observe_group(&self.election.name, LEAD);
+            }
             let now = self.election.leader()?;
             let changed = match (&self.last, &now) {
                 (Some(a), Some(b)) => !a.same(b),
@@ -404,11 +405,17 @@ impl Observer {
                 self.last = now.clone();
                 return Ok(Some(now));
             }
-            let look_again = Instant::now()
-                + now
-                    .as_ref()
-                    .map_or(Duration::from_secs(3600), |l| l.remaining)
-                    .max(LOOK_AT_LEAST_EVERY);
+            // With hints: when the leader's lease would end (a crashed leader says
+            // nothing). Without: that, and at least once per lease a campaign asks for.
+            let shared = &self.election.client.shared;
+            let lease = shared.lease.unwrap_or(shared.watchdog.config().timeout);
+            let quiet = match (&now, &self.watch) {
+                (Some(l), Some(_)) => l.remaining,
+                (Some(l), None) => l.remaining.min(lease),
+                (None, Some(_)) => Duration::from_secs(3600),
+                (None, None) => lease,
+            };
+            let look_again = Instant::now() + quiet.max(LOOK_AT_LEAST_EVERY);
             let wake = match deadline {
                 Some(d) if d <= Instant::now() => return Ok(None),
                 Some(d) => look_again.min(d),

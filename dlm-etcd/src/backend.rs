@@ -13,6 +13,7 @@ use dlm_core::backend::{
 
 use crate::acquire;
 use crate::claims;
+use crate::gateway::{b64, revision};
 use crate::hints::Hints;
 use crate::hints::LAST_HELD_REVISION;
 use crate::inner::Inner;
@@ -179,6 +180,52 @@ impl LockBackend for EtcdBackend {
         self.subscribe(&res.id)
     }
 
+    fn relabel_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        claims::relabel(&self.inner, name, claim, owner, label)
+    }
+
+    /// A watch of its own on the resource's keys, puts included (the shared watch carries
+    /// deletions only), from the revision read now: nothing after this call is missed.
+    /// It ends when the observer drops its subscription.
+    fn observe_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        let res = Resource::of(&self.inner, name, claim).ok()?;
+        let (start, end) = res.all();
+        let reply = self
+            .inner
+            .gateway
+            .post_read(
+                "/v3/kv/range",
+                &serde_json::json!({ "key": b64(&start), "range_end": b64(&end), "count_only": true }),
+            )
+            .ok()?;
+        let from = revision(&reply).ok()? + 1;
+        let hints = Hints::observe(
+            &self.inner.gateway,
+            &self.inner.key_prefix,
+            (start, end),
+            from,
+        );
+        let inner_watch = hints.subscribe_to(&res.id)?;
+        let receiver = inner_watch.receiver().clone();
+        Some(Watch::with_unsubscribe(
+            receiver,
+            Box::new(ObserverWatch {
+                _watch: inner_watch,
+                hints: Some(hints),
+            }),
+        ))
+    }
+
+    fn supports_elections(&self) -> bool {
+        true
+    }
+
     fn downgrade(
         &self,
         name: &LockName,
@@ -221,6 +268,20 @@ impl EtcdBackend {
             Hints::start(&self.inner.gateway, &self.inner.key_prefix, from)
         });
         h.subscribe_to(resource)
+    }
+}
+
+/// An observer's own watch stream, stopped when its subscription is dropped.
+struct ObserverWatch {
+    _watch: Watch,
+    hints: Option<Hints>,
+}
+
+impl dlm_core::backend::Unsubscribe for ObserverWatch {
+    fn unsubscribe(mut self: Box<Self>, _pending_wake: bool) {
+        if let Some(h) = self.hints.take() {
+            h.stop();
+        }
     }
 }
 

@@ -407,6 +407,43 @@ fn wake_local(inner: &Inner, res: &Resource) {
     }
 }
 
+/// Sets the label of `owner`'s hold (an election leader's new value): the key put again
+/// on its etcd lease, compared on its `mod_revision` (its token, the `create_revision`,
+/// stays). Observers see the put. Whether `owner` holds it.
+pub(crate) fn relabel(
+    inner: &Inner,
+    name: &LockName,
+    claim: Claim,
+    owner: &OwnerToken,
+    label: Option<&str>,
+) -> Result<bool, BackendError> {
+    for _ in 0..ATTEMPTS {
+        let Some((key, kv)) = own_hold(inner, name, claim, owner)? else {
+            return Ok(false);
+        };
+        let value = kv
+            .relabelled(owner, label)
+            .ok_or_else(|| foreign(name, claim))?;
+        let txn = json!({
+            "compare": [{ "key": b64(&key), "target": "MOD", "result": "EQUAL",
+                          "mod_revision": kv.mod_revision.to_string() }],
+            "success": [{ "request_put": {
+                "key": b64(&key),
+                "value": b64(&value),
+                "lease": kv.lease.to_string(),
+            }}],
+        });
+        if succeeded(&inner.gateway.post("/v3/kv/txn", &txn)?) {
+            return Ok(true);
+        }
+        // The key changed (a renewal put it again): look again.
+    }
+    Err(BackendError::new(
+        BackendErrorKind::Unavailable,
+        "the hold kept changing during the relabel",
+    ))
+}
+
 /// `writer`'s write hold turned into `reader`'s read hold in one transaction (compared
 /// on the write key's `mod_revision`), keeping the write hold's token.
 pub(crate) fn downgrade(
@@ -546,6 +583,7 @@ pub(crate) fn inspect(
                 e.ms.min(left[&e.kv.lease]),
                 e.kv.label().map(str::to_owned),
             )
+            .with_token(Some(e.kv.fence()))
         })
         .collect();
     Ok(Holders::new(permits, list))

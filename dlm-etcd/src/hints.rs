@@ -75,12 +75,47 @@ pub(crate) struct Hints {
 impl Hints {
     /// Starts the thread; `start_revision` 0 means "from now".
     pub(crate) fn start(gateway: &Arc<Gateway>, key_prefix: &[u8], start_revision: i64) -> Hints {
+        let mut end = key_prefix.to_vec();
+        // The range end of a prefix: its last byte plus one (the prefix ends in '/').
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        Hints::spawn(
+            gateway,
+            key_prefix,
+            (key_prefix.to_vec(), end),
+            false,
+            start_revision,
+        )
+    }
+
+    /// A watch of its own for an observer of one resource (an election): every change of
+    /// the keys in `range` (puts too, unlike the shared watch's deletions), from
+    /// `start_revision` on.
+    pub(crate) fn observe(
+        gateway: &Arc<Gateway>,
+        key_prefix: &[u8],
+        range: (Vec<u8>, Vec<u8>),
+        start_revision: i64,
+    ) -> Hints {
+        Hints::spawn(gateway, key_prefix, range, true, start_revision)
+    }
+
+    fn spawn(
+        gateway: &Arc<Gateway>,
+        key_prefix: &[u8],
+        range: (Vec<u8>, Vec<u8>),
+        puts: bool,
+        start_revision: i64,
+    ) -> Hints {
         let lists = Registry::default();
         let (stop_tx, stop_rx) = channel::bounded::<()>(0);
         let socket = Arc::new(Mutex::new(None));
         let stream = WatchStream {
             gateway: gateway.clone(),
             key_prefix: key_prefix.to_vec(),
+            range,
+            puts,
             lists: lists.clone(),
             stop: stop_rx,
             socket: socket.clone(),
@@ -173,6 +208,10 @@ struct WatchStream {
     gateway: Arc<Gateway>,
     /// The backend's key prefix: what a deletion's key begins with.
     key_prefix: Vec<u8>,
+    /// The keys watched: every lock key (the shared watch), or one resource's.
+    range: (Vec<u8>, Vec<u8>),
+    /// Puts are sent too (an observer's watch), not only deletions.
+    puts: bool,
     /// The subscriptions its events wake.
     lists: Registry,
     /// Closed when the backend stops the thread.
@@ -239,17 +278,12 @@ impl WatchStream {
         if self.stop.try_recv() != Err(channel::TryRecvError::Empty) {
             return End::Stopped;
         }
-        let prefix = &self.key_prefix;
-        let mut end = prefix.clone();
-        // The range end of a prefix: its last byte plus one (the prefix ends in '/').
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
+        let filters: &[&str] = if self.puts { &[] } else { &["NOPUT"] };
         let body = json!({ "create_request": {
-            "key": b64(prefix),
-            "range_end": b64(&end),
+            "key": b64(&self.range.0),
+            "range_end": b64(&self.range.1),
             "start_revision": self.next_revision.to_string(),
-            "filters": ["NOPUT"],
+            "filters": filters,
         }})
         .to_string();
         let authorization = token
@@ -386,7 +420,8 @@ impl WatchStream {
                     if let Ok(rev) = int(kv, "mod_revision") {
                         self.next_revision = self.next_revision.max(rev + 1);
                     }
-                    // Only deletions are sent (NOPUT); expiry of a lease deletes too.
+                    // Only deletions are sent on the shared watch (NOPUT; expiry of a
+                    // lease deletes too); an observer's own watch sends puts as well.
                     let Some(key) = kv.get("key").and_then(unb64) else {
                         continue;
                     };

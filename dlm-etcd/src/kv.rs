@@ -105,6 +105,13 @@ impl Kv {
         self.parse().and_then(|p| p.fence)
     }
 
+    /// This hold's value with `label` instead of the one it carries (the lease asked for
+    /// and the token kept); `None` for a value not of dlm's shape.
+    pub(crate) fn relabelled(&self, owner: &OwnerToken, label: Option<&str>) -> Option<Vec<u8>> {
+        let p = self.parse()?;
+        Some(value(owner, p.held_for, p.fence, label))
+    }
+
     /// This hold's value for `owner` and `ttl`, keeping the token and label it carries
     /// (a renewal that moves the key to another etcd lease).
     pub(crate) fn value_for(&self, owner: &OwnerToken, ttl: Duration) -> Vec<u8> {

@@ -103,8 +103,8 @@ pub(crate) struct LockArgs {
     exclusive: bool,
     /// Campaign in the election NAME instead of taking the lock NAME: the command runs as
     /// its leader (others wait as candidates), and publishes --value for `dlm leader NAME`
-    /// to show. DLM_FENCING_TOKEN is the term. One Redis server, --sentinel, --cluster or
-    /// --postgres (an election is the semaphore NAME of 1 permit).
+    /// to show. DLM_FENCING_TOKEN is the term. Not on Redlock (an election is the
+    /// semaphore NAME of 1 permit).
     #[arg(long)]
     elect: bool,
     /// How `dlm status` names this holder (default: HOST:PID); with --elect, the value the

@@ -84,7 +84,7 @@ impl Resource {
                 };
                 if kind == Kind::Lead {
                     return Failure::usage(format!(
-                        "--elect: {} keeps no elections; they need one Redis server, --sentinel, --cluster or --postgres, with fencing",
+                        "--elect: {} keeps no elections; they need one Redis server (with fencing), --sentinel, --cluster, --etcd or --postgres",
                         conn.describe
                     ));
                 }
