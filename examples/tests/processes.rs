@@ -7,7 +7,10 @@
 //!   the holder, once continued, learns it lost the lock and its late write is refused;
 //! - the same on etcd (the negative control of `dlm-etcd`): etcd's consensus does not stop
 //!   a paused holder from writing late, the history checker sees two holders, and fencing
-//!   refuses the late write.
+//!   refuses the late write;
+//! - elections: a leader process killed with SIGKILL is replaced within its lease (and an
+//!   observer sees the new leader); a leader stopped past its lease is told it lost the
+//!   lead, and its late write with its term is refused.
 
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
@@ -81,9 +84,25 @@ impl Holder {
 
     /// [`Holder::start`] with the backend flag (`--redis` or `--etcd`).
     fn start_on(flag: &str, urls: &[String], name: &str, watchdog: Duration) -> (Holder, u64) {
+        Holder::spawn(flag, urls, name, watchdog, &[])
+    }
+
+    /// A leader of the election `name` on one Redis server, publishing `value`.
+    fn lead(urls: &[String], name: &str, watchdog: Duration, value: &str) -> (Holder, u64) {
+        Holder::spawn("--redis", urls, name, watchdog, &["--elect", value])
+    }
+
+    fn spawn(
+        flag: &str,
+        urls: &[String],
+        name: &str,
+        watchdog: Duration,
+        extra: &[&str],
+    ) -> (Holder, u64) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_holder"))
             .args([flag, &urls.join(","), "--name", name])
             .args(["--watchdog", &watchdog.as_secs_f64().to_string()])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -245,6 +264,91 @@ fn a_stopped_holder_process_learns_it_lost_the_lock_and_its_late_write_is_refuse
     require_redis_server();
     paused_holder(&RedisNodes::spawn(1).urls());
     paused_holder(&RedisNodes::spawn(3).urls());
+}
+
+/// A leader process killed with SIGKILL announces nothing: its lead ends with its lease
+/// (2 s watchdog), a waiting candidate takes over within it with a larger term, and an
+/// observer sees the change.
+#[test]
+fn a_killed_leader_is_replaced_within_its_lease() {
+    require_redis_server();
+    const WATCHDOG: Duration = Duration::from_secs(2);
+    let nodes = RedisNodes::spawn(1);
+    let urls = nodes.urls();
+    let name = dlm_testkit::unique_name("killed-leader");
+    let (mut leader, old) = Holder::lead(&urls, &name, WATCHDOG, "node-1");
+    let election = LockClient::builder(backend(&urls))
+        .watchdog_timeout(WATCHDOG)
+        .build()
+        .unwrap()
+        .get_election(&name)
+        .unwrap();
+    let mut changes = election.observe();
+    let first = changes.next().unwrap().unwrap().expect("a leader");
+    assert_eq!(first.value(), Some("node-1"));
+    // Well past the first renewal.
+    std::thread::sleep(WATCHDOG);
+    leader.signal("KILL");
+    let killed = Instant::now();
+    let _ = leader.child.wait();
+    let lead = election
+        .try_campaign_timeout("node-2", WATCHDOG * 5)
+        .unwrap()
+        .expect("the killed leader's lead never ended");
+    let took_over = killed.elapsed();
+    eprintln!("a candidate led {took_over:?} after the leader was killed (watchdog {WATCHDOG:?})");
+    assert!(
+        took_over < WATCHDOG + Duration::from_millis(500),
+        "led after {took_over:?}, more than the lease"
+    );
+    assert!(lead.term().get() > old);
+    // The observer sees the new leader (through a vacancy, if it looked in between).
+    let seen = loop {
+        match changes.next_timeout(Duration::from_secs(5)).unwrap() {
+            Some(Some(l)) => break l,
+            Some(None) => continue,
+            None => panic!("the observer did not see the new leader"),
+        }
+    };
+    assert_eq!(seen.value(), Some("node-2"));
+    assert_eq!(seen.term(), Some(lead.term()));
+    lead.resign().unwrap();
+}
+
+/// A leader process stopped (SIGSTOP) past its lease: a candidate leads with a larger
+/// term and writes; the old leader, continued, learns it lost the lead and its late write
+/// with its old term is refused by `fenced_set`.
+#[test]
+fn a_stopped_leader_learns_it_lost_the_lead_and_its_late_write_is_refused() {
+    require_redis_server();
+    const WATCHDOG: Duration = Duration::from_secs(1);
+    let nodes = RedisNodes::spawn(1);
+    let urls = nodes.urls();
+    let name = dlm_testkit::unique_name("paused-leader");
+    let key = format!("{name}:value");
+    let (mut leader, old) = Holder::lead(&urls, &name, WATCHDOG, "node-1");
+    assert_eq!(leader.ask("write before the pause"), "written");
+    leader.signal("STOP");
+    let election = LockClient::new(backend(&urls)).get_election(&name).unwrap();
+    let lead = election
+        .try_campaign_timeout("node-2", WATCHDOG * 10)
+        .unwrap()
+        .expect("the stopped leader's lead never ended");
+    assert!(lead.term().get() > old, "term {} after {old}", lead.term());
+    let mut con = redis::Client::open(urls[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    dlm_redis::fenced_set(&mut con, &key, lead.term(), b"the new leader").unwrap();
+    leader.signal("CONT");
+    assert_eq!(leader.ask("check"), "lost");
+    assert_eq!(leader.ask("write after the pause"), "refused");
+    assert_eq!(
+        dlm_redis::fenced_get(&mut con, &key).unwrap(),
+        Some((b"the new leader".to_vec(), lead.term()))
+    );
+    assert_eq!(election.leader().unwrap().unwrap().value(), Some("node-2"));
+    lead.resign().unwrap();
 }
 
 /// The negative control on etcd (the Jepsen finding on etcd locks): a holder process

@@ -7,6 +7,8 @@
 //! holder --etcd URL[,URL...] --name NAME [--watchdog SECS (30)]
 //! holder --postgres URL --name NAME [--watchdog SECS (30)]
 //! ```
+//! With `--elect VALUE`, it campaigns in the election NAME (publishing VALUE) instead of
+//! taking the lock NAME, and holds the lead the same way (its token is the term).
 //! Prints `held <token>` once the lock is taken, then answers each line of stdin:
 //! - `check`: `held` or `lost` (`LockGuard::ensure_held`: local knowledge, no I/O);
 //! - `write VALUE`: writes VALUE to the Redis hash KEY through the fencing check
@@ -29,7 +31,7 @@ use dlm_redis::{FencedWriteError, redis};
 fn main() -> ExitCode {
     let mut args = Args::from_env(
         "holder",
-        "(--redis URL[,URL...] | --etcd URL[,URL...] | --postgres URL) --name NAME [--watchdog SECS (30)] [--key KEY]",
+        "(--redis URL[,URL...] | --etcd URL[,URL...] | --postgres URL) --name NAME [--watchdog SECS (30)] [--key KEY] [--elect VALUE]",
     );
     let first_url = args
         .peek("--redis")
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
     let key = args
         .value("--key")
         .unwrap_or_else(|| format!("{name}:value"));
+    let elect = args.value("--elect");
     args.finish();
     let client = match LockClient::builder(backend)
         .watchdog_timeout(watchdog)
@@ -53,10 +56,17 @@ fn main() -> ExitCode {
         Ok(client) => client,
         Err(e) => args.fail(&format!("--watchdog: {e}")),
     };
-    let guard = match client
-        .get_lock(&name)
-        .and_then(|l| l.try_lock_timeout(Duration::from_secs(30)))
-    {
+    let wait = Duration::from_secs(30);
+    let taken = match &elect {
+        Some(value) => client.get_election(&name).and_then(|e| {
+            e.try_campaign_timeout(value, wait)
+                .map(|lead| lead.map(dlm_core::Leadership::into_guard))
+        }),
+        None => client
+            .get_lock(&name)
+            .and_then(|l| l.try_lock_timeout(wait)),
+    };
+    let guard = match taken {
         Ok(Some(guard)) => guard,
         Ok(None) => {
             eprintln!("timed out waiting for the lock");
