@@ -15,6 +15,7 @@
 #![allow(unreachable_pub)]
 
 mod chart;
+mod elections;
 mod etcd;
 mod opts;
 mod peers;
@@ -101,6 +102,10 @@ fn systems(urls: &[String], opts: &Opts, recorder: &Arc<Atomics>) -> Vec<Box<dyn
 
 fn main() {
     let opts = Opts::parse();
+    if opts.elections {
+        elections::run(opts.election_rounds());
+        return;
+    }
     let (rounds, run_for) = opts.rounds();
     let recorder = Arc::new(Atomics::default());
     // The single server has a TLS port too (test CA), for dlm over rediss:// beside plain.

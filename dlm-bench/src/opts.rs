@@ -24,11 +24,14 @@ pub struct Opts {
     pub nodes: Option<usize>,
     /// Rounds per scenario, instead of the mode's.
     rounds: Option<usize>,
+    /// Only the election bench (`elections.rs`).
+    pub elections: bool,
 }
 
 const USAGE: &str = "usage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE] \
 [--only SYSTEM] [--scenario uncontended|contended|contended-8|handoff|paused-minority|fenced-use] [--nodes 1|5] \
-[--rounds N]
+[--rounds N] [--elections]
+--elections runs the election bench alone (hand-over and observe latency beside etcd's /v3/election; --rounds N: N of each, 200 by default).
 --only SYSTEM runs the systems whose name contains SYSTEM (e.g. \"dlm\", \"semaphore\", \"minimal\", \"etcd\", \"postgres\").";
 
 impl Opts {
@@ -42,6 +45,7 @@ impl Opts {
             scenario: None,
             nodes: None,
             rounds: None,
+            elections: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -69,6 +73,7 @@ impl Opts {
                         std::process::exit(2);
                     }
                 }
+                "--elections" => opts.elections = true,
                 "--bench" => {} // passed by `cargo bench`
                 "--help" | "-h" => {
                     println!("{USAGE}");
@@ -91,6 +96,12 @@ impl Opts {
             .as_ref()
             .is_none_or(|o| system.contains(o.as_str()))
             && self.scenario.as_ref().is_none_or(|s| s == scenario)
+    }
+
+    /// The election bench's rounds: `--rounds`, else 200 (20 with --smoke).
+    pub fn election_rounds(&self) -> usize {
+        self.rounds
+            .unwrap_or(if self.mode == Mode::Smoke { 20 } else { 200 })
     }
 
     /// How many rounds each scenario runs, and how long each system runs per round.

@@ -45,6 +45,9 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) shared: &'a Arc<LockShared>,
     pub(crate) lease: Option<Duration>,
     pub(crate) keep_alive: &'a Arc<KeepAlive>,
+    /// The label to keep with the hold instead of the client's (an election's value), and
+    /// the token drawn with the grant whatever the client's `TokenDraw` (its term).
+    pub(crate) campaign: Option<&'a str>,
 }
 
 impl Acquisition<'_> {
@@ -297,7 +300,7 @@ impl<'a> Waiting<'a> {
             wait,
             token: client.token_for_current_thread(),
             ttl: acq.ttl(),
-            fenced: shared.draw_at_acquisition(),
+            fenced: acq.campaign.is_some() || shared.draw_at_acquisition(),
             watch: None,
             subscribed: false,
             backoffs: 0,
@@ -325,7 +328,7 @@ impl<'a> Waiting<'a> {
             Ok(Acquire::Held { retry_after: None })
         } else {
             self.attempted = true;
-            shared.try_acquire(&self.token, self.ttl, self.fenced)
+            shared.try_acquire(&self.token, self.ttl, self.fenced, self.acq.campaign)
         };
         if let Some(w) = &self.watch {
             w.trying(false);

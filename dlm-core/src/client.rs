@@ -184,26 +184,6 @@ impl LockClient {
         Election::new(self.clone(), LockName::new(name)?)
     }
 
-    /// A client with this one's settings whose holds are labelled `label` and draw their
-    /// tokens at the grant, not re-entrant: an election's campaign.
-    pub(crate) fn campaigner(&self, label: &str) -> LockClient {
-        let s = &self.shared;
-        let watchdog = s.watchdog.config();
-        LockClient::from_parts(LockClientBuilder {
-            backend: s.backend.clone(),
-            lease: s.lease,
-            watchdog_timeout: watchdog.timeout,
-            max_hold: watchdog.max_hold,
-            max_lease: s.max_lease,
-            reentrant: false,
-            retry: s.retry,
-            metrics: s.metrics.is_on(),
-            metrics_lock_names: s.metrics_lock_names,
-            token_draw: TokenDraw::AtAcquisition,
-            label: Some(label.to_owned()),
-        })
-    }
-
     /// A handle of `claim` (a group kind) on `name`.
     pub(crate) fn group_handle(&self, name: LockName, claim: Claim) -> Result<Handle> {
         Handle::new(

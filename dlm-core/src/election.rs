@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, select};
 
-use crate::acquire::Wait;
+use crate::acquire::{Acquisition, Wait};
 use crate::backend::{
     BackendError, BackendErrorKind, Claim, FencingToken, LockName, Watch, check_label,
 };
 use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::handle::Handle;
 use crate::interrupt::Interrupt;
 use crate::lost::LostSignal;
 
@@ -64,6 +65,9 @@ const LOOK_AT_LEAST_EVERY: Duration = Duration::from_millis(50);
 pub struct Election {
     client: LockClient,
     name: LockName,
+    /// The one-permit semaphore of the name, as the client's (each thread's lead is its
+    /// hold there).
+    handle: Handle,
 }
 
 impl Election {
@@ -76,7 +80,12 @@ impl Election {
             )
             .into());
         }
-        Ok(Election { client, name })
+        let handle = client.group_handle(name.clone(), LEAD)?;
+        Ok(Election {
+            client,
+            name,
+            handle,
+        })
     }
 
     /// The election's name.
@@ -137,10 +146,15 @@ impl Election {
         check_label(value).map_err(|e| {
             Error::InvalidArgument(crate::InvalidArgument::new("value", e.reason().to_owned()))
         })?;
-        // A client of its own, labelled with the value and drawing the term at the grant.
-        let campaigner = self.client.campaigner(value);
-        let handle = campaigner.group_handle(self.name.clone(), LEAD)?;
-        let Some(guard) = handle.acquire(LEAD, wait, interrupt)? else {
+        // The hold labelled with the value, its token (the term) drawn with the grant.
+        let shared = self.handle.state(LEAD);
+        let acquisition = Acquisition {
+            shared: &shared,
+            lease: self.handle.lease,
+            keep_alive: &self.handle.keep_alive,
+            campaign: Some(value),
+        };
+        let Some(guard) = acquisition.run(wait, interrupt)? else {
             return Ok(None);
         };
         let term = match guard.fencing_token() {
@@ -154,7 +168,6 @@ impl Election {
             guard,
             term,
             value: parking_lot::Mutex::new(value.to_owned()),
-            _campaigner: campaigner,
         }))
     }
 
@@ -209,8 +222,6 @@ pub struct Leadership {
     guard: LockGuard,
     term: FencingToken,
     value: parking_lot::Mutex<String>,
-    /// The client the lead belongs to (its watchdog keeps the lead).
-    _campaigner: LockClient,
 }
 
 impl Leadership {

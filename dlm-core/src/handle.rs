@@ -90,6 +90,7 @@ impl Handle {
             shared,
             lease: self.lease,
             keep_alive: &self.keep_alive,
+            campaign: None,
         }
     }
 

@@ -220,12 +220,14 @@ impl LockShared {
         }
     }
 
-    /// One acquisition attempt for `owner`, drawing the token with it when `fenced`.
+    /// One acquisition attempt for `owner`, drawing the token with it when `fenced`, its
+    /// group hold labelled `label` if given (else with the client's label).
     pub(crate) fn try_acquire(
         &self,
         owner: &OwnerToken,
         ttl: Duration,
         fenced: bool,
+        label: Option<&str>,
     ) -> std::result::Result<Acquire, BackendError> {
         let backend = &self.client.backend;
         match self.claim {
@@ -235,7 +237,7 @@ impl LockShared {
             claim => backend.try_acquire_group(
                 &GroupRequest::new(&self.name, claim, owner, ttl)
                     .fenced(fenced)
-                    .label(self.client.label.as_deref()),
+                    .label(label.or(self.client.label.as_deref())),
             ),
         }
     }

@@ -298,6 +298,7 @@ impl DistributedLock {
             shared: &self.shared,
             lease: self.lease,
             keep_alive: &self._keep_alive,
+            campaign: None,
         }
         .run(wait, interrupt)
     }

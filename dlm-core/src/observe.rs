@@ -77,11 +77,6 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     /// No metrics: every handle does nothing and no clock is read for them.
-    /// Whether these are registered metrics (not [`off`](Metrics::off)).
-    pub(crate) fn is_on(&self) -> bool {
-        self.timed
-    }
-
     pub(crate) fn off() -> Metrics {
         Metrics {
             timed: false,
