@@ -102,13 +102,17 @@ impl Schema {
             Err(e) => return Err(e.never_sent()),
         };
         if version < sql::VERSION {
-            log::info!(
-                "dlm-postgres: installing schema {:?} (version {})",
-                self.name,
-                sql::VERSION
-            );
             // Creating the schema takes longer than a request: a generous deadline.
-            if let Err(e) = conn.batch(&self.sql, timeout.max(Duration::from_secs(10))) {
+            let install = timeout.max(Duration::from_secs(10));
+            // Under the installation lock, the version again: of several backends that
+            // found it old at once, one installs and the others find it done (each
+            // installation locks dlm's tables until it commits, which held everyone's
+            // requests past their deadline when eight backends installed in turn).
+            if let Err(e) = self.install_under_lock(conn, stmts, install) {
+                let _ = conn.batch("ROLLBACK", timeout);
+                if e.kind() != BackendErrorKind::Permission {
+                    return Err(e.never_sent());
+                }
                 if e.kind() != BackendErrorKind::Permission {
                     return Err(e.never_sent());
                 }
@@ -128,5 +132,46 @@ impl Schema {
         }
         self.ready.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// In one transaction: the installation lock, the version found under it, and the
+    /// schema installed if that is older.
+    fn install_under_lock(
+        &self,
+        conn: &mut Conn,
+        stmts: &Statements,
+        timeout: Duration,
+    ) -> Result<(), BackendError> {
+        conn.batch(
+            &format!("BEGIN; SELECT pg_advisory_xact_lock({})", sql::INSTALL_LOCK),
+            timeout,
+        )?;
+        let how = How {
+            timeout,
+            prepare: &AtomicBool::new(false),
+        };
+        // `to_regclass` first: a query of a missing table would abort the transaction.
+        let settings = format!("\"{}\".settings", self.name);
+        let exists = conn.query(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[(&settings.as_str(), tokio_postgres::types::Type::TEXT)],
+            &how,
+        )?;
+        let version = if exists.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            conn.query(&stmts.version, &[], &how)?
+                .first()
+                .map_or(0, |r| r.get::<_, i32>(0))
+        } else {
+            0
+        };
+        if version < sql::VERSION {
+            log::info!(
+                "dlm-postgres: installing schema {:?} (version {})",
+                self.name,
+                sql::VERSION
+            );
+            conn.batch(&self.sql, timeout)?;
+        }
+        conn.batch("COMMIT", timeout)
     }
 }

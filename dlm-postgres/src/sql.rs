@@ -8,9 +8,13 @@
 /// The version of the schema below: an older one is replaced at first use.
 pub(crate) const VERSION: i32 = 8;
 
+/// The advisory lock that installations of the schema take, one at a time.
+pub(crate) const INSTALL_LOCK: i64 = 7162534413490182231;
+
 /// The schema, `$S` standing for the schema's quoted name and `$C` for the notification
 /// channel. Run as one simple query (one transaction), under an advisory lock so that two
-/// processes installing it at once do not collide.
+/// processes installing it at once do not collide (`Schema::ensure` takes the lock first
+/// and installs only when the version it then finds is older).
 const SCHEMA: &str = r#"
 SELECT pg_advisory_xact_lock(7162534413490182231);
 CREATE SCHEMA IF NOT EXISTS $S;
@@ -98,6 +102,14 @@ DECLARE
     v_closed timestamptz;
     v_held timestamptz;
 BEGIN
+    SELECT e.closed_until INTO v_closed FROM $S.epoch e WHERE e.id = 1;
+    IF FOUND THEN
+        RETURN v_closed;
+    END IF;
+    -- One opening at a time: an opening that found no epoch row while another was under
+    -- way, and set the sequence forward after that one had committed and tokens had been
+    -- drawn, would set it back. The one that waited finds the epoch open (a new snapshot).
+    PERFORM pg_advisory_xact_lock(7162534413490182232);
     SELECT e.closed_until INTO v_closed FROM $S.epoch e WHERE e.id = 1;
     IF FOUND THEN
         RETURN v_closed;

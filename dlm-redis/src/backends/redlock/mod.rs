@@ -46,7 +46,10 @@ pub fn quorum(n: usize) -> usize {
 /// permit does not bound the holders at N. With 3 nodes and 2 permits, A takes nodes 1
 /// and 2, B nodes 2 and 3, C nodes 1 and 3: every node has 2 holders, yet 3 clients each
 /// hold a majority. Use [`RedisBackend`](crate::RedisBackend) (one server, Sentinel or
-/// Cluster) for them.
+/// Cluster) for them. Elections are refused too: a lead is a one-permit semaphore's hold,
+/// and its published value would need a quorum of nodes to agree on every change, with
+/// observers reading a quorum (a value changed on some nodes only would show two leaders'
+/// values at once).
 ///
 /// ```no_run
 /// use dlm_core::{Lock, LockClient};
