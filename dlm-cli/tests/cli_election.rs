@@ -45,6 +45,10 @@ fn the_command_runs_as_leader_and_everyone_sees_it() {
     let dir = tempfile::tempdir().unwrap();
     let name = "scheduler";
     let watch = Proc::spawn(dlm().args(["leader", "--watch", "--redis", &url, name]));
+    // The watch's first line is the state when it starts: nobody leads yet.
+    wait_until(TEN, "the watch's first line", || {
+        read_lines(&watch).first().map(String::as_str) == Some("-")
+    });
 
     let mut first = Proc::spawn(dlm().args([
         "run",

@@ -89,27 +89,13 @@ impl LostSignal {
     /// Blocks until the hold is over and says how: [`Lost`](HoldState::Lost) or
     /// [`Released`](HoldState::Released), never `Held`.
     pub fn wait(&self) -> HoldState {
-        loop {
-            if let Some(end) = self.wait_once(None) {
-                return end;
-            }
-        }
+        wait_until_over(|d| self.wait_once(d))
     }
 
     /// Like [`wait`](LostSignal::wait), for at most `timeout`: `Held` when the hold
     /// outlasted it.
     pub fn wait_timeout(&self, timeout: Duration) -> HoldState {
-        let Some(deadline) = Instant::now().checked_add(timeout) else {
-            return self.wait();
-        };
-        loop {
-            if let Some(end) = self.wait_once(Some(deadline)) {
-                return end;
-            }
-            if Instant::now() >= deadline {
-                return self.state();
-            }
-        }
+        wait_at_most(timeout, |d| self.wait_once(d), || self.state())
     }
 
     /// The name of the lock.
@@ -173,6 +159,38 @@ impl LostSignal {
         // Woken when the hold ends or at `until`: the next look says how.
         self.ending.wait_until(until);
         None
+    }
+}
+
+/// Sleeps in `wait_once` steps (each: `Some` once the hold is over, `None` after a
+/// wake-up) until the hold is over.
+pub(crate) fn wait_until_over(
+    mut wait_once: impl FnMut(Option<Instant>) -> Option<HoldState>,
+) -> HoldState {
+    loop {
+        if let Some(end) = wait_once(None) {
+            return end;
+        }
+    }
+}
+
+/// [`wait_until_over`] for at most `timeout`; then `state()` (`Held` when the hold
+/// outlasted it).
+pub(crate) fn wait_at_most(
+    timeout: Duration,
+    mut wait_once: impl FnMut(Option<Instant>) -> Option<HoldState>,
+    state: impl Fn() -> HoldState,
+) -> HoldState {
+    let Some(deadline) = Instant::now().checked_add(timeout) else {
+        return wait_until_over(wait_once);
+    };
+    loop {
+        if let Some(end) = wait_once(Some(deadline)) {
+            return end;
+        }
+        if Instant::now() >= deadline {
+            return state();
+        }
     }
 }
 

@@ -387,27 +387,13 @@ impl MultiLostSignal {
 
     /// Blocks until any name is lost or every name is released, and says which.
     pub fn wait(&self) -> HoldState {
-        loop {
-            if let Some(end) = self.wait_once(None) {
-                return end;
-            }
-        }
+        crate::lost::wait_until_over(|d| self.wait_once(d))
     }
 
     /// Like [`wait`](MultiLostSignal::wait), for at most `timeout`: `Held` when the hold
     /// outlasted it.
     pub fn wait_timeout(&self, timeout: Duration) -> HoldState {
-        let Some(deadline) = Instant::now().checked_add(timeout) else {
-            return self.wait();
-        };
-        loop {
-            if let Some(end) = self.wait_once(Some(deadline)) {
-                return end;
-            }
-            if Instant::now() >= deadline {
-                return self.state();
-            }
-        }
+        crate::lost::wait_at_most(timeout, |d| self.wait_once(d), || self.state())
     }
 
     /// One sleep: until a member still held ends, its lease runs out, or `deadline`.

@@ -613,6 +613,20 @@ fn observer_across_restart(
 }
 
 #[test]
+fn a_redis_observer_sees_changes_across_a_restart() {
+    require_redis_server();
+    // With the AOF, the leader's hold outlives the restart.
+    let mut server = dlm_testkit::redis_server::RedisServer::builder()
+        .appendonly(true)
+        .spawn();
+    let url = server.url();
+    observer_across_restart(
+        &|| std::sync::Arc::new(dlm_redis::RedisBackend::new(&url).unwrap()),
+        &mut || server.restart(),
+    );
+}
+
+#[test]
 fn an_etcd_observer_sees_changes_across_a_restart() {
     let mut server = dlm_testkit::etcd::EtcdServer::spawn();
     let urls = vec![server.url()];
