@@ -12,6 +12,8 @@
 //!   ([`LockBackend::watch`](backend::LockBackend::watch)), then sleep until a hint, the holder's lease end, a jittered
 //!   backoff, the deadline or an [`Interrupt`].
 //! - Re-entrant per (lock, thread) with hold counts, like Redisson's `RLock`.
+//! - Beside the lock: [`Semaphore`], [`ReadWriteLock`], [`MultiLock`] (every name of a set
+//!   or none, without deadlock) and [`Election`] (a leader others can see and follow).
 //! - Leases renewed by one watchdog thread per client (Redisson's `lockWatchdogTimeout`),
 //!   with a lost-lock signal on the guard ([`LockGuard::lost_signal`], a [`LostSignal`]).
 //! - Leases are monotonic ([`std::time::Instant`]); wall-clock time is never used.
@@ -24,7 +26,9 @@
 //!
 //! Modules, each importing only from the ones below it: `lib` re-exports; `client` the
 //! [`LockClient`]; `lock` the [`Lock`] trait and [`DistributedLock`]; `acquire` the wait
-//! loop; `guard` the [`LockGuard`]; `lost` the [`LostSignal`]; `shared` what a client's
+//! loop; `guard` the [`LockGuard`]; `lost` the [`LostSignal`]; `multi` the [`MultiLock`]
+//! (all-or-nothing holds of several names); `election` the [`Election`] (a one-permit
+//! semaphore whose holder publishes a value); `shared` what a client's
 //! handles share (settings, registry, each lock's hold state); `watchdog` lease renewal;
 //! `fenced`, `retry`, `interrupt`, `signal` (the two ends of a lost signal) and `error`
 //! underneath; `backend` the contract.
