@@ -1,5 +1,7 @@
 //! `PostgresBackend`: each `LockBackend` call one statement, a call of one of the schema's
-//! functions (`sql`), on a connection lent by the pool.
+//! functions (`sql`), on a connection lent by the pool. The backend, its connections and
+//! the mutex's calls are here; the group holds' calls (semaphores, read-write locks,
+//! elections) are in `groups.rs`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -7,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use dlm_core::InvalidArgument;
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holder, Holders,
-    Lease, LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
-    writer_mark,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holders, Lease,
+    LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
 };
 use tokio_postgres::types::{ToSql, Type};
 
@@ -62,7 +63,7 @@ pub struct PostgresBackend {
     /// Whether statements are prepared on each connection (see `Conn::query`).
     prepare: AtomicBool,
     drift_factor: f64,
-    hints: Hints,
+    pub(crate) hints: Hints,
     /// When the last sweep was made, in ms since `born`.
     swept: AtomicU64,
     born: Instant,
@@ -78,7 +79,7 @@ impl fmt::Debug for PostgresBackend {
 }
 
 /// The one-letter kind of a claim in the tables: `m`, `s` or `r`.
-fn kind_of(claim: Claim) -> u8 {
+pub(crate) fn kind_of(claim: Claim) -> u8 {
     match claim {
         Claim::Permit { .. } => b's',
         Claim::Read | Claim::Write => b'r',
@@ -87,11 +88,11 @@ fn kind_of(claim: Claim) -> u8 {
 }
 
 /// `ttl` in whole milliseconds, rounded up (the server's lease is never shorter).
-fn millis(ttl: Duration) -> i64 {
+pub(crate) fn millis(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
-fn token(t: i64) -> FencingToken {
+pub(crate) fn token(t: i64) -> FencingToken {
     FencingToken::new(u64::try_from(t).unwrap_or(0))
 }
 
@@ -129,7 +130,7 @@ impl PostgresBackend {
 
     /// The lease `ttl` asked for at `start` gives its holder: shortened by the drift
     /// allowance.
-    fn lease_from(&self, start: Instant, ttl: Duration) -> Result<Lease, BackendError> {
+    pub(crate) fn lease_from(&self, start: Instant, ttl: Duration) -> Result<Lease, BackendError> {
         let drift = ttl.mul_f64(self.drift_factor) + Duration::from_millis(2);
         ttl.checked_sub(drift)
             .and_then(|d| start.checked_add(d))
@@ -144,7 +145,7 @@ impl PostgresBackend {
     }
 
     /// Runs `f` on a lent connection, once the schema is there.
-    fn call<T>(
+    pub(crate) fn call<T>(
         &self,
         f: impl FnOnce(&mut Conn, &Statements, &How<'_>) -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
@@ -232,7 +233,7 @@ impl PostgresBackend {
     }
 }
 
-fn no_row() -> BackendError {
+pub(crate) fn no_row() -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, "the server answered no row")
 }
 
@@ -401,64 +402,7 @@ impl LockBackend for PostgresBackend {
     }
 
     fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
-        let owner = request.owner.encoded();
-        let name_s = request.name.as_str();
-        let owner_s = owner.as_str();
-        let kind = kind_of(request.claim) as i8;
-        let write = request.claim == Claim::Write;
-        let permits: i32 = match request.claim {
-            Claim::Permit { permits } => i32::try_from(permits).unwrap_or(i32::MAX),
-            _ => 0,
-        };
-        let ms = millis(request.ttl);
-        let mark = millis(writer_mark(request.ttl));
-        let label = request.label;
-        let sender = self.hints.sender.as_str();
-        let mut start = Instant::now();
-        let rows = self.call(|c, s, t| {
-            start = Instant::now();
-            c.query(
-                &s.acquire_group,
-                &[
-                    (&name_s, Type::TEXT),
-                    (&kind, Type::CHAR),
-                    (&write, Type::BOOL),
-                    (&permits, Type::INT4),
-                    (&owner_s, Type::TEXT),
-                    (&ms, Type::INT8),
-                    (&mark, Type::INT8),
-                    (&label, Type::TEXT),
-                    (&sender, Type::TEXT),
-                ],
-                t,
-            )
-        })?;
-        let row = rows.first().ok_or_else(no_row)?;
-        let granted: bool = row.get(0);
-        if let Some(held_with) = row.get::<_, Option<i32>>(3) {
-            return Err(BackendError::new(
-                BackendErrorKind::Conflict,
-                format!("the semaphore is held with {held_with} permits, not {permits}"),
-            )
-            .never_sent());
-        }
-        if granted {
-            if permits == 1 {
-                // An election's new leader: this backend's observers are told now (the
-                // server's notification skips the backend that sent it).
-                self.hints.released(kind as u8, name_s);
-            }
-            let fence: i64 = row.get(1);
-            Ok(Acquire::Acquired(
-                self.lease_from(start, request.ttl)?
-                    .with_fence(token(fence)),
-            ))
-        } else {
-            let wait: Option<i64> = row.get(2);
-            Ok(Acquire::Held {
-                retry_after: wait.map(|ms| Duration::from_millis(ms.max(0) as u64)),
-            })
-        }
+        self.group_acquire(request)
     }
 
     fn extend_group(
@@ -481,26 +425,7 @@ impl LockBackend for PostgresBackend {
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<bool, BackendError> {
-        let owner = owner.encoded();
-        let (name_s, owner_s) = (name.as_str(), owner.as_str());
-        let kind = kind_of(claim);
-        let kind_c = kind as i8;
-        let sender = self.hints.sender.as_str();
-        let rows = self.call(|c, s, t| {
-            c.query(
-                &s.release_group,
-                &[
-                    (&name_s, Type::TEXT),
-                    (&kind_c, Type::CHAR),
-                    (&owner_s, Type::TEXT),
-                    (&sender, Type::TEXT),
-                ],
-                t,
-            )
-        })?;
-        let released: bool = rows.first().ok_or_else(no_row)?.get(0);
-        self.hints.released(kind, name_s);
-        Ok(released)
+        self.group_release(name, claim, owner)
     }
 
     fn fence_group(
@@ -509,22 +434,7 @@ impl LockBackend for PostgresBackend {
         claim: Claim,
         owner: &OwnerToken,
     ) -> Result<Option<FencingToken>, BackendError> {
-        let owner = owner.encoded();
-        let (name_s, owner_s) = (name.as_str(), owner.as_str());
-        let kind = kind_of(claim) as i8;
-        let rows = self.call(|c, s, t| {
-            c.query(
-                &s.fence_group,
-                &[
-                    (&name_s, Type::TEXT),
-                    (&kind, Type::CHAR),
-                    (&owner_s, Type::TEXT),
-                ],
-                t,
-            )
-        })?;
-        let fence: Option<i64> = rows.first().ok_or_else(no_row)?.get(0);
-        Ok(fence.map(token))
+        self.group_fence(name, claim, owner)
     }
 
     fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
@@ -538,29 +448,7 @@ impl LockBackend for PostgresBackend {
         owner: &OwnerToken,
         label: Option<&str>,
     ) -> Result<bool, BackendError> {
-        let owner = owner.encoded();
-        let (name_s, owner_s) = (name.as_str(), owner.as_str());
-        let kind = kind_of(claim);
-        let kind_c = kind as i8;
-        let sender = self.hints.sender.as_str();
-        let rows = self.call(|c, s, t| {
-            c.query(
-                &s.relabel_group,
-                &[
-                    (&name_s, Type::TEXT),
-                    (&kind_c, Type::CHAR),
-                    (&owner_s, Type::TEXT),
-                    (&label, Type::TEXT),
-                    (&sender, Type::TEXT),
-                ],
-                t,
-            )
-        })?;
-        let relabelled: bool = rows.first().ok_or_else(no_row)?.get(0);
-        if relabelled {
-            self.hints.released(kind, name_s);
-        }
-        Ok(relabelled)
+        self.group_relabel(name, claim, owner, label)
     }
 
     /// The group's waiters are all woken by each notification already; a one-permit
@@ -580,87 +468,14 @@ impl LockBackend for PostgresBackend {
         reader: &OwnerToken,
         ttl: Duration,
     ) -> Result<Option<Lease>, BackendError> {
-        let (writer, reader) = (writer.encoded(), reader.encoded());
-        let (name_s, writer_s, reader_s) = (name.as_str(), writer.as_str(), reader.as_str());
-        let ms = millis(ttl);
-        let sender = self.hints.sender.as_str();
-        let mut start = Instant::now();
-        let rows = self.call(|c, s, t| {
-            start = Instant::now();
-            c.query(
-                &s.downgrade,
-                &[
-                    (&name_s, Type::TEXT),
-                    (&writer_s, Type::TEXT),
-                    (&reader_s, Type::TEXT),
-                    (&ms, Type::INT8),
-                    (&sender, Type::TEXT),
-                ],
-                t,
-            )
-        })?;
-        let fence: Option<i64> = rows.first().ok_or_else(no_row)?.get(0);
-        if fence.is_some() {
-            self.hints.released(b'r', name_s);
-        }
-        fence
-            .map(|f| Ok(self.lease_from(start, ttl)?.with_fence(token(f))))
-            .transpose()
+        self.group_downgrade(name, writer, reader, ttl)
     }
 
     fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
-        let name_s = name.as_str();
-        let kind = kind_of(claim);
-        let kind_c = kind as i8;
-        let sender = self.hints.sender.as_str();
-        let rows = self.call(|c, s, t| {
-            c.query(
-                &s.force_release_group,
-                &[
-                    (&name_s, Type::TEXT),
-                    (&kind_c, Type::CHAR),
-                    (&sender, Type::TEXT),
-                ],
-                t,
-            )
-        })?;
-        let released: bool = rows.first().ok_or_else(no_row)?.get(0);
-        self.hints.released(kind, name_s);
-        Ok(released)
+        self.group_force_release(name, claim)
     }
 
     fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
-        let name_s = name.as_str();
-        let kind = kind_of(claim) as i8;
-        let rows = self.call(|c, s, t| {
-            c.query(
-                &s.inspect_group,
-                &[(&name_s, Type::TEXT), (&kind, Type::CHAR)],
-                t,
-            )
-        })?;
-        let mut permits = None;
-        let holders = rows
-            .iter()
-            .map(|row| {
-                let write: bool = row.get(0);
-                let ms: i64 = row.get(1);
-                let label: Option<String> = row.get(2);
-                let held_with: i32 = row.get(3);
-                let claim = match claim {
-                    Claim::Permit { .. } => {
-                        let n = u32::try_from(held_with).unwrap_or(0);
-                        permits = Some(n);
-                        Claim::Permit { permits: n }
-                    }
-                    _ if write => Claim::Write,
-                    _ => Claim::Read,
-                };
-                let fence: i64 = row.get(4);
-                Holder::new(claim, Duration::from_millis(ms.max(0) as u64), label)
-                    .with_token(Some(token(fence)))
-            })
-            .collect();
-        Ok(Holders::new(permits, holders))
+        self.group_inspect(name, claim)
     }
 }

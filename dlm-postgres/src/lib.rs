@@ -35,6 +35,7 @@
 mod backend;
 mod builder;
 mod conn;
+mod groups;
 mod hints;
 mod pool;
 mod resolved;
