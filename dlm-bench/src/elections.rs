@@ -217,50 +217,44 @@ fn rtt(mut f: impl FnMut()) -> f64 {
     percentile(&samples, 0.5)
 }
 
-/// The same hand-over with the mutex and with a semaphore of 1 permit, for comparison.
+/// The same hand-over with a lock (`sem` false) or a semaphore of 1 permit, for scale:
+/// sorted samples.
 fn mutex_handover(
     backend: &dyn Fn() -> std::sync::Arc<dyn LockBackend>,
     rounds: usize,
     sem: bool,
 ) -> Vec<Duration> {
-    use dlm_core::Lock;
+    use dlm_core::{Lock, LockGuard};
     let name = format!("bench-mutex-{}", rand::random::<u32>());
+    let take = move |client: &LockClient, name: &str| -> LockGuard {
+        if sem {
+            client.get_semaphore(name, 1).unwrap().acquire().unwrap()
+        } else {
+            client.get_lock(name).unwrap().lock().unwrap()
+        }
+    };
     let (a, b) = (LockClient::new(backend()), LockClient::new(backend()));
     let mut out = Vec::new();
     for i in 0..rounds {
         let (holder, next) = if i % 2 == 0 {
-            (a.clone(), b.clone())
+            (&a, b.clone())
         } else {
-            (b.clone(), a.clone())
+            (&b, a.clone())
         };
+        let held = take(holder, &name);
         let (tx, rx) = mpsc::channel();
-        if sem {
-            let g = holder.get_semaphore(&name, 1).unwrap().acquire().unwrap();
-            let n = name.clone();
-            let t = thread::spawn(move || {
-                let g = next.get_semaphore(&n, 1).unwrap().acquire().unwrap();
-                tx.send(Instant::now()).unwrap();
-                drop(g);
-            });
-            thread::sleep(Duration::from_millis(20));
-            let r = Instant::now();
-            g.unlock().unwrap();
-            out.push(rx.recv().unwrap() - r);
-            t.join().unwrap();
-        } else {
-            let g = holder.get_lock(&name).unwrap().lock().unwrap();
-            let n = name.clone();
-            let t = thread::spawn(move || {
-                let g = next.get_lock(&n).unwrap().lock().unwrap();
-                tx.send(Instant::now()).unwrap();
-                drop(g);
-            });
-            thread::sleep(Duration::from_millis(20));
-            let r = Instant::now();
-            g.unlock().unwrap();
-            out.push(rx.recv().unwrap() - r);
-            t.join().unwrap();
-        }
+        let n = name.clone();
+        let waiter = thread::spawn(move || {
+            let g = take(&next, &n);
+            tx.send(Instant::now()).unwrap();
+            drop(g);
+        });
+        // A settle, so that the other client waits (it is woken by the release either way).
+        thread::sleep(Duration::from_millis(20));
+        let released = Instant::now();
+        held.unlock().unwrap();
+        out.push(rx.recv().unwrap() - released);
+        waiter.join().unwrap();
     }
     out.sort();
     out

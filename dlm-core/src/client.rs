@@ -181,7 +181,7 @@ impl LockClient {
     /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported) backend
     /// error when the backend keeps no elections. No I/O happens here.
     pub fn get_election(&self, name: &str) -> Result<Election> {
-        Election::new(self.clone(), LockName::new(name)?)
+        Election::new(self, LockName::new(name)?)
     }
 
     /// A handle of `claim` (a group kind) on `name`.

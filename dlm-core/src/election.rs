@@ -63,15 +63,13 @@ const LOOK_AT_LEAST_EVERY: Duration = Duration::from_millis(50);
 /// ```
 #[derive(Clone)]
 pub struct Election {
-    client: LockClient,
-    name: LockName,
     /// The one-permit semaphore of the name, as the client's (each thread's lead is its
     /// hold there).
     handle: Handle,
 }
 
 impl Election {
-    pub(crate) fn new(client: LockClient, name: LockName) -> Result<Election> {
+    pub(crate) fn new(client: &LockClient, name: LockName) -> Result<Election> {
         let backend = &client.shared.backend;
         if !backend.supports_elections() {
             return Err(BackendError::new(
@@ -80,17 +78,14 @@ impl Election {
             )
             .into());
         }
-        let handle = client.group_handle(name.clone(), LEAD)?;
         Ok(Election {
-            client,
-            name,
-            handle,
+            handle: client.group_handle(name, LEAD)?,
         })
     }
 
     /// The election's name.
     pub fn name(&self) -> &str {
-        self.name.as_str()
+        self.handle.name.as_str()
     }
 
     /// Blocks until this client leads, publishing `value`.
@@ -177,13 +172,17 @@ impl Election {
     /// [`BackendErrorKind::Conflict`] when the name is held as a semaphore of more than one
     /// permit; backend failures.
     pub fn leader(&self) -> Result<Option<Leader>> {
-        let holders = self.client.shared.backend.inspect_group(&self.name, LEAD)?;
+        let holders = self
+            .handle
+            .client
+            .backend
+            .inspect_group(&self.handle.name, LEAD)?;
         if let Some(permits) = holders.permits.filter(|&p| p != 1) {
             return Err(BackendError::new(
                 BackendErrorKind::Conflict,
                 format!(
                     "{:?} is held as a semaphore of {permits} permits, not as an election",
-                    self.name.as_str()
+                    self.handle.name.as_str()
                 ),
             )
             .into());
@@ -210,7 +209,7 @@ impl Election {
 impl fmt::Debug for Election {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Election")
-            .field("name", &self.name.as_str())
+            .field("name", &self.handle.name.as_str())
             .finish_non_exhaustive()
     }
 }
@@ -400,10 +399,10 @@ impl Observer {
                 // (Again after a subscription died: a listener reconnecting, say.)
                 self.watch = self
                     .election
+                    .handle
                     .client
-                    .shared
                     .backend
-                    .observe_group(&self.election.name, LEAD);
+                    .observe_group(&self.election.handle.name, LEAD);
             }
             let now = self.election.leader()?;
             let changed = match (&self.last, &now) {
@@ -418,7 +417,7 @@ impl Observer {
             }
             // With hints: when the leader's lease would end (a crashed leader says
             // nothing). Without: that, and at least once per lease a campaign asks for.
-            let shared = &self.election.client.shared;
+            let shared = &self.election.handle.client;
             let lease = shared.lease.unwrap_or(shared.watchdog.config().timeout);
             let quiet = match (&now, &self.watch) {
                 (Some(l), Some(_)) => l.remaining,
@@ -545,7 +544,7 @@ impl Iterator for Observer {
 impl fmt::Debug for Observer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Observer")
-            .field("election", &self.election.name.as_str())
+            .field("election", &self.election.handle.name.as_str())
             .field("last", &self.last)
             .finish_non_exhaustive()
     }

@@ -58,10 +58,10 @@ pub struct MultiLock {
 }
 
 impl MultiLock {
-    /// The set of `locks`, put in the canonical order. The caller checked that there is at
-    /// least one and no name twice.
-    pub(crate) fn new(mut locks: Vec<DistributedLock>) -> MultiLock {
-        locks.sort_by(|a, b| a.name().cmp(b.name()));
+    /// The set of `locks`, already in the canonical order (sorted by name) with at least
+    /// one and no name twice: `LockClient::get_multi_lock` sorts and checks them.
+    pub(crate) fn new(locks: Vec<DistributedLock>) -> MultiLock {
+        debug_assert!(!locks.is_empty() && locks.windows(2).all(|w| w[0].name() < w[1].name()));
         MultiLock { locks }
     }
 

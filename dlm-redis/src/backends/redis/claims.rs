@@ -66,7 +66,7 @@ impl RedisBackend {
         );
         // A one-permit semaphore (an election) announces its grants to its observers.
         let channel = (permits == 1).then(|| self.inner.keys.claim_channel(name, claim));
-        let announce_id = ReleaseId::Release.random();
+        let announce_id = channel.as_ref().map(|_| ReleaseId::Release.random());
         let call = self.inner.keys.claim_call(
             name,
             claim,
@@ -80,7 +80,7 @@ impl RedisBackend {
                 stream_ttl.format(self.inner.keys.fence_ttl_ms).as_bytes(),
                 req.label.unwrap_or("").as_bytes(),
                 channel.as_deref().unwrap_or("").as_bytes(),
-                id_s.format(announce_id).as_bytes(),
+                announce_id.map_or(&b""[..], |id| id_s.format(id).as_bytes()),
             ],
         );
         self.claim_run(name, claim, |node| {
