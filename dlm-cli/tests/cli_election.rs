@@ -77,6 +77,14 @@ fn the_command_runs_as_leader_and_everyone_sees_it() {
     let row = Json::parse(&json.stdout);
     assert_eq!(row.get("leader").str(), "node-a:80");
     assert_eq!(row.get("term").u64(), term_a);
+    // The value is the permit's label: `dlm status --permits 1` shows it too.
+    let status = run(dlm().args(["status", "--json", "--permits", "1", "--redis", &url, name]));
+    status.expect(0);
+    let row = Json::parse(&status.stdout).array()[0].clone();
+    assert_eq!(
+        row.get("held_by").array()[0].get("label").str(),
+        "node-a:80"
+    );
 
     run(dlm().args([
         "run",

@@ -266,6 +266,21 @@ fn a_stopped_holder_process_learns_it_lost_the_lock_and_its_late_write_is_refuse
     paused_holder(&RedisNodes::spawn(3).urls());
 }
 
+/// The negative control of a paused leader: the leader stopped past its lease and then
+/// continued (it believes it leads until it checks) and the new leader lead at once, and
+/// the history checker sees it. `old` and `new`: when each began to lead, and its term.
+fn assert_two_leaders(name: &str, old: (Instant, u64), new: (Instant, u64)) {
+    use dlm_testkit::history::{History, Hold};
+    let history = History::new();
+    let now = Instant::now();
+    history.push(Hold::new(name, "stopped leader", old.0, now, Some(old.1)));
+    history.push(Hold::new(name, "new leader", new.0, now, Some(new.1)));
+    assert!(
+        history.check().has_overlap(),
+        "the history checker must see the continued leader beside the new one"
+    );
+}
+
 /// A leader process killed with SIGKILL announces nothing: its lead ends with its lease
 /// (2 s watchdog), a waiting candidate takes over within it with a larger term, and an
 /// observer sees the change. `slack`: how late after the lease the takeover may come (an
@@ -370,6 +385,7 @@ fn stopped_leader(
     const WATCHDOG: Duration = Duration::from_secs(1);
     let name = dlm_testkit::unique_name("paused-leader");
     let (mut leader, old) = Holder::spawn(flag, urls, &name, WATCHDOG, &["--elect", "node-1"]);
+    let led_from = Instant::now();
     let resource = FencedResource::new(Vec::new());
     resource
         .write(FencingToken::new(old), |w| w.push("old leader"))
@@ -381,10 +397,12 @@ fn stopped_leader(
         .unwrap()
         .expect("the stopped leader's lead never ended");
     assert!(lead.term().get() > old, "term {} after {old}", lead.term());
+    let new_from = Instant::now();
     resource
         .write(lead.term(), |w| w.push("new leader"))
         .unwrap();
     leader.signal("CONT");
+    assert_two_leaders(&name, (led_from, old), (new_from, lead.term().get()));
     assert_eq!(leader.ask("check"), "lost");
     assert!(
         resource
@@ -423,6 +441,7 @@ fn a_stopped_leader_learns_it_lost_the_lead_and_its_late_write_is_refused() {
     let name = dlm_testkit::unique_name("paused-leader");
     let key = format!("{name}:value");
     let (mut leader, old) = Holder::lead(&urls, &name, WATCHDOG, "node-1");
+    let led_from = Instant::now();
     assert_eq!(leader.ask("write before the pause"), "written");
     leader.signal("STOP");
     let election = LockClient::new(backend(&urls)).get_election(&name).unwrap();
@@ -435,8 +454,10 @@ fn a_stopped_leader_learns_it_lost_the_lead_and_its_late_write_is_refused() {
         .unwrap()
         .get_connection()
         .unwrap();
+    let new_from = Instant::now();
     dlm_redis::fenced_set(&mut con, &key, lead.term(), b"the new leader").unwrap();
     leader.signal("CONT");
+    assert_two_leaders(&name, (led_from, old), (new_from, lead.term().get()));
     assert_eq!(leader.ask("check"), "lost");
     assert_eq!(leader.ask("write after the pause"), "refused");
     assert_eq!(

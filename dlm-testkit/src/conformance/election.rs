@@ -78,7 +78,8 @@ pub fn election_one_leader_at_a_time(f: &dyn Fixture) {
 }
 
 /// `leader()` shows nobody, then the leader's value, term and lease; a proclamation
-/// changes the value and keeps the term; after the resignation, nobody again.
+/// changes the value and keeps the term; after the resignation, nobody again; dropping a
+/// lead resigns it.
 pub fn election_leader_is_seen_by_everyone(f: &dyn Fixture) {
     let name = unique_name("elect-seen");
     let bystander = client(f).get_election(&name).unwrap();
@@ -107,6 +108,19 @@ pub fn election_leader_is_seen_by_everyone(f: &dyn Fixture) {
     }
     lead.resign().unwrap();
     assert_eq!(bystander.leader().unwrap(), None);
+    // Dropping a lead resigns it too.
+    let dropped = client(f)
+        .get_election(&name)
+        .unwrap()
+        .campaign("x")
+        .unwrap();
+    assert!(bystander.leader().unwrap().is_some());
+    drop(dropped);
+    assert_eq!(
+        bystander.leader().unwrap(),
+        None,
+        "a dropped lead was not resigned"
+    );
 }
 
 /// A candidate blocked in `campaign` leads right after the leader resigns (long leases:
