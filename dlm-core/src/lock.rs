@@ -161,6 +161,10 @@ pub(crate) fn release_after_work(guard: impl HoldGuard) -> Result<()> {
     }
 }
 
+// `Lock` stays object-safe (its closure helpers need `Self: Sized`): this does not
+// compile otherwise.
+const _: Option<&dyn Lock<Guard = LockGuard>> = None;
+
 /// What the closure helpers of [`Lock`] need of its guard: implemented by [`LockGuard`]
 /// and [`MultiLockGuard`](crate::MultiLockGuard) only (sealed), whose own methods of the
 /// same names say more.
