@@ -51,20 +51,26 @@ fn locks_taken_in_opposite_orders_outside_a_multi_lock_deadlock() {
     use std::time::Duration;
     let backend = MemoryBackend::new();
     let both_hold = Arc::new(Barrier::new(2));
+    // Each keeps its first lock until both attempts are over: an attempt that ends first
+    // must not let the other in by releasing.
+    let both_tried = Arc::new(Barrier::new(2));
     let sides: Vec<_> = [("a", "b"), ("b", "a")]
         .into_iter()
         .map(|(first, second)| {
             let client = dlm_core::LockClient::new(backend.clone());
-            let both_hold = both_hold.clone();
+            let (both_hold, both_tried) = (both_hold.clone(), both_tried.clone());
             std::thread::spawn(move || {
-                let _held = client.get_lock(first).unwrap().lock().unwrap();
+                let held = client.get_lock(first).unwrap().lock().unwrap();
                 both_hold.wait();
-                client
+                let timed_out = client
                     .get_lock(second)
                     .unwrap()
                     .try_lock_timeout(Duration::from_millis(300))
                     .unwrap()
-                    .is_none()
+                    .is_none();
+                both_tried.wait();
+                drop(held);
+                timed_out
             })
         })
         .collect();
