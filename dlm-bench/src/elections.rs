@@ -53,24 +53,40 @@ fn dlm(backend: &dyn Fn() -> std::sync::Arc<dyn LockBackend>, rounds: usize) -> 
         handover.push(led - resigned);
         lead = candidate.join().unwrap();
     }
-    // Observe: a new value, seen by an observer of another client.
+    // Observe: a new value, seen by an observer of another client (on a thread of its
+    // own, which notes when each change reaches it).
     let watcher = client().get_election(&name).unwrap();
-    let changes = watcher.observe().into_channel();
-    let _current = changes.receiver().recv().unwrap().unwrap();
+    let (seen_tx, seen_rx) = mpsc::channel::<(Instant, Option<String>)>();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let observer = thread::spawn(move || {
+        let mut changes = watcher.observe();
+        let _current = changes.next().unwrap().unwrap();
+        ready_tx.send(()).unwrap();
+        for change in changes {
+            let at = Instant::now();
+            let value = change.unwrap().and_then(|l| l.value().map(str::to_owned));
+            if seen_tx.send((at, value)).is_err() {
+                return;
+            }
+        }
+    });
+    ready_rx.recv().unwrap();
     let mut observe = Vec::with_capacity(rounds);
     for i in 0..rounds {
         let value = format!("v{i}");
         let proclaimed = Instant::now();
         lead.proclaim(&value).unwrap();
         loop {
-            let seen = changes.receiver().recv().unwrap().unwrap();
-            if seen.as_ref().and_then(|l| l.value()) == Some(value.as_str()) {
-                observe.push(proclaimed.elapsed());
+            let (at, seen) = seen_rx.recv().unwrap();
+            if seen.as_deref() == Some(value.as_str()) {
+                observe.push(at - proclaimed);
                 break;
             }
         }
     }
+    drop(seen_rx);
     lead.resign().unwrap();
+    observer.join().unwrap();
     (handover, observe)
 }
 
@@ -260,6 +276,135 @@ fn mutex_handover(
     out
 }
 
+/// The floor of a pub/sub-woken hand-over between two clients: a minimal client whose
+/// waiter subscribes, tries `SET NX PX`, and on refusal blocks on its own subscription
+/// (no listener thread, no wait loop); the holder releases with one script (`DEL` and
+/// `PUBLISH`). The time from the release's call to the waiter's `SET` succeeding: sorted
+/// samples.
+fn minimal_handover(url: &str, rounds: usize) -> Vec<Duration> {
+    use dlm_redis::redis;
+    let key = format!("bench-minimal-{}", rand::random::<u32>());
+    let channel = format!("{key}:released");
+    let release = redis::Script::new(
+        "redis.call('del', KEYS[1]); redis.call('publish', ARGV[1], '1'); return 1",
+    );
+    let client = redis::Client::open(url).unwrap();
+    let mut holder = client.get_connection().unwrap();
+    let mut out = Vec::new();
+    for _ in 0..rounds {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("holder")
+            .arg("PX")
+            .arg(30_000)
+            .query(&mut holder)
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (client, waiter_key, waiter_channel) = (client.clone(), key.clone(), channel.clone());
+        let waiter = thread::spawn(move || {
+            let (key, channel) = (waiter_key, waiter_channel);
+            let mut sub = client.get_connection().unwrap();
+            let mut con = client.get_connection().unwrap();
+            let mut pubsub = sub.as_pubsub();
+            pubsub.subscribe(&channel).unwrap();
+            let mut first = true;
+            loop {
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg("waiter")
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query(&mut con)
+                    .unwrap();
+                if set.is_some() {
+                    tx.send(Instant::now()).unwrap();
+                    let _: () = redis::cmd("DEL").arg(&key).query(&mut con).unwrap();
+                    return;
+                }
+                if first {
+                    ready_tx.send(()).unwrap();
+                    first = false;
+                }
+                let _ = pubsub.get_message().unwrap();
+            }
+        });
+        ready_rx.recv().unwrap();
+        // The same settle as dlm's rows, so that the waiter blocks on its subscription.
+        thread::sleep(Duration::from_millis(20));
+        let released = Instant::now();
+        let _: i64 = release.key(&key).arg(&channel).invoke(&mut holder).unwrap();
+        out.push(rx.recv().unwrap() - released);
+        waiter.join().unwrap();
+    }
+    out.sort();
+    out
+}
+
+/// The floor of an observer on Redis: the leader publishes its new value with one script
+/// (`SET` and `PUBLISH` of the value), an observer blocked on its own subscription reads
+/// it from the message (no listener thread, no read after the message). The time from
+/// the call to the observer reading the value: sorted samples.
+fn minimal_observe(url: &str, rounds: usize) -> Vec<Duration> {
+    use dlm_redis::redis;
+    let key = format!("bench-minimal-{}", rand::random::<u32>());
+    let channel = format!("{key}:changed");
+    let proclaim = redis::Script::new(
+        "redis.call('set', KEYS[1], ARGV[2], 'PX', 30000); redis.call('publish', ARGV[1], ARGV[2]); return 1",
+    );
+    let client = redis::Client::open(url).unwrap();
+    let mut leader = client.get_connection().unwrap();
+    let (seen_tx, seen_rx) = mpsc::channel::<(Instant, String)>();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let observer_client = client.clone();
+    let observer_channel = channel.clone();
+    let observer = thread::spawn(move || {
+        let mut sub = observer_client.get_connection().unwrap();
+        let mut pubsub = sub.as_pubsub();
+        pubsub.subscribe(&observer_channel).unwrap();
+        ready_tx.send(()).unwrap();
+        loop {
+            let message = pubsub.get_message().unwrap();
+            let at = Instant::now();
+            let value: String = message.get_payload().unwrap();
+            let last = value == "stop";
+            if seen_tx.send((at, value)).is_err() || last {
+                return;
+            }
+        }
+    });
+    ready_rx.recv().unwrap();
+    let mut out = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let value = format!("v{i}");
+        let proclaimed = Instant::now();
+        let _: i64 = proclaim
+            .key(&key)
+            .arg(&channel)
+            .arg(&value)
+            .invoke(&mut leader)
+            .unwrap();
+        loop {
+            let (at, seen) = seen_rx.recv().unwrap();
+            if seen == value {
+                out.push(at - proclaimed);
+                break;
+            }
+        }
+    }
+    let _: i64 = proclaim
+        .key(&key)
+        .arg(&channel)
+        .arg("stop")
+        .invoke(&mut leader)
+        .unwrap();
+    observer.join().unwrap();
+    let _: () = redis::cmd("DEL").arg(&key).query(&mut leader).unwrap();
+    out.sort();
+    out
+}
+
 /// Runs the election bench and prints its table.
 pub fn run(rounds: usize) {
     let redis = dlm_testkit::redis_server::RedisServer::spawn();
@@ -294,6 +439,8 @@ pub fn run(rounds: usize) {
     // the release's call) of a lock and of a one-permit semaphore.
     let lock = mutex_handover(&redis_backend, rounds, false);
     let permit = mutex_handover(&redis_backend, rounds, true);
+    let minimal = minimal_handover(&redis_url, rounds);
+    let minimal_observed = minimal_observe(&redis_url, rounds);
     let rows: Vec<(&str, f64, Samples)> = vec![
         ("dlm (redis)", redis_rtt, dlm(&redis_backend, rounds)),
         ("dlm (etcd)", etcd_rtt, dlm(&etcd_backend, rounds)),
@@ -319,9 +466,29 @@ pub fn run(rounds: usize) {
             percentile(samples, 0.99),
         );
     }
+    let floor = (
+        percentile(&minimal, 0.5),
+        percentile(&minimal_observed, 0.5),
+    );
+    println!(
+        "| minimal pub/sub client (redis), the floor | {redis_rtt:.0} | {:.0} ({:.1} RTT) | {:.0} | {:.0} ({:.1} RTT) | {:.0} |",
+        floor.0,
+        floor.0 / redis_rtt,
+        percentile(&minimal, 0.99),
+        floor.1,
+        floor.1 / redis_rtt,
+        percentile(&minimal_observed, 0.99),
+    );
     for (system, rtt, (mut handover, mut observe)) in rows {
         handover.sort();
         observe.sort();
+        if system == "dlm (redis)" {
+            println!(
+                "(dlm (redis) election against the floor: hand-over {:.2}x, observe {:.2}x)",
+                percentile(&handover, 0.5) / floor.0,
+                percentile(&observe, 0.5) / floor.1,
+            );
+        }
         println!(
             "| {system} | {rtt:.0} | {:.0} ({:.1} RTT) | {:.0} | {:.0} ({:.1} RTT) | {:.0} |",
             percentile(&handover, 0.5),
