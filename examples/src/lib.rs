@@ -121,3 +121,55 @@ pub fn seconds(s: f64) -> Duration {
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The guide's pages (`docs/guide/`): their Rust blocks compiled and run as doc-tests.
+/// `guide_pages_are_all_compiled` checks that every page is listed here.
+#[cfg(doctest)]
+pub mod guide {
+    #[doc = include_str!("../../docs/guide/README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../docs/guide/deployments.md")]
+    pub struct Deployments;
+    #[doc = include_str!("../../docs/guide/redis.md")]
+    pub struct Redis;
+    #[doc = include_str!("../../docs/guide/locks.md")]
+    pub struct Locks;
+    #[doc = include_str!("../../docs/guide/semaphores-and-rw-locks.md")]
+    pub struct SemaphoresAndRwLocks;
+    #[doc = include_str!("../../docs/guide/elections.md")]
+    pub struct Elections;
+    #[doc = include_str!("../../docs/guide/multi-locks.md")]
+    pub struct MultiLocks;
+    #[doc = include_str!("../../docs/guide/fencing.md")]
+    pub struct Fencing;
+    #[doc = include_str!("../../docs/guide/command.md")]
+    pub struct Command;
+    #[doc = include_str!("../../docs/guide/command-reference.md")]
+    pub struct CommandReference;
+    #[doc = include_str!("../../docs/guide/operating.md")]
+    pub struct Operating;
+    #[doc = include_str!("../../docs/guide/testing.md")]
+    pub struct Testing;
+    #[doc = include_str!("../../docs/guide/migrating.md")]
+    pub struct Migrating;
+    #[doc = include_str!("../../docs/guide/contributing.md")]
+    pub struct Contributing;
+}
+
+/// The guide pages whose Rust blocks are compiled (see [`guide`]), by file name.
+pub const GUIDE_PAGES: &[&str] = &[
+    "README.md",
+    "deployments.md",
+    "redis.md",
+    "locks.md",
+    "semaphores-and-rw-locks.md",
+    "elections.md",
+    "multi-locks.md",
+    "fencing.md",
+    "command.md",
+    "command-reference.md",
+    "operating.md",
+    "testing.md",
+    "migrating.md",
+    "contributing.md",
+];
