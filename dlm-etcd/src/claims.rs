@@ -268,7 +268,7 @@ pub(crate) fn try_acquire(inner: &Inner, req: &GroupRequest<'_>) -> Result<Acqui
                 }) {
                     return Err(BackendError::new(
                         BackendErrorKind::Conflict,
-                        format!("the semaphore is held with {other} permits, not {permits}"),
+                        format!("the semaphore {name} is held with {other} permits, not {permits}"),
                     ));
                 }
                 if entries.len() >= permits as usize {
