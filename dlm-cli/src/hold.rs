@@ -120,9 +120,13 @@ fn held(
             "standard output failed"
         }),
         Ok(()) => {
+            // The watcher gets a clone: it returns at once when it watches nothing (a
+            // file, /dev/null), and a dropped last sender would end the hold as if input
+            // had ended. This one lives until the hold ends.
+            let watcher_tx = closed_tx.clone();
             let watched = thread::Builder::new()
                 .name("dlm-hold-io".into())
-                .spawn(move || watch_io(&closed_tx));
+                .spawn(move || watch_io(&watcher_tx));
             if let Err(e) = watched {
                 drop(guard.unlock());
                 return Err(Failure::new(

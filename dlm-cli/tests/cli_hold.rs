@@ -195,3 +195,26 @@ fn a_lost_lock_ends_the_hold_with_status_70() {
     assert_eq!(value(&out, "hold"), "70", "{out}");
     assert_eq!(value(&out, "run_after"), "0", "{out}");
 }
+
+/// Standard input from `/dev/null` and standard output to a file: neither is watched, so
+/// the hold lasts until a signal (it had ended at once, as if its input had ended).
+#[test]
+fn a_hold_that_watches_nothing_lasts_until_a_signal() {
+    let _serial = SERIAL.lock();
+    let server = server();
+    let url = server.url();
+    let mut hold = Proc::spawn(common::dlm().args(["hold", "--redis", &url, "unwatched"]));
+    common::wait_until(Duration::from_secs(10), "the assignments", || {
+        hold.stdout_now().starts_with("DLM_LOCK_NAME='unwatched'")
+    });
+    // Held: a second run is refused, and the hold is still running.
+    assert_eq!(try_once(&url, "unwatched"), 1);
+    assert!(
+        hold.stderr_now().is_empty(),
+        "the hold said: {}",
+        hold.stderr_now()
+    );
+    hold.signal("TERM");
+    hold.wait(Duration::from_secs(30)).expect(143);
+    assert_eq!(try_once(&url, "unwatched"), 0);
+}
