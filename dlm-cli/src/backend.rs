@@ -14,10 +14,14 @@ use crate::exit::Failure;
 pub(crate) const URL_VAR: &str = "DLM_REDIS_URL";
 /// The environment variable read for etcd when neither `--redis` nor `--etcd` is given.
 pub(crate) const ETCD_VAR: &str = "DLM_ETCD_ENDPOINTS";
-/// The environment variable with the password for URLs that have none.
+/// The environment variable with the password for URLs that have none, on every backend
+/// (after the backend's own variable).
+pub(crate) const ANY_PASSWORD_VAR: &str = "DLM_PASSWORD";
+/// The environment variable with the password for Redis URLs that have none: the older
+/// name of `DLM_PASSWORD`, read before it on Redis (and last on etcd).
 pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
 /// The environment variable with the password for etcd URLs that name a user and have
-/// none; `DLM_REDIS_PASSWORD` is read when it is not set.
+/// none; `DLM_PASSWORD`, then `DLM_REDIS_PASSWORD`, are read when it is not set.
 pub(crate) const ETCD_PASSWORD_VAR: &str = "DLM_ETCD_PASSWORD";
 /// The environment variable read for PostgreSQL when no backend flag is given.
 pub(crate) const POSTGRES_VAR: &str = "DLM_POSTGRES_URL";
@@ -30,7 +34,12 @@ pub(crate) const POSTGRES_PASSWORD_VAR: &str = "DLM_POSTGRES_PASSWORD";
 /// (as `user:pw@`, or `?pass=` for a Redis unix socket, `?password=` for PostgreSQL). A URL
 /// list without one stays, for a nested `dlm`.
 pub(crate) fn secret_vars() -> Vec<&'static str> {
-    let mut vars = vec![PASSWORD_VAR, ETCD_PASSWORD_VAR, POSTGRES_PASSWORD_VAR];
+    let mut vars = vec![
+        ANY_PASSWORD_VAR,
+        PASSWORD_VAR,
+        ETCD_PASSWORD_VAR,
+        POSTGRES_PASSWORD_VAR,
+    ];
     let has_password = |u: &str| {
         url::Url::parse(u.trim()).is_ok_and(|u| {
             u.password().is_some_and(|p| !p.is_empty())
@@ -75,50 +84,13 @@ pub(crate) struct Connection {
 impl Connection {
     /// Builds the backend the arguments (or the environment) name.
     pub(crate) fn from_args(args: &BackendArgs) -> Result<Connection, Failure> {
-        let env = |var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty());
-        // A flag names the backend (the parser refused two); without one, the one
-        // variable that is set does.
-        if let Some(url) = &args.postgres {
-            return postgres(args, url, "--postgres");
+        let (backend, list, source) = choose(args)?;
+        match backend {
+            Backend::Postgres => return postgres(args, &list, source),
+            Backend::Etcd => return etcd(args, &list, source),
+            Backend::Redis => {}
         }
-        if let Some(urls) = &args.etcd {
-            return etcd(args, urls, "--etcd");
-        }
-        if args.redis.is_none() {
-            let set: Vec<(&str, &str, String)> = [
-                (URL_VAR, "--redis"),
-                (ETCD_VAR, "--etcd"),
-                (POSTGRES_VAR, "--postgres"),
-            ]
-            .into_iter()
-            .filter_map(|(var, flag)| env(var).map(|value| (var, flag, value)))
-            .collect();
-            match &set[..] {
-                [(ETCD_VAR, _, urls)] => return etcd(args, urls, "$DLM_ETCD_ENDPOINTS"),
-                [(POSTGRES_VAR, _, url)] => return postgres(args, url, "$DLM_POSTGRES_URL"),
-                [] | [_] => {}
-                [(a, fa, _), (b, fb, _)] => {
-                    return Err(Failure::usage(format!(
-                        "both {a} and {b} are set: give {fa} or {fb}"
-                    )));
-                }
-                _ => {
-                    return Err(Failure::usage(format!(
-                        "{URL_VAR}, {ETCD_VAR} and {POSTGRES_VAR} are all set: give --redis, --etcd or --postgres"
-                    )));
-                }
-            }
-        }
-        let (list, source) = match (&args.redis, std::env::var(URL_VAR)) {
-            (Some(urls), _) => (urls.clone(), "--redis"),
-            (None, Ok(urls)) if !urls.trim().is_empty() => (urls, "$DLM_REDIS_URL"),
-            _ => {
-                return Err(Failure::usage(format!(
-                    "no backend: give --redis URL[,URL...], --etcd URL[,URL...] or --postgres URL, or set {URL_VAR}, {ETCD_VAR} or {POSTGRES_VAR} (see dlm --help)"
-                )));
-            }
-        };
-        let password = password(args, &[PASSWORD_VAR])?;
+        let password = password(args, &[PASSWORD_VAR, ANY_PASSWORD_VAR])?;
         // With Sentinel the password is the data nodes', not the sentinels'.
         let url_password = password.as_deref().filter(|_| args.sentinel.is_none());
         let urls: Vec<String> = list
@@ -230,9 +202,96 @@ impl Connection {
     }
 }
 
+/// Which store a command line names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Redis,
+    Etcd,
+    Postgres,
+}
+
+/// The backend, its URL(s), and where they came from (`--redis` or `$DLM_REDIS_URL`, ...).
+/// A flag names the backend (two are refused); without one, the one variable that is set
+/// does (a blank one is not set). The Redis options (`--cluster`, `--sentinel`,
+/// `--wait-replicas`) are refused with another backend.
+fn choose(args: &BackendArgs) -> Result<(Backend, String, &'static str), Failure> {
+    let all = [
+        (Backend::Redis, &args.redis, "redis", "--redis", URL_VAR),
+        (Backend::Etcd, &args.etcd, "etcd", "--etcd", ETCD_VAR),
+        (
+            Backend::Postgres,
+            &args.postgres,
+            "postgres",
+            "--postgres",
+            POSTGRES_VAR,
+        ),
+    ];
+    // (backend, value, flag, variable) for each option given on the command line, then
+    // for each variable that is set (and not blank).
+    let flags: Vec<(Backend, &String, &'static str, &'static str)> = all
+        .iter()
+        .filter(|(.., id, _, _)| !args.is_from_env(id))
+        .filter_map(|(b, value, _, flag, var)| value.as_ref().map(|v| (*b, v, *flag, *var)))
+        .collect();
+    let (backend, list, source) = match &flags[..] {
+        [(backend, value, flag, _)] => (*backend, (*value).clone(), *flag),
+        [(_, _, a, _), (_, _, b, _), ..] => {
+            return Err(Failure::usage(format!(
+                "{b} cannot be used with {a}: give one backend"
+            )));
+        }
+        [] => {
+            let set: Vec<(Backend, &String, &'static str, &'static str)> = all
+                .iter()
+                .filter_map(|(b, value, _, flag, var)| value.as_ref().map(|v| (*b, v, *flag, *var)))
+                .filter(|(_, v, ..)| !v.trim().is_empty())
+                .collect();
+            match &set[..] {
+                [(backend, value, ..)] => (
+                    *backend,
+                    (*value).clone(),
+                    match backend {
+                        Backend::Redis => "$DLM_REDIS_URL",
+                        Backend::Etcd => "$DLM_ETCD_ENDPOINTS",
+                        Backend::Postgres => "$DLM_POSTGRES_URL",
+                    },
+                ),
+                [] => {
+                    return Err(Failure::usage(format!(
+                        "no backend: give --redis URL[,URL...], --etcd URL[,URL...] or --postgres URL, or set {URL_VAR}, {ETCD_VAR} or {POSTGRES_VAR} (see dlm --help)"
+                    )));
+                }
+                [(_, _, fa, a), (_, _, fb, b)] => {
+                    return Err(Failure::usage(format!(
+                        "both {a} and {b} are set: give {fa} or {fb}"
+                    )));
+                }
+                _ => {
+                    return Err(Failure::usage(format!(
+                        "{URL_VAR}, {ETCD_VAR} and {POSTGRES_VAR} are all set: give --redis, --etcd or --postgres"
+                    )));
+                }
+            }
+        }
+    };
+    if backend != Backend::Redis {
+        let redis_only = [
+            ("--cluster", args.cluster),
+            ("--sentinel", args.sentinel.is_some()),
+            ("--wait-replicas", args.wait_replicas.is_some()),
+        ];
+        if let Some((option, _)) = redis_only.iter().find(|(_, given)| *given) {
+            return Err(Failure::usage(format!(
+                "{option} cannot be used with {source}: it is a Redis option"
+            )));
+        }
+    }
+    Ok((backend, list, source))
+}
+
 /// An etcd backend on the members `list` (comma-separated client URLs) from `source`.
 /// The options of Redis deployments (`--cluster`, `--sentinel`, `--wait-replicas`) were
-/// refused by the argument parser.
+/// refused by [`choose`].
 fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Failure> {
     let urls: Vec<&str> = list
         .split(',')
@@ -240,13 +299,14 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
         .filter(|u| !u.is_empty())
         .collect();
     let mut b = dlm_etcd::EtcdBackend::builder(&urls);
-    // The password of --password-file, $DLM_ETCD_PASSWORD or $DLM_REDIS_PASSWORD is for
+    // The password of --password-file, $DLM_ETCD_PASSWORD, $DLM_PASSWORD or
+    // $DLM_REDIS_PASSWORD is for
     // URLs that name a user and have no password (etcd has no default user, so it needs
     // one).
     let parsed: Vec<Option<url::Url>> = urls.iter().map(|u| url::Url::parse(u).ok()).collect();
     let has_user = parsed.iter().flatten().any(|u| !u.username().is_empty());
     let has_password = parsed.iter().flatten().any(|u| u.password().is_some());
-    if let Some(password) = password(args, &[ETCD_PASSWORD_VAR, PASSWORD_VAR])? {
+    if let Some(password) = password(args, &[ETCD_PASSWORD_VAR, ANY_PASSWORD_VAR, PASSWORD_VAR])? {
         if !has_user && args.password_file.is_some() {
             return Err(Failure::usage(format!(
                 "--password-file with etcd needs a user: name it in the URL of {source} (http://USER@host:port)"
@@ -276,14 +336,14 @@ fn etcd(args: &BackendArgs, list: &str, source: &str) -> Result<Connection, Fail
 
 /// A PostgreSQL backend on the server(s) of `url` (one libpq URL, whose hosts may be
 /// several: `host1:5432,host2:5432`) from `source`. The options of Redis deployments were
-/// refused by the argument parser. The password of `--password-file` or
-/// `$DLM_POSTGRES_PASSWORD` is for a URL that has none; without any, dlm-postgres reads
+/// refused by [`choose`]. The password of `--password-file`, `$DLM_POSTGRES_PASSWORD`
+/// or `$DLM_PASSWORD` is for a URL that has none; without any, dlm-postgres reads
 /// `$PGPASSWORD`. `--prefix` names the schema; the `--tls-*` flags make it TLS
 /// (`sslmode=require`, verified), whatever the URL says but `sslmode=disable`.
 fn postgres(args: &BackendArgs, url: &str, source: &'static str) -> Result<Connection, Failure> {
     let url = url.trim();
     let mut b = dlm_postgres::PostgresBackend::builder(url);
-    if let Some(password) = password(args, &[POSTGRES_PASSWORD_VAR])?
+    if let Some(password) = password(args, &[POSTGRES_PASSWORD_VAR, ANY_PASSWORD_VAR])?
         && !postgres_password_in(url)
     {
         b = b.password(&password);
@@ -432,14 +492,42 @@ fn tls(
         .iter()
         .any(|u| u.as_ref().to_ascii_lowercase().starts_with(&prefix))
     {
+        // Named as the user set them: flags, or their variables.
+        let given = [
+            ("tls_ca_file", args.tls_ca_file.is_some(), "DLM_TLS_CA_FILE"),
+            ("tls_cert", args.tls_cert.is_some(), "DLM_TLS_CERT"),
+            ("tls_key", args.tls_key.is_some(), "DLM_TLS_KEY"),
+            (
+                "tls_server_name",
+                args.tls_server_name.is_some(),
+                "DLM_TLS_SERVER_NAME",
+            ),
+        ];
+        let vars: Vec<String> = given
+            .iter()
+            .filter(|(id, set, _)| *set && args.is_from_env(id))
+            .map(|(_, _, var)| format!("${var}"))
+            .collect();
+        let what = if vars.len() == given.iter().filter(|(_, set, _)| *set).count() {
+            format!("the TLS options of {}", vars.join(", "))
+        } else {
+            "--tls-* options".to_owned()
+        };
         return Err(Failure::usage(format!(
-            "--tls-* options need a URL with the {prefix} scheme (TLS); the URLs are plain {plain}://"
+            "{what} need a URL with the {prefix} scheme (TLS); the URLs are plain {plain}://"
         )));
     }
     Ok(Some(options))
 }
 
-/// The TLS options of the `--tls-*` flags, if any is given.
+/// A path option's value, empty ones included: clap's own parser refuses an empty value,
+/// and an empty variable (`DLM_TLS_CA_FILE=`) is taken as not set (`note_sources` in
+/// main.rs), not as an error.
+pub(crate) fn path(s: &str) -> Result<std::path::PathBuf, String> {
+    Ok(std::path::PathBuf::from(s))
+}
+
+/// The TLS options of the `--tls-*` flags (or their variables), if any is given.
 fn tls_options(args: &BackendArgs) -> Option<TlsOptions> {
     let any =
         args.tls_ca_file.is_some() || args.tls_cert.is_some() || args.tls_server_name.is_some();

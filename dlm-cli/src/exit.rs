@@ -1,13 +1,27 @@
 //! Exit statuses and the failure that carries one.
+//!
+//! sysexits(3)'s codes where one has the meaning (64 usage, 69 unavailable, 71 an
+//! operating-system error, 77 no permission, 78 configuration); two keep dlm's own
+//! meaning: 1 for a lock not obtained (as flock(1)) and 70 for a lost lock (not
+//! EX_SOFTWARE's internal error). 126 and 127 are the shells'.
 
 /// The lock was not obtained (`-n`, `-w`), unless `-E` says otherwise (as flock).
 pub(crate) const CONFLICT: u8 = 1;
-/// Bad arguments, a bad URL or lock name, no command, no backend (as clap's own).
-pub(crate) const USAGE: u8 = 2;
-/// The backend failed: unreachable, refused the credentials, no quorum (EX_UNAVAILABLE).
+/// Bad arguments, a bad URL or lock name, no command, no backend, clap's own errors
+/// included (EX_USAGE).
+pub(crate) const USAGE: u8 = 64;
+/// The backend failed: unreachable, no quorum, TLS refused (EX_UNAVAILABLE).
 pub(crate) const UNAVAILABLE: u8 = 69;
-/// The lock was lost while the command ran.
+/// The lock was lost while the command ran (dlm's own meaning, not EX_SOFTWARE's).
 pub(crate) const LOST: u8 = 70;
+/// dlm itself could not do something of its own: start a thread, handle signals, wait
+/// for the command, write its output (EX_OSERR).
+pub(crate) const OS_ERROR: u8 = 71;
+/// The backend refused the credentials, or a permission (EX_NOPERM).
+pub(crate) const NO_PERMISSION: u8 = 77;
+/// The settings disagree with the backend's state: a semaphore held with another
+/// permit count (EX_CONFIG).
+pub(crate) const CONFIG: u8 = 78;
 /// The command exists but cannot be executed (as shells).
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as shells).
@@ -49,8 +63,9 @@ impl Failure {
     }
 
     /// The status for a library error: bad input is a usage error that names the flag
-    /// that set it (see [`invalid`]), anything else the backend's failure. The message is
-    /// the library's, which never holds a password.
+    /// that set it (see [`invalid`]), refused credentials or permissions are
+    /// [`NO_PERMISSION`], anything else the backend's failure. The message is the
+    /// library's, which never holds a password.
     pub(crate) fn from_lock_error(what: &str, e: &dlm_core::Error) -> Failure {
         Failure::from_lock_error_with(what, e, "--redis")
     }
@@ -64,6 +79,13 @@ impl Failure {
     ) -> Failure {
         match e {
             dlm_core::Error::InvalidArgument(a) => Failure::usage(invalid(a, urls)),
+            e if matches!(
+                e.backend_kind(),
+                Some(dlm_core::BackendErrorKind::Auth | dlm_core::BackendErrorKind::Permission)
+            ) =>
+            {
+                Failure::new(NO_PERMISSION, format!("{what}: {e}"))
+            }
             e => Failure::new(UNAVAILABLE, format!("{what}: {e}")),
         }
     }

@@ -104,7 +104,7 @@ fn held(
         if let Err(e) = spawned {
             drop(guard.unlock());
             return Err(Failure::new(
-                exit::UNAVAILABLE,
+                exit::OS_ERROR,
                 format!("cannot start a thread: {e}"),
             ));
         }
@@ -130,7 +130,7 @@ fn held(
             if let Err(e) = watched {
                 drop(guard.unlock());
                 return Err(Failure::new(
-                    exit::UNAVAILABLE,
+                    exit::OS_ERROR,
                     format!("cannot start a thread: {e}"),
                 ));
             }

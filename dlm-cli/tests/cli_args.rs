@@ -1,7 +1,7 @@
 //! The real `dlm` binary's arguments and secrets: bad input gets a clear message and
-//! status 2 before any I/O, errors name dlm's own flags, URL lists that are no sound
-//! deployment are refused, `--help`'s examples, and passwords never show nor reach the
-//! command.
+//! status 64 (EX_USAGE) before any I/O, a refused password 77 (EX_NOPERM), errors name
+//! dlm's own flags, URL lists that are no sound deployment are refused, `--help`'s
+//! examples, and passwords never show nor reach the command.
 //!
 //! Every test takes `SERIAL` (they start servers and processes; CI machines have 2 cores).
 
@@ -28,7 +28,7 @@ fn bad_input_gets_a_clear_message_and_its_status() {
     let cases: Vec<(Vec<String>, i32, &str)> = vec![
         (
             s(&["run", "--redis", "foo://x", "n", "--", "true"]),
-            2,
+            64,
             "scheme",
         ),
         (
@@ -38,39 +38,39 @@ fn bad_input_gets_a_clear_message_and_its_status() {
         ),
         (
             s(&["run", "--redis", &wrong, "n", "--", "true"]),
-            69,
+            77,
             "auth",
         ),
-        (s(&["status", "--redis", &wrong, "n"]), 69, "auth"),
-        (s(&["run", "--redis", &url, "", "--", "true"]), 2, "empty"),
+        (s(&["status", "--redis", &wrong, "n"]), 77, "auth"),
+        (s(&["run", "--redis", &url, "", "--", "true"]), 64, "empty"),
         (
             s(&["run", "--redis", &url, &long, "--", "true"]),
-            2,
+            64,
             "513 bytes",
         ),
         (
             s(&["run", "--redis", &url, "a\tb", "--", "true"]),
-            2,
+            64,
             "control",
         ),
-        (s(&["status", "--redis", &url, ""]), 2, "empty"),
-        (s(&["run", "--redis", &url, "n"]), 2, "no command"),
-        (s(&["run", "n", "--", "true"]), 2, "no backend"),
-        (s(&["status", "n"]), 2, "no backend"),
-        (s(&["unlock", "--redis", &url, "n"]), 2, "--force"),
+        (s(&["status", "--redis", &url, ""]), 64, "empty"),
+        (s(&["run", "--redis", &url, "n"]), 64, "no command"),
+        (s(&["run", "n", "--", "true"]), 64, "no backend"),
+        (s(&["status", "n"]), 64, "no backend"),
+        (s(&["unlock", "--redis", &url, "n"]), 64, "--force"),
         (
             s(&["run", "--redis", &url, "--lease", "0", "n", "--", "true"]),
-            2,
+            64,
             "lease",
         ),
         (
             s(&["run", "--redis", &url, "-w", "x", "n", "--", "true"]),
-            2,
+            64,
             "seconds",
         ),
         (
             s(&["run", "--redis", &url, "-n", "-w", "1", "n", "--", "true"]),
-            2,
+            64,
             "--wait",
         ),
         (
@@ -82,7 +82,7 @@ fn bad_input_gets_a_clear_message_and_its_status() {
                 "--",
                 "true",
             ]),
-            2,
+            64,
             "bad --redis: nodes 0 and 1 are the same server",
         ),
         // TLS flags with plain redis:// URLs (etcd's https:// case: cli_etcd.rs).
@@ -97,10 +97,10 @@ fn bad_input_gets_a_clear_message_and_its_status() {
                 "--",
                 "true",
             ]),
-            2,
+            64,
             "need a url with the rediss:// scheme",
         ),
-        (s(&["frobnicate"]), 2, "unrecognized subcommand"),
+        (s(&["frobnicate"]), 64, "unrecognized subcommand"),
     ];
     for (args, code, says) in &cases {
         let done = run(dlm().args(args));
@@ -134,7 +134,7 @@ fn errors_name_dlms_own_flags() {
             .arg("run")
             .args(args)
             .args(["--redis", closed, "n", "--", "true"]));
-        done.expect(2);
+        done.expect(64);
         assert_eq!(done.stderr, format!("dlm: {text}\n"), "{args:?}");
     };
     says(
@@ -160,7 +160,7 @@ fn errors_name_dlms_own_flags() {
     let done = run(dlm()
         .args(["run", "--wait-replicas", "1", "--wait-timeout", "5"])
         .args(["--redis", closed, "n", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr.starts_with("dlm: bad --wait-timeout: the timeout must be positive and shorter than the reply deadline (1s)"),
         "{}",
@@ -169,7 +169,7 @@ fn errors_name_dlms_own_flags() {
     let done = run(dlm()
         .env("DLM_REDIS_URL", "foo://x")
         .args(["run", "n", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr.starts_with("dlm: bad $DLM_REDIS_URL: "),
         "{}",
@@ -198,16 +198,16 @@ fn url_lists_that_are_no_sound_redlock_are_refused() {
         ),
     ] {
         let done = run(dlm().args(["run", "--redis", &urls, "n", "--", "true"]));
-        done.expect(2);
+        done.expect(64);
         assert_eq!(done.stderr, text);
         let done = run(dlm().args(["status", "--redis", &urls, "n"]));
-        done.expect(2);
+        done.expect(64);
         assert_eq!(done.stderr, text);
     }
     let done = run(dlm()
         .env("DLM_REDIS_URL", format!("{a},{b}"))
         .args(["run", "n", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr
             .starts_with("dlm: $DLM_REDIS_URL gives 2 URLs: Redlock needs 3"),
@@ -240,14 +240,14 @@ fn a_command_without_the_double_dash_gets_a_hint() {
         "echo",
         "hi",
     ]));
-    done.expect(2);
+    done.expect(64);
     assert_eq!(
         done.stderr,
         "dlm: put the command after --: dlm run [OPTIONS] job -- echo hi (or give a shell command with -c)\n"
     );
     // Its own options are not read as dlm's.
     let done = run(dlm().args(["run", "--redis", "redis://127.0.0.1:1/", "job", "ls", "-l"]));
-    done.expect(2);
+    done.expect(64);
     assert!(done.stderr.contains("-- ls -l "), "{}", done.stderr);
     let done = run(dlm().args([
         "run",
@@ -258,7 +258,7 @@ fn a_command_without_the_double_dash_gets_a_hint() {
         "echo",
         "hi",
     ]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr
             .contains("-c takes the whole shell command as one argument"),
@@ -338,9 +338,9 @@ fn passwords_never_show() {
         (Way::Url(PW), 0),
         (Way::Env(PW), 0),
         (Way::File(&right_file), 0),
-        (Way::Url(WRONG), 69),
-        (Way::Env(WRONG), 69),
-        (Way::File(&wrong_file), 69),
+        (Way::Url(WRONG), 77),
+        (Way::Env(WRONG), 77),
+        (Way::File(&wrong_file), 77),
     ];
     let cmd = |way: &Way<'_>, args: &[&str]| {
         // The subcommand, then the backend's options, then the rest (maybe after `--`).
@@ -519,4 +519,99 @@ fn the_command_does_not_get_dlms_secrets() {
         env_of(dlm().env("DLM_REDIS_URL", open.url()), &[]).as_deref(),
         Some(open.url().as_str())
     );
+}
+
+/// A backend flag goes before every backend variable (they are not a conflict), the Redis
+/// options are refused beside another backend's variable, and `$DLM_PASSWORD` is the
+/// password on Redis too: after `$DLM_REDIS_PASSWORD`, refused with 77 when wrong, never
+/// given to the command. Clap's own usage errors exit 64 as dlm's do.
+#[test]
+fn flags_go_before_variables_and_dlm_password_is_every_backends() {
+    let _serial = SERIAL.lock();
+    const PW: &str = "Any-Backend-Pa55";
+    let secured = RedisServer::builder().password(PW).spawn();
+    let plain = format!("redis://127.0.0.1:{}/", secured.port());
+    let nowhere = [
+        ("DLM_ETCD_ENDPOINTS", "http://127.0.0.1:1"),
+        ("DLM_POSTGRES_URL", "postgresql://u@127.0.0.1:1/db"),
+        ("DLM_REDIS_URL", "redis://127.0.0.1:1"),
+    ];
+    // --redis with the three variables set (one of them Redis's own): the flag's server.
+    run(dlm()
+        .envs(nowhere)
+        .env("DLM_PASSWORD", PW)
+        .args(["run", "--redis", &plain, "vars", "--", "sh", "-c"])
+        .arg("test -z \"$DLM_PASSWORD\""))
+    .expect(0);
+    // $DLM_REDIS_PASSWORD goes before $DLM_PASSWORD.
+    run(dlm()
+        .env("DLM_REDIS_PASSWORD", PW)
+        .env("DLM_PASSWORD", "wrong")
+        .args(["run", "--redis", &plain, "vars", "--", "true"]))
+    .expect(0);
+    let done = run(dlm()
+        .env("DLM_PASSWORD", "Wrong-Pa55")
+        .args(["status", "--redis", &plain, "vars"]));
+    done.expect(77);
+    assert!(done.stderr.contains("auth"), "{}", done.stderr);
+    assert!(!done.stderr.contains("Pa55"), "{}", done.stderr);
+    // --etcd with $DLM_REDIS_URL set: etcd (nothing listens: 69, not a usage error).
+    let done = run(dlm().env("DLM_REDIS_URL", &plain).args([
+        "run",
+        "-n",
+        "--etcd",
+        "http://127.0.0.1:1",
+        "x",
+        "--",
+        "true",
+    ]));
+    done.expect(69);
+    // A Redis option beside another backend's variable: named as the user set it.
+    let done = run(dlm().env("DLM_ETCD_ENDPOINTS", "http://127.0.0.1:1").args([
+        "run",
+        "--cluster",
+        "x",
+        "--",
+        "true",
+    ]));
+    done.expect(64);
+    assert_eq!(
+        done.stderr,
+        "dlm: --cluster cannot be used with $DLM_ETCD_ENDPOINTS: it is a Redis option\n"
+    );
+    // Two backend flags.
+    let done = run(dlm().args([
+        "run",
+        "--redis",
+        &plain,
+        "--postgres",
+        "postgresql://u@127.0.0.1:1/db",
+        "x",
+        "--",
+        "true",
+    ]));
+    done.expect(64);
+    assert!(
+        done.stderr
+            .contains("--postgres cannot be used with --redis"),
+        "{}",
+        done.stderr
+    );
+    // Clap's errors: no subcommand, an unknown option, a bad value.
+    for args in [
+        &[][..],
+        &["run", "--frobnicate"],
+        &["run", "--on-lost", "x"],
+    ] {
+        let done = run(dlm().args(args));
+        done.expect(64);
+        assert!(
+            done.stderr.starts_with("error: ") || done.stderr.contains("Usage: dlm <COMMAND>"),
+            "{args:?}: {}",
+            done.stderr
+        );
+    }
+    // --help and --version are no errors.
+    run(dlm().arg("--help")).expect(0);
+    run(dlm().arg("--version")).expect(0);
 }

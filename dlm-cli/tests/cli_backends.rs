@@ -159,7 +159,7 @@ fn cluster_and_sentinel_backends() {
         "--",
         "true",
     ]))
-    .expect(2);
+    .expect(64);
 
     let t = dlm_testkit::sentinel::SentinelTopology::builder()
         .password("data-pw")
@@ -195,7 +195,7 @@ fn cluster_and_sentinel_backends() {
         "--",
         "true",
     ]))
-    .expect(2);
+    .expect(64);
     let urls = format!("{},{},{}", single.url(), single.url(), single.url());
     run(dlm().args([
         "run",
@@ -207,7 +207,7 @@ fn cluster_and_sentinel_backends() {
         "--",
         "true",
     ]))
-    .expect(2);
+    .expect(64);
     run(dlm().args([
         "run",
         "--cluster",
@@ -219,10 +219,10 @@ fn cluster_and_sentinel_backends() {
         "--",
         "true",
     ]))
-    .expect(2);
+    .expect(64);
 }
 
-/// `--sentinel` with the URL of a plain Redis (not a Sentinel): a usage error (2) that
+/// `--sentinel` with the URL of a plain Redis (not a Sentinel): a usage error (64) that
 /// says so, not the server's `ERR unknown command 'SENTINEL'` as a backend failure (69).
 #[test]
 fn a_plain_redis_given_as_a_sentinel_is_a_usage_error() {
@@ -241,7 +241,7 @@ fn a_plain_redis_given_as_a_sentinel_is_a_usage_error() {
                 } else {
                     &[]
                 }));
-        done.expect(2);
+        done.expect(64);
         assert_eq!(
             done.stderr,
             "dlm: --sentinel: --redis does not name a Redis Sentinel (the server does not know \

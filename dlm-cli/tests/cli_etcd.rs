@@ -108,14 +108,14 @@ fn etcd_usage_errors_and_an_unreachable_member() {
         ),
     ] {
         let done = run(dlm().arg("run").args(&args).args(["x", "--", "true"]));
-        done.expect(2);
+        done.expect(64);
         assert!(done.stderr.contains(why), "{args:?}: {}", done.stderr);
     }
     let done = run(dlm()
         .env("DLM_ETCD_ENDPOINTS", "http://127.0.0.1:2379")
         .env("DLM_REDIS_URL", "redis://127.0.0.1:6379")
         .args(["run", "x", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr.contains("give --redis or --etcd"),
         "{}",
@@ -157,14 +157,59 @@ fn mutual_tls_on_etcd_takes_the_same_tls_flags_as_redis() {
         .args(["job", "--", "sh", "-c", "echo $DLM_FENCING_TOKEN"]));
     done.expect(0);
     assert!(done.stdout.trim().parse::<u64>().is_ok(), "{}", done.stdout);
+    // The same under etcdctl's and redis-cli's names.
+    run(dlm()
+        .args(["run", "--etcd", &url, "--cacert"])
+        .arg(pki.ca_file())
+        .arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .args(["job", "--", "true"]))
+    .expect(0);
+    // And from the environment, the endpoints too; an empty DLM_TLS_SERVER_NAME is not
+    // set.
+    run(dlm()
+        .env("DLM_ETCD_ENDPOINTS", &url)
+        .env("DLM_TLS_CA_FILE", pki.ca_file())
+        .env("DLM_TLS_CERT", &cert)
+        .env("DLM_TLS_KEY", &key)
+        .env("DLM_TLS_SERVER_NAME", "")
+        .args(["run", "job", "--", "true"]))
+    .expect(0);
+    // A flag goes before its variable: a wrong CA from the environment is not used.
+    run(dlm()
+        .env("DLM_TLS_CA_FILE", pki.other_ca_file())
+        .env("DLM_TLS_CERT", &cert)
+        .env("DLM_TLS_KEY", &key)
+        .args(["run", "--etcd", &url, "--tls-ca-file"])
+        .arg(pki.ca_file())
+        .args(["job", "--", "true"]))
+    .expect(0);
 
     // TLS flags with plain http:// members: a usage error before any I/O.
     let done = run(dlm()
         .args(["run", "--etcd", &server.url(), "--tls-ca-file"])
         .arg(pki.ca_file())
         .args(["job", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(done.stderr.contains("https://"), "{}", done.stderr);
+    // The same from the environment: named as such.
+    let done = run(dlm().env("DLM_TLS_CA_FILE", pki.ca_file()).args([
+        "run",
+        "--etcd",
+        &server.url(),
+        "job",
+        "--",
+        "true",
+    ]));
+    done.expect(64);
+    assert!(
+        done.stderr
+            .contains("the TLS options of $DLM_TLS_CA_FILE need a URL with the https:// scheme"),
+        "{}",
+        done.stderr
+    );
 }
 
 #[test]
@@ -198,6 +243,19 @@ fn etcd_auth_takes_the_password_as_on_redis_and_never_shows_it() {
         .env("DLM_REDIS_PASSWORD", "alice-pw")
         .args(["run", "--etcd", &user_url, "job", "--", "true"]))
     .expect(0);
+    // $DLM_PASSWORD, every backend's: after $DLM_ETCD_PASSWORD, before
+    // $DLM_REDIS_PASSWORD; the command does not get it.
+    run(dlm()
+        .env("DLM_PASSWORD", "alice-pw")
+        .env("DLM_REDIS_PASSWORD", "wrong-pw")
+        .args(["run", "--etcd", &user_url, "job", "--", "sh", "-c"])
+        .arg("test -z \"$DLM_PASSWORD\""))
+    .expect(0);
+    run(dlm()
+        .env("DLM_ETCD_PASSWORD", "alice-pw")
+        .env("DLM_PASSWORD", "wrong-pw")
+        .args(["run", "--etcd", &user_url, "job", "--", "true"]))
+    .expect(0);
     // The URL's userinfo, from $DLM_ETCD_ENDPOINTS: the command does not get that
     // variable (it holds a password).
     run(dlm()
@@ -219,7 +277,7 @@ fn etcd_auth_takes_the_password_as_on_redis_and_never_shows_it() {
     let done = run(dlm()
         .env("DLM_REDIS_PASSWORD", "wrong-pw")
         .args(["run", "--etcd", &user_url, "job", "--", "true"]));
-    assert_ne!(done.status.code(), Some(0), "{}", done.stderr);
+    done.expect(77);
     assert!(
         done.stderr.contains("authenticating as user"),
         "{}",
@@ -233,4 +291,43 @@ fn etcd_auth_takes_the_password_as_on_redis_and_never_shows_it() {
         .args(["job", "--", "true"]));
     assert!(done.stderr.contains("needs a user"), "{}", done.stderr);
     assert!(!done.stderr.contains("alice-pw"), "{}", done.stderr);
+}
+
+/// Another permit count than the one a semaphore is held with: refused with 78
+/// (EX_CONFIG) without running the command, and the message names the semaphore and the
+/// backend (as on Redis, `cli_primitives.rs`).
+#[test]
+fn another_permit_count_on_etcd_names_the_semaphore_and_the_backend() {
+    let _serial = SERIAL.lock();
+    let server = EtcdServer::spawn();
+    let url = server.url();
+    let mut holder = Proc::spawn(dlm().args(["hold", "--permits", "2", "--etcd", &url, "jobs"]));
+    wait_until(Duration::from_secs(10), "the permit to be held", || {
+        holder.stdout_now().starts_with("DLM_LOCK_NAME='jobs'")
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let done = run(dlm()
+        .args([
+            "run",
+            "--permits",
+            "3",
+            "--etcd",
+            &url,
+            "jobs",
+            "--",
+            "touch",
+        ])
+        .arg(&ran));
+    done.expect(78);
+    assert!(!ran.exists(), "the command ran");
+    assert!(
+        done.stderr.contains(
+            "cannot take a permit of \"jobs\" (etcd (1 member)): the semaphore jobs is held with 2 permits, not 3"
+        ),
+        "{}",
+        done.stderr
+    );
+    holder.signal("TERM");
+    holder.wait(Duration::from_secs(30)).expect(143);
 }

@@ -269,7 +269,7 @@ fn semaphores_and_read_write_locks_on_postgres() {
     assert_eq!(try_once(&["--exclusive"], "pg-rw"), 0, "a writer alone");
 }
 
-/// Bad input is a usage error (2) before any I/O; the backend comes from the one flag, or
+/// Bad input is a usage error (64) before any I/O; the backend comes from the one flag, or
 /// without a flag from the one variable that is set.
 #[test]
 fn postgres_usage_errors_and_the_choice_of_backend() {
@@ -319,7 +319,7 @@ fn postgres_usage_errors_and_the_choice_of_backend() {
     ];
     for (args, why) in &cases {
         let done = run(dlm().arg("run").args(args).args(["x", "--", "true"]));
-        done.expect(2);
+        done.expect(64);
         assert!(done.stderr.contains(why), "{args:?}: {}", done.stderr);
     }
     // TLS flags with a URL that says sslmode=disable.
@@ -333,7 +333,7 @@ fn postgres_usage_errors_and_the_choice_of_backend() {
         ])
         .arg(pki.ca_file())
         .args(["x", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr
             .contains("bad TLS options: TLS settings were given, but the URL says sslmode=disable"),
@@ -344,7 +344,7 @@ fn postgres_usage_errors_and_the_choice_of_backend() {
     let done = run(dlm()
         .env("DLM_POSTGRES_URL", &redis_like)
         .args(["status", "x"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr
             .contains("bad $DLM_POSTGRES_URL: a PostgreSQL URL"),
@@ -375,11 +375,11 @@ fn postgres_usage_errors_and_the_choice_of_backend() {
             .envs(vars.iter().copied())
             .env("DLM_POSTGRES_URL", &us)
             .args(["run", "x", "--", "true"]));
-        done.expect(2);
+        done.expect(64);
         assert_eq!(done.stderr, format!("dlm: {says}\n"), "{vars:?}");
     }
     let done = run(dlm().args(["run", "x", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr.contains("or --postgres URL") && done.stderr.contains("DLM_POSTGRES_URL"),
         "{}",
@@ -490,8 +490,9 @@ fn password_file(dir: &Path, name: &str, password: &str) -> PathBuf {
 }
 
 /// The password of a server that asks for one: from the URL, else `--password-file`,
-/// `$DLM_POSTGRES_PASSWORD` or libpq's `$PGPASSWORD` (not `$DLM_REDIS_PASSWORD`). Right
-/// or wrong, with `-vv`, it shows in no output; the command does not get it.
+/// `$DLM_POSTGRES_PASSWORD`, `$DLM_PASSWORD` or libpq's `$PGPASSWORD` (not
+/// `$DLM_REDIS_PASSWORD`). Right or wrong, with `-vv`, it shows in no output; the command
+/// does not get it. A refused password is 77 (EX_NOPERM).
 #[test]
 fn postgres_passwords_as_on_redis_and_never_shown() {
     let _serial = SERIAL.lock();
@@ -558,27 +559,39 @@ fn postgres_passwords_as_on_redis_and_never_shown() {
             "a wrong file",
             vec![],
             vec!["--postgres", plain, "--password-file", &wrong],
-            69,
+            77,
         ),
         (
             "a wrong variable",
             vec![("DLM_POSTGRES_PASSWORD", WRONG)],
             vec!["--postgres", plain],
-            69,
+            77,
         ),
         (
             "a wrong URL",
             vec![("DLM_POSTGRES_PASSWORD", PW)],
             vec!["--postgres", with_wrong],
-            69,
+            77,
         ),
         (
             "Redis's variable",
             vec![("DLM_REDIS_PASSWORD", PW)],
             vec!["--postgres", plain],
-            69,
+            77,
         ),
-        ("none", vec![], vec!["--postgres", plain], 69),
+        (
+            "$DLM_PASSWORD",
+            vec![("DLM_PASSWORD", PW), ("PGPASSWORD", WRONG)],
+            vec!["--postgres", plain],
+            0,
+        ),
+        (
+            "$DLM_POSTGRES_PASSWORD before $DLM_PASSWORD",
+            vec![("DLM_POSTGRES_PASSWORD", PW), ("DLM_PASSWORD", WRONG)],
+            vec!["--postgres", plain],
+            0,
+        ),
+        ("none", vec![], vec!["--postgres", plain], 77),
     ];
     for (what, env, backend, code) in &ways {
         let subs: &[&[&str]] = if *code == 0 {
@@ -661,7 +674,7 @@ fn postgres_passwords_as_on_redis_and_never_shown() {
         .args(["run", "--postgres", plain, "--password-file"])
         .arg(&empty)
         .args(["x", "--", "true"]));
-    done.expect(2);
+    done.expect(64);
     assert!(done.stderr.contains("is empty"), "{}", done.stderr);
 }
 

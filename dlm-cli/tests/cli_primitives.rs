@@ -254,8 +254,9 @@ fn readers_share_and_a_writer_waits_for_them() {
     assert_eq!(stage.most_at_once().0, 2, "{lines:?}");
 }
 
-/// A run that asks for another permit count than the one in use fails at once (exit 2,
-/// saying which count is in use), without running its command and without waiting.
+/// A run that asks for another permit count than the one in use fails at once (exit 78,
+/// EX_CONFIG, saying which count is in use, on which backend, for which semaphore),
+/// without running its command and without waiting.
 #[test]
 fn another_permit_count_is_refused_without_running_the_command() {
     let server = server();
@@ -276,10 +277,13 @@ fn another_permit_count_is_refused_without_running_the_command() {
             "touch",
         ])
         .arg(&ran));
-    done.expect(2);
+    done.expect(78);
     assert!(!ran.exists(), "the command ran");
     assert!(
-        done.stderr.contains("held with 2 permits, not 3") && done.stderr.contains("--permits"),
+        done.stderr
+            .contains("the semaphore jobs is held with 2 permits, not 3")
+            && done.stderr.contains("(1 server)")
+            && done.stderr.contains("--permits"),
         "{}",
         done.stderr
     );
@@ -289,13 +293,13 @@ fn another_permit_count_is_refused_without_running_the_command() {
 
 fn refused(args: &[&str], ran: &Path) -> Done {
     let done = run(dlm().args(args).arg(ran));
-    done.expect(2);
+    done.expect(64);
     assert!(!ran.exists(), "{args:?} ran its command");
     done
 }
 
 /// `--permits 0` and `--permits` beside `--shared` or `--exclusive` are usage errors
-/// (exit 2), before any I/O (the URL points nowhere) and without running the command.
+/// (exit 64), before any I/O (the URL points nowhere) and without running the command.
 #[test]
 fn bad_primitive_flags_are_usage_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -341,11 +345,11 @@ fn bad_primitive_flags_are_usage_errors() {
         &ran,
     );
     let done = run(dlm().args(["status", "--redis", url, "--permits", "0", "j"]));
-    done.expect(2);
+    done.expect(64);
 }
 
 /// Redlock (three URLs) keeps no semaphores and no read-write locks: `dlm run` says so,
-/// naming the backend, with exit 2 and without running the command; `dlm status` too.
+/// naming the backend, with exit 64 and without running the command; `dlm status` too.
 #[test]
 fn redlock_refuses_permits_and_read_write_locks() {
     require_redis_server();
@@ -369,7 +373,7 @@ fn redlock_refuses_permits_and_read_write_locks() {
         );
     }
     let done = run(dlm().args(["status", "--redis", &urls, "--permits", "2", "j"]));
-    done.expect(2);
+    done.expect(64);
     assert!(
         done.stderr.contains("keeps no semaphores"),
         "{}",
@@ -545,7 +549,7 @@ fn status_shows_and_unlock_clears_semaphores_and_read_write_locks() {
         );
     }
 
-    run(dlm().args(["unlock", "--redis", &url, "--permits", "jobs"])).expect(2);
+    run(dlm().args(["unlock", "--redis", &url, "--permits", "jobs"])).expect(64);
     let unlocked = run(dlm().args([
         "unlock",
         "--force",
@@ -596,5 +600,5 @@ fn status_shows_and_unlock_clears_semaphores_and_read_write_locks() {
         "--",
         "true",
     ]))
-    .expect(2);
+    .expect(64);
 }

@@ -314,7 +314,7 @@ fn the_commands_status_arguments_and_environment_pass_through() {
     env.expect(0);
     assert_eq!(env.stdout, "2000\n");
     let both = in_lock(&["--watchdog", "2", "--lease", "2", "--", "true"]);
-    both.expect(2);
+    both.expect(64);
 }
 
 // --- The server-settings check -------------------------------------------------------

@@ -72,11 +72,15 @@ pub(crate) fn acquire(
     let acquire_error = |e: Error| match e {
         Error::Interrupted => signals.interrupted(name),
         // Another permit count is in use: a setting to fix, not a wait to retry.
-        e if e.backend_kind() == Some(BackendErrorKind::Conflict) => Failure::usage(format!(
-            "cannot take a permit of {name:?}: {}; every holder must give the same --permits (the count is fixed while any permit is held)",
-            e.backend()
-                .map_or("another permit count is in use", |b| b.message())
-        )),
+        e if e.backend_kind() == Some(BackendErrorKind::Conflict) => Failure::new(
+            exit::CONFIG,
+            format!(
+                "cannot take a permit of {name:?} ({}): {}; every holder must give the same --permits (the count is fixed while any permit is held)",
+                conn.describe,
+                e.backend()
+                    .map_or("another permit count is in use", |b| b.message())
+            ),
+        ),
         e => Failure::from_lock_error(&format!("cannot acquire {name:?} ({})", conn.describe), &e),
     };
     // -n: one attempt. Otherwise the library's waiting calls, which retry transient

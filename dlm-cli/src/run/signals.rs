@@ -57,7 +57,7 @@ impl Signals {
         }));
         let (interrupter, interrupt) = interrupt_pair();
         let signals = SignalsInfo::<WithOrigin>::new(FORWARDED)
-            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot handle signals: {e}")))?;
+            .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?;
         Ok(Signals {
             state,
             interrupt,
@@ -85,7 +85,7 @@ impl Signals {
         let thread = thread::Builder::new()
             .name("dlm-signals".into())
             .spawn(move || forward_signals(&mut signals, &state, &interrupter))
-            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}")))?;
+            .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot start a thread: {e}")))?;
         self.thread = Some(thread);
         Ok(())
     }

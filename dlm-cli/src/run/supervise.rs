@@ -88,7 +88,7 @@ pub(super) fn run_child(
             .spawn(move || {
                 watch_lost(&signal, &done_rx, &state, &lost, on_lost, kill_after, &name);
             })
-            .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("cannot start a thread: {e}")))?
+            .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot start a thread: {e}")))?
     };
 
     // Wait without reaping first, so that nobody signals a reaped (reusable) pid.
@@ -97,12 +97,9 @@ pub(super) fn run_child(
         rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
     );
     state.lock().child = None;
-    let status = child.wait().map_err(|e| {
-        Failure::new(
-            exit::UNAVAILABLE,
-            format!("cannot wait for the command: {e}"),
-        )
-    })?;
+    let status = child
+        .wait()
+        .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot wait for the command: {e}")))?;
     // The keeper goes (its exit is reaped after the release, which it does not delay).
     let keeper = keeper.map(Keeper::kill);
     signals.close();

@@ -69,6 +69,11 @@ pub(crate) fn dlm() -> Command {
         .env_remove("DLM_ETCD_PASSWORD")
         .env_remove("DLM_POSTGRES_URL")
         .env_remove("DLM_POSTGRES_PASSWORD")
+        .env_remove("DLM_PASSWORD")
+        .env_remove("DLM_TLS_CA_FILE")
+        .env_remove("DLM_TLS_CERT")
+        .env_remove("DLM_TLS_KEY")
+        .env_remove("DLM_TLS_SERVER_NAME")
         .env_remove("PGPASSWORD")
         .stdin(Stdio::null());
     c
