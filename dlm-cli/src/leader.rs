@@ -45,8 +45,12 @@ pub(crate) fn leader(conn: &Connection, args: &LeaderArgs) -> Result<u8, Failure
             Failure::from_lock_error("bad election name", &e)
         }
     })?;
-    let cannot =
-        |e: dlm_core::Error| Failure::from_lock_error(&format!("cannot read {:?}", args.name), &e);
+    let cannot = |e: dlm_core::Error| {
+        Failure::from_lock_error(
+            &format!("cannot read {:?} ({})", args.name, conn.describe),
+            &e,
+        )
+    };
     if !args.watch {
         let now = election.leader().map_err(cannot)?;
         if now.is_some() || args.json {
@@ -68,7 +72,11 @@ pub(crate) fn leader(conn: &Connection, args: &LeaderArgs) -> Result<u8, Failure
                 }
             }
             Err(e) => {
-                log::warn!("cannot read {:?} (looking again): {e}", args.name);
+                log::warn!(
+                    "cannot read {:?} ({}; looking again): {e}",
+                    args.name,
+                    conn.describe
+                );
                 std::thread::sleep(std::time::Duration::from_secs(1));
             }
         }

@@ -76,9 +76,9 @@ pub(crate) fn status(conn: &Connection, args: &StatusArgs) -> Result<u8, Failure
         let checked = dlm_core::LockName::new(name)
             .map_err(|e| Failure::usage(format!("bad lock name {name:?}: {}", e.reason())))?;
         let resource = Resource::new(conn, &client, &checked, kind)?;
-        let holders = resource
-            .inspect()
-            .map_err(|e| Failure::from_lock_error(&format!("cannot read {name:?}"), &e))?;
+        let holders = resource.inspect().map_err(|e| {
+            Failure::from_lock_error(&format!("cannot read {name:?} ({})", conn.describe), &e)
+        })?;
         rows.push((name, holders));
     }
     let out = if args.json {
@@ -230,9 +230,12 @@ pub(crate) fn unlock(conn: &Connection, args: &UnlockArgs) -> Result<u8, Failure
             return Err(Failure::new(exit::CONFLICT, "not released"));
         }
     }
-    let released = resource
-        .force_unlock()
-        .map_err(|e| Failure::from_lock_error(&format!("cannot release {:?}", args.name), &e))?;
+    let released = resource.force_unlock().map_err(|e| {
+        Failure::from_lock_error(
+            &format!("cannot release {:?} ({})", args.name, conn.describe),
+            &e,
+        )
+    })?;
     if released {
         println!("{}\treleased", args.name);
     } else {

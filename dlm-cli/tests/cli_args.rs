@@ -553,7 +553,14 @@ fn flags_go_before_variables_and_dlm_password_is_every_backends() {
         .env("DLM_PASSWORD", "Wrong-Pa55")
         .args(["status", "--redis", &plain, "vars"]));
     done.expect(77);
-    assert!(done.stderr.contains("auth"), "{}", done.stderr);
+    // The message names the backend it is about.
+    assert!(
+        done.stderr
+            .starts_with("dlm: cannot read \"vars\" (1 server): ")
+            && done.stderr.contains("auth"),
+        "{}",
+        done.stderr
+    );
     assert!(!done.stderr.contains("Pa55"), "{}", done.stderr);
     // --etcd with $DLM_REDIS_URL set: etcd (nothing listens: 69, not a usage error).
     let done = run(dlm().env("DLM_REDIS_URL", &plain).args([
