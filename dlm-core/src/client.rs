@@ -132,7 +132,7 @@ impl LockClient {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a name that
     /// [`LockName::new`] rejects. No I/O happens here.
     pub fn get_lock(&self, name: &str) -> Result<DistributedLock> {
-        let name = LockName::new(name)?;
+        let name = self.name(name)?;
         let shared = self.registry.lock_state(&self.shared, name);
         Ok(DistributedLock::new(
             shared,
@@ -181,7 +181,14 @@ impl LockClient {
     /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported) backend
     /// error when the backend keeps no elections. No I/O happens here.
     pub fn get_election(&self, name: &str) -> Result<Election> {
-        Election::new(self, LockName::new(name)?)
+        Election::new(self, self.name(name)?)
+    }
+
+    /// `name` as a [`LockName`] this client's backend can keep (no I/O).
+    fn name(&self, name: &str) -> Result<LockName> {
+        let name = LockName::new(name)?;
+        self.shared.backend.check_name(&name)?;
+        Ok(name)
     }
 
     /// A handle of `claim` (a group kind) on `name`.
@@ -203,7 +210,7 @@ impl LockClient {
     /// `permits` of 0; a [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
     /// backend error when the backend keeps no semaphores. No I/O happens here.
     pub fn get_semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
-        let name = LockName::new(name)?;
+        let name = self.name(name)?;
         if permits == 0 {
             return Err(
                 InvalidArgument::new("permits", "a semaphore needs at least 1 permit").into(),
@@ -226,7 +233,7 @@ impl LockClient {
     /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported) backend
     /// error when the backend keeps no read-write locks. No I/O happens here.
     pub fn get_rw_lock(&self, name: &str) -> Result<ReadWriteLock> {
-        let name = LockName::new(name)?;
+        let name = self.name(name)?;
         let handle = Handle::new(
             self.shared.clone(),
             self.registry.clone(),

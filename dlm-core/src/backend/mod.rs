@@ -292,6 +292,19 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Instant::now()
     }
 
+    /// Whether this backend can keep a lock called `name`, checked when a handle is made
+    /// ([`LockClient::get_lock`](crate::LockClient::get_lock) and the other `get_`
+    /// calls), before any I/O: a store with rules of its own for names (a file name may
+    /// not contain `/`) refuses a name it cannot keep with a clear error there, instead
+    /// of failing at the first attempt. The default accepts every [`LockName`].
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::InvalidArgument) naming the rule the name breaks.
+    fn check_name(&self, name: &LockName) -> Result<(), crate::InvalidArgument> {
+        let _ = name;
+        Ok(())
+    }
+
     /// A short, fixed name for this kind of backend (`"memory"`, `"redis"`, `"redlock"`,
     /// ...): the `backend` label of dlm's metrics ([`crate::metric_names`]). Return one of
     /// a few constant values, never a server address or a lock name: each value is a time

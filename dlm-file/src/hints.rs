@@ -1,0 +1,228 @@
+//! Release hints: an inotify watch of the directory, read by one thread per backend.
+//!
+//! A holder's lock file is open for writing while it holds it, so its end shows as an
+//! event whatever the cause: a release removes the file (`IN_DELETE`), a process that dies
+//! closes it (`IN_CLOSE_WRITE`, sent by the kernel as it closes the dead process's files).
+//! Each event wakes one waiter of this process for that name (the front's turns order
+//! them); releases made by this process wake their local waiter directly, without waiting
+//! for the event.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dlm_core::backend::{LockName, Unsubscribe, WaitList, Watch};
+use parking_lot::Mutex;
+use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd, poll};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
+
+use crate::dir::MUTEX_PREFIX;
+
+/// How long after an event for a name an attempt that still finds it held looks again
+/// soon ([`Hints::recently_hinted`]): a dying process's file is reported closed a moment
+/// before the kernel drops its lock.
+pub(crate) const SETTLE: Duration = Duration::from_millis(10);
+
+/// How soon such an attempt looks again.
+pub(crate) const SETTLE_LOOK_AGAIN: Duration = Duration::from_millis(2);
+
+/// The waiters of this process, per name, and when each name last had an event.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    lists: Mutex<HashMap<LockName, (WaitList, Option<Instant>)>>,
+}
+
+impl Registry {
+    /// Wakes one local waiter of `name` (a release by this process).
+    pub(crate) fn notify(&self, name: &LockName) {
+        if let Some((list, _)) = self.lists.lock().get(name) {
+            list.notify_one();
+        }
+    }
+
+    fn event(&self, name: &LockName) {
+        if let Some((list, at)) = self.lists.lock().get_mut(name) {
+            *at = Some(Instant::now());
+            list.notify_one();
+        }
+    }
+
+    fn notify_all(&self) {
+        for (list, _) in self.lists.lock().values() {
+            list.notify_all();
+        }
+    }
+
+    /// Whether a woken waiter of `name` has not made its attempt yet.
+    pub(crate) fn wake_pending(&self, name: &LockName) -> bool {
+        self.lists
+            .lock()
+            .get(name)
+            .is_some_and(|(list, _)| list.wake_pending())
+    }
+
+    /// Whether `name` had an event within [`SETTLE`].
+    pub(crate) fn recently_hinted(&self, name: &LockName) -> bool {
+        self.lists
+            .lock()
+            .get(name)
+            .and_then(|(_, at)| *at)
+            .is_some_and(|at| at.elapsed() < SETTLE)
+    }
+
+    /// Whether this process has waiters for `name`.
+    pub(crate) fn has_waiters(&self, name: &LockName) -> bool {
+        self.lists
+            .lock()
+            .get(name)
+            .is_some_and(|(list, _)| !list.is_empty())
+    }
+
+    /// A subscription to `name`'s hints; `on_last` runs when the last waiter of the
+    /// name leaves.
+    pub(crate) fn subscribe(
+        self: &Arc<Self>,
+        name: &LockName,
+        on_last: Box<dyn Fn(&LockName) + Send + Sync>,
+    ) -> Watch {
+        let inner = self
+            .lists
+            .lock()
+            .entry(name.clone())
+            .or_insert_with(|| (WaitList::new(), None))
+            .0
+            .subscribe();
+        let receiver = inner.receiver().clone();
+        Watch::with_unsubscribe(
+            receiver,
+            Box::new(Subscription {
+                inner: Some(inner),
+                registry: self.clone(),
+                name: name.clone(),
+                on_last,
+            }),
+        )
+    }
+}
+
+struct Subscription {
+    inner: Option<Watch>,
+    registry: Arc<Registry>,
+    name: LockName,
+    on_last: Box<dyn Fn(&LockName) + Send + Sync>,
+}
+
+impl Unsubscribe for Subscription {
+    fn trying(&self, on: bool) {
+        if let Some(w) = &self.inner {
+            w.trying(on);
+        }
+    }
+
+    fn unsubscribe(mut self: Box<Self>, _pending_wake: bool) {
+        // The list's own subscription passes an unused wake-up on when dropped.
+        drop(self.inner.take());
+        let last = {
+            let mut lists = self.registry.lists.lock();
+            let empty = lists.get(&self.name).is_some_and(|(l, _)| l.is_empty());
+            if empty {
+                lists.remove(&self.name);
+            }
+            empty
+        };
+        if last {
+            (self.on_last)(&self.name);
+        }
+    }
+}
+
+/// The thread that reads the directory's inotify events; stopped and joined on drop.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    stop: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Listener {
+    /// Watches the directory open as `dir` (through `/proc/self/fd`, so a directory
+    /// renamed or replaced at its path meanwhile changes nothing).
+    pub(crate) fn start(dir: &OwnedFd, registry: Arc<Registry>) -> std::io::Result<Listener> {
+        let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
+        let path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        inotify::add_watch(
+            &inotify,
+            path.as_str(),
+            WatchFlags::CLOSE_WRITE | WatchFlags::DELETE | WatchFlags::MOVED_FROM,
+        )?;
+        let stop = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let stop_reader = rustix::io::dup(&stop)?;
+        let thread = std::thread::Builder::new()
+            .name("dlm-file-hints".into())
+            .spawn(move || listen(&inotify, &stop_reader, &registry))?;
+        Ok(Listener {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = rustix::io::write(&self.stop, &1u64.to_ne_bytes());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn listen(inotify: &OwnedFd, stop: &OwnedFd, registry: &Registry) {
+    let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
+    loop {
+        let mut fds = [
+            PollFd::new(inotify, PollFlags::IN),
+            PollFd::new(stop, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => {
+                log::warn!("dlm-file: release hints stopped ({e}); waiters poll");
+                return;
+            }
+        }
+        if !fds[1].revents().is_empty() {
+            return;
+        }
+        let mut reader = inotify::Reader::new(inotify.as_fd(), &mut buf);
+        loop {
+            match reader.next() {
+                Ok(event) => {
+                    if event.events().contains(ReadFlags::QUEUE_OVERFLOW) {
+                        registry.notify_all();
+                        continue;
+                    }
+                    let Some(file) = event.file_name() else {
+                        continue;
+                    };
+                    let Some(name) = file
+                        .to_str()
+                        .ok()
+                        .and_then(|f| f.strip_prefix(MUTEX_PREFIX))
+                        .and_then(|n| LockName::new(n).ok())
+                    else {
+                        continue;
+                    };
+                    registry.event(&name);
+                }
+                Err(Errno::WOULDBLOCK | Errno::INTR) => break,
+                Err(e) => {
+                    log::warn!("dlm-file: reading release hints failed ({e}); waiters poll");
+                    return;
+                }
+            }
+        }
+    }
+}
