@@ -96,8 +96,10 @@ impl Group {
 
     /// One attempt of `owner` at a hold of kind `claim` for `ttl` (expired holds already
     /// dropped). `draw` issues the hold's fencing token when it is granted.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn try_admit(
         &mut self,
+        name: &dlm_core::backend::LockName,
         claim: Claim,
         owner: &OwnerToken,
         now: Instant,
@@ -112,7 +114,7 @@ impl Group {
             return Err(BackendError::new(
                 BackendErrorKind::Conflict,
                 format!(
-                    "the semaphore is held with {} permits, not {permits}",
+                    "the semaphore {name} is held with {} permits, not {permits}",
                     self.permits
                 ),
             ));

@@ -396,12 +396,20 @@ impl LockBackend for MemoryBackend {
         let started = self.inner.clock.now();
         let fencing = self.inner.fencing;
         let admitted = self.with_group(request.name, claim, |group, last_fence, now| {
-            group.try_admit(claim, request.owner, now, ttl, request.label, || {
-                fencing.then(|| {
-                    *last_fence += 1;
-                    FencingToken::new(*last_fence)
-                })
-            })
+            group.try_admit(
+                request.name,
+                claim,
+                request.owner,
+                now,
+                ttl,
+                request.label,
+                || {
+                    fencing.then(|| {
+                        *last_fence += 1;
+                        FencingToken::new(*last_fence)
+                    })
+                },
+            )
         })??;
         Ok(group::outcome(admitted, |fence| {
             self.lease(started, ttl, fence)

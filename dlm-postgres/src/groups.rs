@@ -57,7 +57,10 @@ impl PostgresBackend {
         if let Some(held_with) = row.get::<_, Option<i32>>(3) {
             return Err(BackendError::new(
                 BackendErrorKind::Conflict,
-                format!("the semaphore is held with {held_with} permits, not {permits}"),
+                format!(
+                    "the semaphore {} is held with {held_with} permits, not {permits}",
+                    request.name
+                ),
             )
             .never_sent());
         }

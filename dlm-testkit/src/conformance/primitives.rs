@@ -120,6 +120,14 @@ pub fn semaphore_permit_count_is_fixed_while_held(f: &dyn Fixture) {
         .expect_err("another permit count was accepted");
     assert_eq!(kind(&e), Some(BackendErrorKind::Conflict), "{e}");
     assert!(!e.is_transient());
+    // Every backend's message names the semaphore and both counts.
+    let said = e.to_string();
+    assert!(
+        said.contains(&format!(
+            "the semaphore {name} is held with 2 permits, not 3"
+        )),
+        "the conflict does not name the semaphore and its counts: {said}"
+    );
     g.unlock().unwrap();
     let g = three.try_acquire().unwrap().expect("a free semaphore");
     assert_eq!(
