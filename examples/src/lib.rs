@@ -156,7 +156,8 @@ pub mod guide {
     pub struct Contributing;
 }
 
-/// The guide pages whose Rust blocks are compiled (see [`guide`]), by file name.
+/// The guide pages whose Rust blocks are compiled (the `guide` module, built for
+/// doc-tests only), by file name.
 pub const GUIDE_PAGES: &[&str] = &[
     "README.md",
     "deployments.md",
