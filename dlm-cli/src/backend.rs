@@ -25,6 +25,8 @@ pub(crate) const PASSWORD_VAR: &str = "DLM_REDIS_PASSWORD";
 pub(crate) const ETCD_PASSWORD_VAR: &str = "DLM_ETCD_PASSWORD";
 /// The environment variable read for PostgreSQL when no backend flag is given.
 pub(crate) const POSTGRES_VAR: &str = "DLM_POSTGRES_URL";
+/// The directory of the file backend's locks (`--dir`).
+pub(crate) const DIR_VAR: &str = "DLM_DIR";
 /// The environment variable with the password for a PostgreSQL URL that has none (else
 /// dlm-postgres reads libpq's `$PGPASSWORD`).
 pub(crate) const POSTGRES_PASSWORD_VAR: &str = "DLM_POSTGRES_PASSWORD";
@@ -84,6 +86,9 @@ pub(crate) struct Connection {
 impl Connection {
     /// Builds the backend the arguments (or the environment) name.
     pub(crate) fn from_args(args: &BackendArgs) -> Result<Connection, Failure> {
+        if let Some((dir, source)) = local(args)? {
+            return file(args, &dir, source);
+        }
         let (backend, list, source) = choose(args)?;
         match backend {
             Backend::Postgres => return postgres(args, &list, source),
@@ -202,6 +207,119 @@ impl Connection {
     }
 }
 
+/// The directory of the file backend when the command line names it: `--local` (with
+/// `--dir DIR` or the default directory), `--dir DIR`, or, without any backend option,
+/// `$DLM_DIR` when no server's variable is set. `None`: another backend.
+fn local(args: &BackendArgs) -> Result<Option<(std::path::PathBuf, &'static str)>, Failure> {
+    let dir_flag = args.dir.is_some() && !args.is_from_env("dir");
+    let servers = [
+        (
+            "--redis",
+            args.redis.is_some() && !args.is_from_env("redis"),
+        ),
+        ("--etcd", args.etcd.is_some() && !args.is_from_env("etcd")),
+        (
+            "--postgres",
+            args.postgres.is_some() && !args.is_from_env("postgres"),
+        ),
+    ];
+    let server_flag = servers.iter().find(|(_, given)| *given).map(|(f, _)| *f);
+    let source = match (args.local, dir_flag) {
+        (true, _) => "--local",
+        (false, true) => "--dir",
+        (false, false) => {
+            // $DLM_DIR alone, with no server option or variable.
+            let env_dir = args.dir.as_ref().filter(|d| !d.as_os_str().is_empty());
+            let server_var = [&args.redis, &args.etcd, &args.postgres]
+                .iter()
+                .any(|v| v.as_ref().is_some_and(|v| !v.trim().is_empty()));
+            match (env_dir, server_flag, server_var) {
+                (Some(dir), None, false) => {
+                    refuse_server_options(args, "$DLM_DIR")?;
+                    return Ok(Some((dir.clone(), "$DLM_DIR")));
+                }
+                (Some(_), None, true) => {
+                    return Err(Failure::usage(format!(
+                        "{DIR_VAR} is set beside a server's variable: give --local or the server's option"
+                    )));
+                }
+                _ => return Ok(None),
+            }
+        }
+    };
+    if let Some(flag) = server_flag {
+        return Err(Failure::usage(format!(
+            "{source} cannot be used with {flag}: give one backend"
+        )));
+    }
+    refuse_server_options(args, source)?;
+    let dir = match &args.dir {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.clone(),
+        _ => default_dir(),
+    };
+    Ok(Some((dir, source)))
+}
+
+/// The options that only a server takes, refused beside the file backend.
+fn refuse_server_options(args: &BackendArgs, source: &str) -> Result<(), Failure> {
+    let server_only = [
+        ("--cluster", args.cluster),
+        ("--sentinel", args.sentinel.is_some()),
+        ("--wait-replicas", args.wait_replicas.is_some()),
+        ("--password-file", args.password_file.is_some()),
+        ("--prefix", args.prefix.is_some()),
+        (
+            "--tls-ca-file",
+            args.tls_ca_file.is_some() && !args.is_from_env("tls_ca_file"),
+        ),
+        (
+            "--tls-cert",
+            args.tls_cert.is_some() && !args.is_from_env("tls_cert"),
+        ),
+        (
+            "--tls-server-name",
+            args.tls_server_name.is_some() && !args.is_from_env("tls_server_name"),
+        ),
+    ];
+    match server_only.iter().find(|(_, given)| *given) {
+        Some((option, _)) => Err(Failure::usage(format!(
+            "{option} cannot be used with {source}: it is for a server"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `--local`'s directory when none is given: `$XDG_RUNTIME_DIR/dlm` (the user's runtime
+/// directory, private and on a tmpfs), else `/run/lock/dlm` for root, else
+/// `/tmp/dlm-UID` (made 0700; refused if another user made it first).
+pub(crate) fn default_dir() -> std::path::PathBuf {
+    if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return std::path::Path::new(&run).join("dlm");
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    if uid == 0 && std::path::Path::new("/run/lock").is_dir() {
+        return "/run/lock/dlm".into();
+    }
+    format!("/tmp/dlm-{uid}").into()
+}
+
+/// The file backend over `dir`.
+fn file(
+    args: &BackendArgs,
+    dir: &std::path::Path,
+    source: &'static str,
+) -> Result<Connection, Failure> {
+    let _ = args;
+    let backend = dlm_file::FileBackend::new(dir)
+        .map_err(|e| Failure::from_lock_error_with("cannot use the backend", &e, source))?;
+    let describe = format!("this machine, {}", dir.display());
+    log::info!("backend: {describe}");
+    Ok(Connection {
+        backend: Arc::new(backend),
+        describe,
+    })
+}
+
 /// Which store a command line names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
@@ -258,7 +376,7 @@ fn choose(args: &BackendArgs) -> Result<(Backend, String, &'static str), Failure
                 ),
                 [] => {
                     return Err(Failure::usage(format!(
-                        "no backend: give --redis URL[,URL...], --etcd URL[,URL...] or --postgres URL, or set {URL_VAR}, {ETCD_VAR} or {POSTGRES_VAR} (see dlm --help)"
+                        "no backend: give --redis URL[,URL...], --etcd URL[,URL...] or --postgres URL, or set {URL_VAR}, {ETCD_VAR} or {POSTGRES_VAR}; --local for a lock on this machine only (see dlm --help)"
                     )));
                 }
                 [(_, _, fa, a), (_, _, fb, b)] => {

@@ -207,6 +207,15 @@ struct BackendArgs {
     /// --etcd or the Redis options.
     #[arg(long, value_name = "URL", env = backend::POSTGRES_VAR, hide_env_values = true)]
     postgres: Option<String>,
+    /// Locks between the processes of this machine only, with no server: flock(2) on
+    /// files of a directory (--dir, else $XDG_RUNTIME_DIR/dlm, /run/lock/dlm for root,
+    /// /tmp/dlm-UID otherwise; made 0700). A command with no backend option never takes
+    /// one silently: it is a usage error. Not with --redis, --etcd or --postgres.
+    #[arg(long)]
+    local: bool,
+    /// The directory of --local's locks (implies --local).
+    #[arg(long, value_name = "DIR", env = backend::DIR_VAR, value_parser = backend::path)]
+    dir: Option<std::path::PathBuf>,
     /// The URLs are seed nodes of a Redis Cluster (one is enough; more in case one is
     /// down): each lock lives on the master of its hash slot.
     #[arg(long, conflicts_with = "sentinel")]
@@ -274,10 +283,11 @@ struct BackendArgs {
 
 impl BackendArgs {
     /// The ids of the options that have an environment variable.
-    const WITH_ENV: [&'static str; 7] = [
+    const WITH_ENV: [&'static str; 8] = [
         "redis",
         "etcd",
         "postgres",
+        "dir",
         "tls_ca_file",
         "tls_cert",
         "tls_key",

@@ -284,10 +284,7 @@ impl State {
 
     /// One attempt at the kernel lock of `name`: the file locked and still at its path,
     /// or `None` (another process holds it: how long its lease has left, when known).
-    fn lock_file(
-        &self,
-        name: &LockName,
-    ) -> Result<Attempt, BackendError> {
+    fn lock_file(&self, name: &LockName) -> Result<Attempt, BackendError> {
         let file = file_name(name);
         // A file removed by its holder's release between our open and our lock is a dead
         // inode: lock the new one. Each pass follows a release: a few are plenty.

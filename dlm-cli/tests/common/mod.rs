@@ -75,6 +75,7 @@ pub(crate) fn dlm() -> Command {
         .env_remove("DLM_TLS_KEY")
         .env_remove("DLM_TLS_SERVER_NAME")
         .env_remove("PGPASSWORD")
+        .env_remove("DLM_DIR")
         .stdin(Stdio::null());
     c
 }
