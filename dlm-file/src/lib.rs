@@ -36,12 +36,12 @@
 //! - **A lock file removed or replaced** while held (by `force_unlock`, by hand, by a
 //!   cleanup job) ends the hold: the next renewal compares the file's inode with the one
 //!   locked and reports the lock lost, and the next acquisition makes a new file.
-//! - **Fencing tokens** come from one counter per directory (`.tokens`), made durable with
-//!   `fdatasync` before a token is handed out, and never below the wall clock in µs: they
-//!   increase across holders, crashes and reboots (a directory on a tmpfs loses the
-//!   counter at a reboot; the clock term keeps tokens increasing while the clock has not
-//!   gone back). A token is drawn when it is read, or with the acquisition when the last
-//!   hold of the lock read its token.
+//! - **Fencing tokens** come from one counter per directory (`.tokens`), never below the
+//!   wall clock in µs and never above a reservation made durable with `fdatasync` before
+//!   a token passes it: they increase across holders, crashes and reboots (a directory on
+//!   a tmpfs loses the counter at a reboot; the clock term keeps tokens increasing while
+//!   the clock has not gone back). A token is drawn when it is read, or with the
+//!   acquisition when the last hold of the lock read its token.
 //! - **The directory** is made `0700` (files `0600`), or `0770`/`0660` when shared with
 //!   its group on purpose. It is refused when it is a symbolic link, not a directory,
 //!   owned by another user, writable by others, or on a network file system (NFS, SMB,

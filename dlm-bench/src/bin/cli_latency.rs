@@ -9,8 +9,9 @@
 //! ```
 //! The command is `cat FIFO`: it starts when it opens the FIFO (our open for writing
 //! returns then) and exits once we close it. The systems run in interleaved rounds (bare,
-//! flock, dlm on one server, dlm on Redlock over three; each `--dlm PATH` adds both dlm
-//! rows for that binary, e.g. an older build to compare with). CPU is the children's
+//! flock, dlm on this machine (`--local`: no server, as flock), dlm on one server, dlm on
+//! Redlock over three; each `--dlm PATH` adds the dlm rows for that binary, e.g. an
+//! older build to compare with). CPU is the children's
 //! user + system time from `/proc/self/stat` (clock ticks, averaged over the runs).
 
 // A binary: nothing is exported.
@@ -146,6 +147,20 @@ fn main() {
         } else {
             String::new()
         };
+        let local_dir = dir.path().join("dlm-locks");
+        systems.push(s(
+            format!("dlm run -n (--local){tag}"),
+            vec![
+                dlm.display().to_string(),
+                "run".into(),
+                "-n".into(),
+                "cli-latency".into(),
+                "--dir".into(),
+                local_dir.display().to_string(),
+                "--".into(),
+                "cat".into(),
+            ],
+        ));
         for (what, urls) in [
             ("1 server", server.url()),
             ("Redlock-3", redlock_urls.clone()),
