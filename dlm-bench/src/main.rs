@@ -17,6 +17,7 @@
 mod chart;
 mod elections;
 mod etcd;
+mod file;
 mod opts;
 mod peers;
 mod postgres;
@@ -104,6 +105,10 @@ fn main() {
     let opts = Opts::parse();
     if opts.elections {
         elections::run(opts.election_rounds());
+        return;
+    }
+    if opts.file {
+        file::run(opts.rounds.unwrap_or(5));
         return;
     }
     let (rounds, run_for) = opts.rounds();

@@ -23,14 +23,17 @@ pub struct Opts {
     /// Only this many Redis nodes (1 or 5).
     pub nodes: Option<usize>,
     /// Rounds per scenario, instead of the mode's.
-    rounds: Option<usize>,
+    pub rounds: Option<usize>,
     /// Only the election bench (`elections.rs`).
     pub elections: bool,
+    /// Only the file backend's bench (`file.rs`).
+    pub file: bool,
 }
 
 const USAGE: &str = "usage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE] \
 [--only SYSTEM] [--scenario uncontended|contended|contended-8|handoff|paused-minority|fenced-use] [--nodes 1|5] \
-[--rounds N] [--elections]
+[--rounds N] [--elections] [--file]
+--file runs the file backend's bench alone (uncontended against a minimal flock client of the same protocol, and the hand-over; --rounds N: 5 by default).
 --elections runs the election bench alone (hand-over and observe latency beside etcd's /v3/election; --rounds N: N of each, 200 by default).
 --only SYSTEM runs the systems whose name contains SYSTEM (e.g. \"dlm\", \"semaphore\", \"minimal\", \"etcd\", \"postgres\").";
 
@@ -46,6 +49,7 @@ impl Opts {
             nodes: None,
             rounds: None,
             elections: false,
+            file: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -74,6 +78,7 @@ impl Opts {
                     }
                 }
                 "--elections" => opts.elections = true,
+                "--file" => opts.file = true,
                 "--bench" => {} // passed by `cargo bench`
                 "--help" | "-h" => {
                     println!("{USAGE}");

@@ -1,0 +1,193 @@
+//! `dlm-bench --file`: the file backend beside a minimal client of the same mechanism, in
+//! interleaved rounds of one run:
+//! - `dlm (file)`: `FileBackend` through the front (a fixed 30 s lease: no watchdog), lock
+//!   and unlock of a name of its own per thread (uncontended);
+//! - `minimal (flock, same protocol)`: what dlm-file does for one cycle, written directly:
+//!   `openat(O_CREAT | O_NOFOLLOW)`, `flock(LOCK_EX | LOCK_NB)`, the check that the path
+//!   still names the locked inode, the lease end written into the file, then `unlinkat`
+//!   and `close` to release. Ratios are to this row;
+//! - `open + flock + close, file kept`: what `flock(1)` does per run (no check, no
+//!   removal: a file per name ever locked stays);
+//! - `flock on a kept file`: `flock` and `LOCK_UN` on a file opened once, for scale (no
+//!   release by removal, no check: the floor of any flock lock).
+//!
+//! And the hand-over between two backends (as two processes would be): the time from the
+//! release's call to the waiting client's lock returning, p50 and p99.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dlm_core::{Lock, LockClient};
+use dlm_file::FileBackend;
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+
+/// One cycle of the minimal client on `name` in the directory `dir`.
+fn minimal_cycle(dir: &OwnedFd, name: &str) {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
+    let locked = rustix::fs::fstat(&fd).unwrap();
+    let at = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+    assert_eq!((locked.st_dev, locked.st_ino), (at.st_dev, at.st_ino));
+    rustix::io::pwrite(&fd, &0i64.to_le_bytes(), 0).unwrap();
+    rustix::fs::unlinkat(dir, name, AtFlags::empty()).unwrap();
+    drop(fd);
+}
+
+/// flock(1)'s way: open the file (made once, kept), lock it, close it (which unlocks).
+fn open_lock_close_cycle(dir: &OwnedFd, name: &str) {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
+    drop(fd);
+}
+
+fn kept_cycle(fd: &OwnedFd) {
+    rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive).unwrap();
+    rustix::fs::flock(fd, FlockOperation::Unlock).unwrap();
+}
+
+/// Cycles per second of `threads` threads running `cycle(thread)` for `run_for`.
+fn throughput(threads: usize, run_for: Duration, cycle: impl Fn(usize) + Sync) -> f64 {
+    let count = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(threads + 1);
+    let elapsed = thread::scope(|s| {
+        for t in 0..threads {
+            let (count, stop, start, cycle) = (&count, &stop, &start, &cycle);
+            s.spawn(move || {
+                start.wait();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    cycle(t);
+                    n += 1;
+                }
+                count.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let began = Instant::now();
+        thread::sleep(run_for);
+        stop.store(true, Ordering::Relaxed);
+        began.elapsed()
+    });
+    count.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the file bench and prints its tables.
+pub fn run(rounds: usize) {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let path = tmp.path().join("locks");
+    let backend = FileBackend::builder(&path)
+        .build()
+        .expect("the lock directory");
+    let client = LockClient::builder(backend.clone())
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let dir = rustix::fs::open(
+        &path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    let kept: Vec<OwnedFd> = (0..8)
+        .map(|t| {
+            rustix::fs::openat(
+                &dir,
+                format!("kept-{t}").as_str(),
+                OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .unwrap()
+        })
+        .collect();
+    let locks: Vec<_> = (0..8)
+        .map(|t| client.get_lock(&format!("bench-{t}")).unwrap())
+        .collect();
+    let run_for = Duration::from_millis(500);
+    println!(
+        "File backend: uncontended lock + unlock, a name per thread; {rounds} interleaved rounds of {run_for:?}; cycles/s, median of the rounds (ratio to the minimal client)."
+    );
+    println!("| system | threads | cycles/s | ratio |");
+    println!("|---|---|---|---|");
+    for threads in [1, 8] {
+        let (mut dlm, mut minimal, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+        let mut flock1 = Vec::new();
+        for _ in 0..rounds {
+            dlm.push(throughput(threads, run_for, |t| {
+                locks[t].lock().unwrap().unlock().unwrap();
+            }));
+            minimal.push(throughput(threads, run_for, |t| {
+                minimal_cycle(&dir, &format!("minimal-{t}"));
+            }));
+            flock1.push(throughput(threads, run_for, |t| {
+                open_lock_close_cycle(&dir, &format!("flock1-{t}"));
+            }));
+            floor.push(throughput(threads, run_for, |t| kept_cycle(&kept[t])));
+        }
+        let base = median(minimal.clone());
+        for (system, v) in [
+            ("dlm (file)", dlm),
+            ("minimal (flock, same protocol)", minimal),
+            ("open + flock + close, file kept (flock(1)'s way)", flock1),
+            ("flock on a kept file", floor),
+        ] {
+            let m = median(v);
+            println!("| {system} | {threads} | {m:.0} | {:.2}x |", m / base);
+        }
+    }
+    // Hand-over between two backends of one directory.
+    let (a, b) = (
+        LockClient::new(FileBackend::new(&path).unwrap()),
+        LockClient::new(FileBackend::new(&path).unwrap()),
+    );
+    let mut samples = Vec::new();
+    for i in 0..rounds * 50 {
+        let (holder, next) = if i % 2 == 0 {
+            (&a, b.clone())
+        } else {
+            (&b, a.clone())
+        };
+        let held = holder.get_lock("handover").unwrap().lock().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let waiter = thread::spawn(move || {
+            let g = next.get_lock("handover").unwrap().lock().unwrap();
+            tx.send(Instant::now()).unwrap();
+            drop(g);
+        });
+        // A settle, so that the other client waits (it is woken by the release either way).
+        thread::sleep(Duration::from_millis(10));
+        let released = Instant::now();
+        held.unlock().unwrap();
+        samples.push(rx.recv().unwrap() - released);
+        waiter.join().unwrap();
+    }
+    samples.sort();
+    let pct = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "Hand-over between two backends of one directory (as two processes): p50 {:?}, p99 {:?} ({} hand-overs).",
+        pct(0.5),
+        pct(0.99),
+        samples.len()
+    );
+    drop(kept);
+}
