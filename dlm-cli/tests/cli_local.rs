@@ -70,7 +70,11 @@ fn a_held_local_lock_is_refused_status_shows_it_and_force_unlock_frees_it() {
         .args(["job", "-c", &inner]));
     // The holder's lock was released by force under it: it says so, with 70.
     done.expect(70);
-    assert!(done.stderr.contains("the lock had been lost"), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("the lock had been lost"),
+        "{}",
+        done.stderr
+    );
     let out = &done.stdout;
     assert!(out.contains("refused=1"), "{out}");
     assert!(out.contains("refused_e=75"), "{out}");
