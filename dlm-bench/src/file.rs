@@ -2,10 +2,13 @@
 //! interleaved rounds of one run:
 //! - `dlm (file)`: `FileBackend` through the front (a fixed 30 s lease: no watchdog), lock
 //!   and unlock of a name of its own per thread (uncontended);
-//! - `minimal (flock, same protocol)`: what dlm-file does for one cycle, written directly:
+//! - `minimal (flock, same protocol)`: what dlm-file does for one cycle of a name locked
+//!   again and again (its file kept between holds), written directly:
 //!   `openat(O_CREAT | O_NOFOLLOW)`, `flock(LOCK_EX | LOCK_NB)`, the check that the path
-//!   still names the locked inode, the lease end written into the file, then `unlinkat`
-//!   and `close` to release. Ratios are to this row;
+//!   still names the locked inode, the lease end written into the file, `LOCK_UN` and
+//!   `close`. Ratios are to this row;
+//! - `the same, the file made and removed per hold`: what dlm-file does for a name used
+//!   once (`unlinkat` before the close);
 //! - `open + flock + close, file kept`: what `flock(1)` does per run (no check, no
 //!   removal: a file per name ever locked stays);
 //! - `flock on a kept file`: `flock` and `LOCK_UN` on a file opened once, for scale (no
@@ -24,8 +27,29 @@ use dlm_core::{Lock, LockClient};
 use dlm_file::FileBackend;
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 
-/// One cycle of the minimal client on `name` in the directory `dir`.
+/// One cycle of the minimal client on `name` in the directory `dir`: what dlm-file does
+/// for a hot name (its file kept between holds): open, lock, check that the path still
+/// names the locked inode, write the lease end, unlock, close.
 fn minimal_cycle(dir: &OwnedFd, name: &str) {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
+    let locked = rustix::fs::fstat(&fd).unwrap();
+    let at = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+    assert_eq!((locked.st_dev, locked.st_ino), (at.st_dev, at.st_ino));
+    rustix::io::pwrite(&fd, &0i64.to_le_bytes(), 0).unwrap();
+    rustix::fs::flock(&fd, FlockOperation::Unlock).unwrap();
+    drop(fd);
+}
+
+/// The same with the file made and removed at each hold (what dlm-file does for a name
+/// used once).
+fn made_and_removed_cycle(dir: &OwnedFd, name: &str) {
     let fd = rustix::fs::openat(
         dir,
         name,
@@ -132,12 +156,16 @@ pub fn run(rounds: usize) {
     for threads in [1, 8] {
         let (mut dlm, mut minimal, mut floor) = (Vec::new(), Vec::new(), Vec::new());
         let mut flock1 = Vec::new();
+        let mut removed = Vec::new();
         for _ in 0..rounds {
             dlm.push(throughput(threads, run_for, |t| {
                 locks[t].lock().unwrap().unlock().unwrap();
             }));
             minimal.push(throughput(threads, run_for, |t| {
                 minimal_cycle(&dir, &format!("minimal-{t}"));
+            }));
+            removed.push(throughput(threads, run_for, |t| {
+                made_and_removed_cycle(&dir, &format!("removed-{t}"));
             }));
             flock1.push(throughput(threads, run_for, |t| {
                 open_lock_close_cycle(&dir, &format!("flock1-{t}"));
@@ -148,6 +176,7 @@ pub fn run(rounds: usize) {
         for (system, v) in [
             ("dlm (file)", dlm),
             ("minimal (flock, same protocol)", minimal),
+            ("the same, the file made and removed per hold", removed),
             ("open + flock + close, file kept (flock(1)'s way)", flock1),
             ("flock on a kept file", floor),
         ] {

@@ -23,6 +23,12 @@ const NETWORK_FILE_SYSTEMS: &[(u64, &str)] = &[
     (0x0102_1997, "9p"),
 ];
 
+/// A file's device and inode: which file a path named when it was opened.
+pub(crate) type Identity = (u64, u64);
+
+/// An open lock file and its identity.
+pub(crate) type OpenFile = (OwnedFd, Identity);
+
 /// The prefix of a mutex's lock file (`m.NAME`): lock files never collide with the
 /// directory's own files, which start with `.`.
 pub(crate) const MUTEX_PREFIX: &str = "m.";
@@ -214,6 +220,15 @@ impl Dir {
         file: &str,
         create: bool,
     ) -> Result<Option<OwnedFd>, BackendError> {
+        Ok(self.open_file_with_id(file, create)?.map(|(fd, _)| fd))
+    }
+
+    /// [`open_file`](Dir::open_file), with the file's device and inode.
+    pub(crate) fn open_file_with_id(
+        &self,
+        file: &str,
+        create: bool,
+    ) -> Result<Option<OpenFile>, BackendError> {
         let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         if create {
             flags |= OFlags::CREATE;
@@ -262,7 +277,7 @@ impl Dir {
             )
             .never_sent());
         }
-        Ok(Some(fd))
+        Ok(Some((fd, (st.st_dev, st.st_ino))))
     }
 
     /// The device and inode `file` names now (`None`: no such file).

@@ -28,6 +28,10 @@
 //!   kernel's lock. A holder that dies frees its lock at once; a waiter is woken by an
 //!   inotify event of the directory (the holder's file removed by its release, or closed
 //!   as its process ended), never by polling.
+//! - **Files**: a name used once leaves no file (its release removes it); a name released
+//!   again within a second keeps its file between holds (an open and a close per hold
+//!   instead of a create and an unlink), removed once unused for a second or when the
+//!   backend is dropped. A crashed holder's file stays until the name is next held.
 //! - **Leases** end a hold that its owner stops renewing while its process lives (a fixed
 //!   lease, a leaked guard past `max_hold`): a thread of the holder's process releases it
 //!   then. A holder whose whole process is stopped (`SIGSTOP`, a debugger) keeps its lock
@@ -80,6 +84,13 @@ use rustix::time::{ClockId, clock_gettime};
 use crate::dir::{Dir, DirOptions, MUTEX_PREFIX};
 use crate::hints::{Listener, Registry};
 use crate::tokens::Tokens;
+
+/// A name released again within this long of its last release by this backend is hot:
+/// its file is kept at the release (the next hold opens it instead of creating it).
+const HOT: Duration = Duration::from_secs(1);
+
+/// How long a kept file stays unused before the backend removes it.
+const IDLE: Duration = Duration::from_secs(1);
 
 /// How long a waiter looks again after an attempt that found the lock held by a process
 /// whose lease end is not known, or already past (a stopped holder keeps its kernel lock).
@@ -150,6 +161,9 @@ impl FileBackendBuilder {
             registry: Arc::new(Registry::default()),
             tokens: Tokens::default(),
             fencing: self.fencing,
+            recent: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
+            reaper_wake: Mutex::new(ReaperWake::default()),
         });
         Ok(FileBackend {
             inner: Arc::new(Inner {
@@ -176,10 +190,25 @@ struct State {
     holds: Mutex<HashMap<LockName, Hold>>,
     /// Lock files kept open between the attempts of this process's waiters: an attempt
     /// that closed its file would send every other process's waiters an event.
-    probes: Arc<Mutex<HashMap<LockName, OwnedFd>>>,
+    probes: Arc<Mutex<HashMap<LockName, dir::OpenFile>>>,
     registry: Arc<Registry>,
     tokens: Tokens,
     fencing: bool,
+    /// When this backend last released each name (within [`HOT`]).
+    recent: Mutex<HashMap<LockName, Instant>>,
+    /// The files kept at a release (hot names), with when: removed once [`IDLE`].
+    kept: Mutex<HashMap<LockName, Instant>>,
+    /// How to wake the lease thread, once it runs, and when it will look next.
+    reaper_wake: Mutex<ReaperWake>,
+}
+
+/// The lease thread's wake-up: its channel, and when it plans to look next (a kick is
+/// sent only for something due before that, so a busy backend does not wake it at every
+/// hold).
+#[derive(Default)]
+struct ReaperWake {
+    kick: Option<Sender<()>>,
+    next: Option<Instant>,
 }
 
 /// One hold of this process: the locked file, kept open while held.
@@ -234,25 +263,90 @@ fn flock_error(e: Errno) -> BackendError {
 }
 
 impl State {
-    /// Ends `hold` (already taken out of the table): removes its file while it still
-    /// names the locked inode (a release is the removal), then closes it, which drops the
-    /// kernel lock; wakes a local waiter.
-    fn end(&self, name: &LockName, hold: Hold) {
+    /// Ends `hold` (already taken out of the table) and wakes a local waiter. The file
+    /// is removed while it still names the locked inode (the removal is the release),
+    /// then closed, which drops the kernel lock. A hot name's file (released again within
+    /// [`HOT`]) is kept instead: unlocked, then closed; the lease thread removes it once
+    /// it has been unused for [`IDLE`]. Creating and removing a file per hold costs the
+    /// file system's journal 20-50x what opening a kept one does.
+    ///
+    /// Returns whether the file was still the hold's (not removed or replaced).
+    fn end(&self, name: &LockName, hold: Hold) -> bool {
         let file = file_name(name);
-        match self.dir.identity_of(&file) {
+        let now = Instant::now();
+        let hot = self
+            .recent
+            .lock()
+            .insert(name.clone(), now)
+            .is_some_and(|last| now.duration_since(last) < HOT);
+        let linked = match self.dir.identity_of(&file) {
             Ok(Some(id)) if id == hold.identity => {
-                if let Err(e) = self.dir.remove(&file) {
+                if hot {
+                    let _ = flock(&hold.file, FlockOperation::Unlock);
+                    self.kept.lock().insert(name.clone(), now);
+                    self.wake_reaper_by(now + IDLE);
+                } else if let Err(e) = self.dir.remove(&file) {
                     log::warn!("dlm-file: {e}");
                 }
+                true
             }
-            Ok(_) => {}
-            Err(e) => log::warn!("dlm-file: {e}"),
-        }
+            Ok(_) => false,
+            Err(e) => {
+                log::warn!("dlm-file: {e}");
+                false
+            }
+        };
         drop(hold);
         self.registry.notify(name);
+        linked
     }
 
-    /// Ends the holds whose lease has run out; the earliest lease end left.
+    /// Makes the lease thread look by `at`, if it runs and plans to look later: `false`
+    /// when it does not run.
+    fn wake_reaper_by(&self, at: Instant) -> bool {
+        let mut wake = self.reaper_wake.lock();
+        let Some(kick) = wake.kick.clone() else {
+            return false;
+        };
+        if wake.next.is_none_or(|next| at < next) {
+            wake.next = Some(at);
+            let _ = kick.try_send(());
+        }
+        true
+    }
+
+    /// Removes the kept file of `name` if nobody holds it: locks it (one attempt), checks
+    /// that the path still names it, removes it, closes it. An acquirer that opened it
+    /// meanwhile finds its path gone after locking and makes a new one.
+    fn sweep(&self, name: &LockName) {
+        if self.holds.lock().contains_key(name) {
+            return;
+        }
+        let file = file_name(name);
+        let Ok(Some(fd)) = self.dir.open_file(&file, false) else {
+            return;
+        };
+        if flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return; // held: its holder's release decides
+        }
+        if let (Ok(id), Ok(Some(at))) = (dir::identity(&fd), self.dir.identity_of(&file))
+            && id == at
+            && let Err(e) = self.dir.remove(&file)
+        {
+            log::warn!("dlm-file: {e}");
+        }
+    }
+
+    /// Removes every kept file now (the backend is going away).
+    fn sweep_all(&self) {
+        let names: Vec<LockName> = self.kept.lock().drain().map(|(n, _)| n).collect();
+        for name in names {
+            self.sweep(&name);
+        }
+    }
+
+    /// Ends the holds whose lease has run out and removes the kept files unused for
+    /// [`IDLE`]; when to look next.
     fn reap(&self) -> Option<Instant> {
         let now = Instant::now();
         let expired: Vec<(LockName, Hold)> = {
@@ -274,7 +368,29 @@ impl State {
             );
             self.end(&name, hold);
         }
-        self.holds.lock().values().map(|h| h.until).min()
+        let idle: Vec<LockName> = {
+            let mut kept = self.kept.lock();
+            let due: Vec<LockName> = kept
+                .iter()
+                .filter(|(_, at)| now.duration_since(**at) >= IDLE)
+                .map(|(n, _)| n.clone())
+                .collect();
+            for n in &due {
+                kept.remove(n);
+            }
+            due
+        };
+        for name in idle {
+            self.sweep(&name);
+        }
+        let recent = {
+            let mut recent = self.recent.lock();
+            recent.retain(|_, at| now.duration_since(*at) < HOT);
+            recent.values().min().map(|at| *at + HOT)
+        };
+        let kept = self.kept.lock().values().min().map(|at| *at + IDLE);
+        let lease = self.holds.lock().values().map(|h| h.until).min();
+        [recent, kept, lease].into_iter().flatten().min()
     }
 
     /// Whether `hold`'s file is still the one at its path (not removed or replaced).
@@ -290,17 +406,16 @@ impl State {
         // inode: lock the new one. Each pass follows a release: a few are plenty.
         for _ in 0..8 {
             let cached = self.probes.lock().remove(name);
-            let fd = match cached {
-                Some(fd) => fd,
+            let (fd, id) = match cached {
+                Some(probe) => probe,
                 None => self
                     .dir
-                    .open_file(&file, true)?
+                    .open_file_with_id(&file, true)?
                     .expect("opened with create"),
             };
             match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => {}
                 Err(Errno::WOULDBLOCK) => {
-                    let id = dir::identity(&fd)?;
                     if self.dir.identity_of(&file)? != Some(id) {
                         continue; // an old file, held by a release under way
                     }
@@ -308,14 +423,13 @@ impl State {
                     if self.registry.has_waiters(name) {
                         // Kept for the next attempt: closing it would wake other
                         // processes' waiters for nothing.
-                        self.probes.lock().insert(name.clone(), fd);
+                        self.probes.lock().insert(name.clone(), (fd, id));
                     }
                     return Ok(Err(left));
                 }
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(flock_error(e)),
             }
-            let id = dir::identity(&fd)?;
             if self.dir.identity_of(&file)? == Some(id) {
                 return Ok(Ok((fd, id)));
             }
@@ -376,12 +490,13 @@ impl FileBackend {
     /// Starts the thread that ends unrenewed leases, if it is not running, and tells it
     /// about a lease that ends at `until`.
     fn reaper_knows(&self, until: Instant) {
+        if self.inner.state.wake_reaper_by(until) {
+            return;
+        }
         let mut reaper = self.inner.reaper.lock();
         match reaper.as_ref() {
-            Some(r) => {
-                if r.next.lock().is_none_or(|next| until < next) {
-                    let _ = r.kick.try_send(());
-                }
+            Some(_) => {
+                self.inner.state.wake_reaper_by(until);
             }
             None => match Reaper::start(self.inner.state.clone()) {
                 Ok(r) => *reaper = Some(r),
@@ -435,6 +550,9 @@ impl FileBackend {
                 holds = state.holds.lock();
             }
         }
+        // The kernel decides from here: the table is not held across the system calls (a
+        // name that another hold of this process has cannot be locked by this attempt).
+        drop(holds);
         let (file, identity) = match state.lock_file(name)? {
             Ok(locked) => locked,
             Err(left) => {
@@ -466,8 +584,7 @@ impl FileBackend {
             }
         }
         let lease = self.lease(&hold);
-        holds.insert(name.clone(), hold);
-        drop(holds);
+        state.holds.lock().insert(name.clone(), hold);
         self.reaper_knows(until);
         Ok(Acquire::Acquired(lease))
     }
@@ -573,9 +690,9 @@ impl LockBackend for FileBackend {
         let Some(hold) = hold else {
             return Ok(false);
         };
-        let live = hold.until > Instant::now() && state.still_linked(name, &hold)?;
-        state.end(name, hold);
-        Ok(live)
+        let unexpired = hold.until > Instant::now();
+        let linked = state.end(name, hold);
+        Ok(unexpired && linked)
     }
 
     /// Removes the lock file: the next acquisition makes a new one, and the holder, whose
@@ -651,9 +768,6 @@ impl LockBackend for FileBackend {
 /// The thread that ends the holds whose lease ran out unrenewed; stopped and joined on
 /// drop.
 struct Reaper {
-    kick: Sender<()>,
-    /// When it will look next.
-    next: Arc<Mutex<Option<Instant>>>,
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -662,29 +776,22 @@ impl Reaper {
     fn start(state: Arc<State>) -> std::io::Result<Reaper> {
         let (kick, kicked) = crossbeam_channel::bounded(1);
         let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-        let next = Arc::new(Mutex::new(None));
-        let planned = next.clone();
+        state.reaper_wake.lock().kick = Some(kick);
         let thread = std::thread::Builder::new()
             .name("dlm-file-leases".into())
-            .spawn(move || reap(&state, &kicked, &stopped, &planned))?;
+            .spawn(move || reap(&state, &kicked, &stopped))?;
         Ok(Reaper {
-            kick,
-            next,
             stop: Some(stop),
             thread: Some(thread),
         })
     }
 }
 
-fn reap(
-    state: &State,
-    kicked: &Receiver<()>,
-    stopped: &Receiver<()>,
-    next: &Mutex<Option<Instant>>,
-) {
+fn reap(state: &State, kicked: &Receiver<()>, stopped: &Receiver<()>) {
     loop {
         let earliest = state.reap();
-        *next.lock() = earliest;
+        // (A kick sent meanwhile for something sooner is in the channel: looked at at once.)
+        state.reaper_wake.lock().next = earliest;
         let wait = earliest.map_or(Duration::from_secs(3600), |t| {
             t.saturating_duration_since(Instant::now())
         });
@@ -707,9 +814,11 @@ impl Drop for Reaper {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // The threads first (they hold the state), then the holds' files close with it.
+        // The threads first (they hold the state), then the kept files go, and the holds'
+        // files close with the state.
         drop(self.reaper.lock().take());
         drop(self.listener.lock().take());
+        self.state.sweep_all();
     }
 }
 
