@@ -44,10 +44,16 @@ impl Registry {
         }
     }
 
+    /// An event of the directory for `name`: wakes one local waiter, unless one is
+    /// already woken and has not made its attempt (then that attempt sees what the event
+    /// announced). This process's own releases are events too, after they woke their
+    /// waiter directly: they wake nobody more.
     fn event(&self, name: &LockName) {
         if let Some((list, at)) = self.lists.lock().get_mut(name) {
             *at = Some(Instant::now());
-            list.notify_one();
+            if !list.wake_pending() {
+                list.notify_one();
+            }
         }
     }
 

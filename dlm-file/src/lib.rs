@@ -315,6 +315,26 @@ impl State {
         true
     }
 
+    /// Whether another backend (another process) holds `name`: one attempt at a shared
+    /// lock of its file, given back at once; `Some(lease left)` when that is refused.
+    /// (`/proc/locks` would not take the lock even for a moment, but a read of it that
+    /// spans several system calls can miss an entry while other locks come and go.) The
+    /// probe's file is open for writing, so its close is an event: a waiter refused in the
+    /// moment the probe held the lock is woken by it.
+    fn held_elsewhere(&self, name: &LockName) -> Result<Option<Duration>, BackendError> {
+        let Some((fd, _)) = self.dir.open_file_with_id(&file_name(name), false)? else {
+            return Ok(None);
+        };
+        match flock(&fd, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => {
+                let _ = flock(&fd, FlockOperation::Unlock);
+                Ok(None)
+            }
+            Err(Errno::WOULDBLOCK) => Ok(Some(read_left(&fd).unwrap_or(Duration::ZERO))),
+            Err(e) => Err(flock_error(e)),
+        }
+    }
+
     /// Removes the kept file of `name` if nobody holds it: locks it (one attempt), checks
     /// that the path still names it, removes it, closes it. An acquirer that opened it
     /// meanwhile finds its path gone after locking and makes a new one.
@@ -464,7 +484,10 @@ impl FileBackend {
         &self.inner.state.dir.path
     }
 
-    /// The process that holds `name`'s kernel lock now, if any (from `/proc/locks`).
+    /// The process that holds `name`'s kernel lock now, if any, from `/proc/locks`: for
+    /// messages and diagnostics (a read of `/proc/locks` that spans several system calls
+    /// can miss an entry while other locks come and go; whether a lock is held is asked
+    /// of the lock itself).
     ///
     /// # Errors
     /// A bad name; `/proc/locks` unreadable; the lock file unusable.
@@ -706,7 +729,7 @@ impl LockBackend for FileBackend {
             state.end(name, hold);
             return Ok(true);
         }
-        let held = self.holder_pid_of(name)?.is_some();
+        let held = state.held_elsewhere(name)?.is_some();
         if held {
             state.dir.remove(&file_name(name))?;
             state.registry.notify(name);
@@ -720,13 +743,7 @@ impl LockBackend for FileBackend {
             let left = h.until.saturating_duration_since(Instant::now());
             return Ok((!left.is_zero()).then_some(left));
         }
-        if self.holder_pid_of(name)?.is_none() {
-            return Ok(None);
-        }
-        let Some(file) = state.dir.open_file(&file_name(name), false)? else {
-            return Ok(None);
-        };
-        Ok(Some(read_left(&file).unwrap_or(Duration::ZERO)))
+        state.held_elsewhere(name)
     }
 
     fn watch(&self, name: &LockName) -> Option<Watch> {
