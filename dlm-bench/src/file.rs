@@ -27,10 +27,8 @@ use dlm_core::{Lock, LockClient};
 use dlm_file::FileBackend;
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 
-/// One cycle of the minimal client on `name` in the directory `dir`: what dlm-file does
-/// for a hot name (its file kept between holds): open, lock, check that the path still
-/// names the locked inode, write the lease end, unlock, close.
-fn minimal_cycle(dir: &OwnedFd, name: &str) {
+/// Opens (making it if need be) and locks `name` in `dir`, without following links.
+fn open_and_lock(dir: &OwnedFd, name: &str) -> OwnedFd {
     let fd = rustix::fs::openat(
         dir,
         name,
@@ -39,44 +37,38 @@ fn minimal_cycle(dir: &OwnedFd, name: &str) {
     )
     .unwrap();
     rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
-    let locked = rustix::fs::fstat(&fd).unwrap();
+    fd
+}
+
+/// The hold's part of dlm-file's protocol: the path still names the locked inode, and
+/// the lease end is written into the file.
+fn check_and_stamp(dir: &OwnedFd, name: &str, fd: &OwnedFd) {
+    let locked = rustix::fs::fstat(fd).unwrap();
     let at = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
     assert_eq!((locked.st_dev, locked.st_ino), (at.st_dev, at.st_ino));
-    rustix::io::pwrite(&fd, &0i64.to_le_bytes(), 0).unwrap();
+    rustix::io::pwrite(fd, &0i64.to_le_bytes(), 0).unwrap();
+}
+
+/// One cycle of the minimal client on `name` in the directory `dir`: what dlm-file does
+/// for a hot name (its file kept between holds): open, lock, check that the path still
+/// names the locked inode, write the lease end, unlock, close.
+fn minimal_cycle(dir: &OwnedFd, name: &str) {
+    let fd = open_and_lock(dir, name);
+    check_and_stamp(dir, name, &fd);
     rustix::fs::flock(&fd, FlockOperation::Unlock).unwrap();
-    drop(fd);
 }
 
 /// The same with the file made and removed at each hold (what dlm-file does for a name
 /// used once).
 fn made_and_removed_cycle(dir: &OwnedFd, name: &str) {
-    let fd = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )
-    .unwrap();
-    rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
-    let locked = rustix::fs::fstat(&fd).unwrap();
-    let at = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
-    assert_eq!((locked.st_dev, locked.st_ino), (at.st_dev, at.st_ino));
-    rustix::io::pwrite(&fd, &0i64.to_le_bytes(), 0).unwrap();
+    let fd = open_and_lock(dir, name);
+    check_and_stamp(dir, name, &fd);
     rustix::fs::unlinkat(dir, name, AtFlags::empty()).unwrap();
-    drop(fd);
 }
 
 /// flock(1)'s way: open the file (made once, kept), lock it, close it (which unlocks).
 fn open_lock_close_cycle(dir: &OwnedFd, name: &str) {
-    let fd = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )
-    .unwrap();
-    rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
-    drop(fd);
+    drop(open_and_lock(dir, name));
 }
 
 fn kept_cycle(fd: &OwnedFd) {
