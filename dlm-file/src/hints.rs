@@ -30,10 +30,19 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(10);
 /// How soon such an attempt looks again.
 pub(crate) const SETTLE_LOOK_AGAIN: Duration = Duration::from_millis(2);
 
+/// How long this process's own change of a lock file may take to come back as an
+/// event; an event later than that is taken as another process's.
+const OWN_ECHO: Duration = Duration::from_millis(50);
+
 /// The waiters of this process, per name, and when each name last had an event.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     lists: Mutex<HashMap<LockName, (WaitList, Option<Instant>)>>,
+    /// Events this process's own changes will send (a release's removal and close, a
+    /// probe's close), per name, with the time of the last: the listener lets that many
+    /// events of the name pass without waking anyone (the release woke its waiter
+    /// directly).
+    own: Mutex<HashMap<LockName, (u32, Instant)>>,
 }
 
 impl Registry {
@@ -44,16 +53,43 @@ impl Registry {
         }
     }
 
-    /// An event of the directory for `name`: wakes one local waiter, unless one is
-    /// already woken and has not made its attempt (then that attempt sees what the event
-    /// announced). This process's own releases are events too, after they woke their
-    /// waiter directly: they wake nobody more.
+    /// This process is about to make `events` events for `name` (see `own`), if anyone
+    /// of this process waits for it.
+    pub(crate) fn expect_own(&self, name: &LockName, events: u32) {
+        if events == 0 || !self.has_waiters(name) {
+            return;
+        }
+        let mut own = self.own.lock();
+        let entry = own.entry(name.clone()).or_insert((0, Instant::now()));
+        if entry.1.elapsed() >= OWN_ECHO {
+            entry.0 = 0;
+        }
+        *entry = (entry.0 + events, Instant::now());
+    }
+
+    /// An event of the directory for `name`: one of this process's own changes coming
+    /// back (passed over: the change woke its waiter directly), or another process's,
+    /// which wakes one local waiter. Each foreign event is delivered once even when the
+    /// events interleave, since exactly as many are passed over as this process made; an
+    /// own event that never comes is forgotten after [`OWN_ECHO`].
     fn event(&self, name: &LockName) {
+        {
+            let mut own = self.own.lock();
+            if let Some(entry) = own.get_mut(name) {
+                let fresh = entry.1.elapsed() < OWN_ECHO;
+                if fresh && entry.0 > 0 {
+                    entry.0 -= 1;
+                    if entry.0 == 0 {
+                        own.remove(name);
+                    }
+                    return;
+                }
+                own.remove(name);
+            }
+        }
         if let Some((list, at)) = self.lists.lock().get_mut(name) {
             *at = Some(Instant::now());
-            if !list.wake_pending() {
-                list.notify_one();
-            }
+            list.notify_one();
         }
     }
 

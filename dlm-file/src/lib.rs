@@ -281,6 +281,9 @@ impl State {
             .is_some_and(|last| now.duration_since(last) < HOT);
         let linked = match self.dir.identity_of(&file) {
             Ok(Some(id)) if id == hold.identity => {
+                // The close (and the removal, for a name that is not hot) come back as
+                // events: the local waiter is woken below, directly.
+                self.registry.expect_own(name, if hot { 1 } else { 2 });
                 if hot {
                     let _ = flock(&hold.file, FlockOperation::Unlock);
                     self.kept.lock().insert(name.clone(), now);
@@ -444,6 +447,8 @@ impl State {
                         // Kept for the next attempt: closing it would wake other
                         // processes' waiters for nothing.
                         self.probes.lock().insert(name.clone(), (fd, id));
+                    } else {
+                        self.registry.expect_own(name, 1);
                     }
                     return Ok(Err(left));
                 }
@@ -764,6 +769,7 @@ impl LockBackend for FileBackend {
         Some(state.registry.subscribe(
             name,
             Box::new(move |name| {
+                // The last local waiter left: nobody here waits for the probe's close.
                 probes.lock().remove(name);
             }),
         ))
