@@ -61,8 +61,6 @@ mod dir;
 
 mod hints;
 
-mod holders;
-
 mod state;
 
 mod tokens;
@@ -199,32 +197,6 @@ impl FileBackend {
     /// The directory the locks are in.
     pub fn dir(&self) -> &Path {
         &self.inner.state.dir.path
-    }
-
-    /// The process that holds `name`'s kernel lock now, if any, from `/proc/locks`: for
-    /// messages and diagnostics (a read of `/proc/locks` that spans several system calls
-    /// can miss an entry while other locks come and go; whether a lock is held is asked
-    /// of the lock itself).
-    ///
-    /// # Errors
-    /// A bad name; `/proc/locks` unreadable; the lock file unusable.
-    pub fn holder_pid(&self, name: &str) -> Result<Option<u32>, Error> {
-        let name = LockName::new(name)?;
-        dir::check_name(&name)?;
-        Ok(self.holder_pid_of(&name)?)
-    }
-
-    fn holder_pid_of(&self, name: &LockName) -> Result<Option<u32>, BackendError> {
-        let state = &self.inner.state;
-        let Some(id) = state.dir.identity_of(&file_name(name))? else {
-            return Ok(None);
-        };
-        holders::flock_holder(id.0, id.1).map_err(|e| {
-            BackendError::new(
-                BackendErrorKind::Other,
-                format!("cannot read /proc/locks: {e}"),
-            )
-        })
     }
 
     /// Starts the thread that ends unrenewed leases, if it is not running, and tells it

@@ -192,6 +192,18 @@ mod tests {
     }
 
     #[test]
+    fn a_counter_file_lost_whole_restarts_above_its_tokens_from_the_clock() {
+        // A directory on a tmpfs loses the file at a reboot: the clock term keeps tokens
+        // increasing (the clock has not gone back here).
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = dir(&tmp);
+        let issued = Tokens::default().draw(&dir).unwrap().get();
+        std::fs::remove_file(dir.path.join(TOKENS_FILE)).unwrap();
+        let next = Tokens::default().draw(&dir).unwrap().get();
+        assert!(next > issued, "{next} after {issued}");
+    }
+
+    #[test]
     fn a_counter_ahead_of_the_clock_keeps_counting() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = dir(&tmp);

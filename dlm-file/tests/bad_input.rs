@@ -50,11 +50,21 @@ fn a_missing_directory_is_made_private() {
 fn a_group_shared_directory_is_made_for_its_group() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("shared");
-    FileBackend::builder(&dir)
+    let backend = FileBackend::builder(&dir)
         .group_shared(true)
         .build()
         .unwrap();
     assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o770);
+    let _guard = LockClient::new(backend)
+        .get_lock("job")
+        .unwrap()
+        .lock()
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(dir.join("m.job")).unwrap().mode() & 0o777,
+        0o660,
+        "a group-shared directory's lock files are the group's too"
+    );
 }
 
 #[test]
