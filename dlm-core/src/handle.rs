@@ -51,6 +51,7 @@ impl Handle {
             )
             .into());
         }
+        client.backend.check_claim(claim)?;
         Ok(Handle {
             lease: client.lease,
             client,

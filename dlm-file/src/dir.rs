@@ -36,6 +36,10 @@ pub(crate) const MUTEX_PREFIX: &str = "m.";
 /// The longest file name most Linux file systems take.
 const MAX_FILE_NAME: usize = 255;
 
+/// The longest lock name: a file name with room for a two-byte prefix and a slot's
+/// suffix (`p.NAME.4294967295`).
+pub(crate) const MAX_NAME: usize = MAX_FILE_NAME - 2 - 11;
+
 /// Whether `name` can be a lock file's name in the directory: no `/`, not `.` or `..`,
 /// short enough for a file name with its prefix.
 pub(crate) fn check_name(name: &LockName) -> Result<(), InvalidArgument> {
@@ -52,13 +56,13 @@ pub(crate) fn check_name(name: &LockName) -> Result<(), InvalidArgument> {
             format!("{n:?} is not a file name"),
         ));
     }
-    if n.len() + MUTEX_PREFIX.len() > MAX_FILE_NAME {
+    if n.len() > MAX_NAME {
         return Err(InvalidArgument::new(
             "name",
             format!(
-                "{} bytes: a file lock's name is at most {} bytes (a file name)",
+                "{} bytes: a file lock's name is at most {MAX_NAME} bytes (a file name, \
+                 with room for a prefix and a semaphore slot's number)",
                 n.len(),
-                MAX_FILE_NAME - MUTEX_PREFIX.len()
             ),
         ));
     }
@@ -229,7 +233,20 @@ impl Dir {
         file: &str,
         create: bool,
     ) -> Result<Option<OpenFile>, BackendError> {
-        let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        self.open_with(file, create, true)
+    }
+
+    /// [`open_file_with_id`](Dir::open_file_with_id), for reading only when `!write`: a
+    /// file open only for reading closes without an event of the directory's watch, so an
+    /// attempt that was refused and closes its file wakes nobody.
+    pub(crate) fn open_with(
+        &self,
+        file: &str,
+        create: bool,
+        write: bool,
+    ) -> Result<Option<OpenFile>, BackendError> {
+        let mut flags = if write { OFlags::RDWR } else { OFlags::RDONLY };
+        flags |= OFlags::NOFOLLOW | OFlags::CLOEXEC;
         if create {
             flags |= OFlags::CREATE;
         }
@@ -287,6 +304,28 @@ impl Dir {
             Err(Errno::NOENT) => Ok(None),
             Err(e) => Err(io_error(&self.path.join(file), "stat", e)),
         }
+    }
+
+    /// The names of the directory's files that start with `prefix`.
+    pub(crate) fn files_with_prefix(&self, prefix: &str) -> Result<Vec<String>, BackendError> {
+        let fd = fs::openat(
+            &self.fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_error(&self.path, "open", e))?;
+        let mut dir = fs::Dir::new(fd).map_err(|e| io_error(&self.path, "read", e))?;
+        let mut found = Vec::new();
+        for entry in &mut dir {
+            let entry = entry.map_err(|e| io_error(&self.path, "read", e))?;
+            if let Ok(name) = entry.file_name().to_str()
+                && name.starts_with(prefix)
+            {
+                found.push(name.to_owned());
+            }
+        }
+        Ok(found)
     }
 
     /// Removes `file` from the directory.

@@ -151,6 +151,109 @@ impl Registry {
     }
 }
 
+/// Which group resource a file of the directory belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum GroupKind {
+    /// A semaphore: `s.NAME` (its permit count) and its slots `p.NAME.I`.
+    Semaphore,
+    /// A read-write lock: `r.NAME` (read and write holds), `x.NAME` (its writer),
+    /// `w.NAME` (a waiting writer's mark) and the readers' records `q.NAME.I`.
+    ReadWrite,
+}
+
+/// A group resource: its kind and name.
+pub(crate) type GroupKey = (GroupKind, LockName);
+
+/// The group resource a file of the directory is part of, from its name.
+pub(crate) fn group_of(file: &str) -> Option<GroupKey> {
+    let (prefix, rest) = file.split_at_checked(2)?;
+    let slot = |rest: &str| rest.rsplit_once('.').map(|(name, _)| name.to_owned());
+    let (kind, name) = match prefix {
+        "s." => (GroupKind::Semaphore, rest.to_owned()),
+        "p." => (GroupKind::Semaphore, slot(rest)?),
+        "r." | "w." | "x." => (GroupKind::ReadWrite, rest.to_owned()),
+        "q." => (GroupKind::ReadWrite, slot(rest)?),
+        _ => return None,
+    };
+    Some((kind, LockName::new(&name).ok()?))
+}
+
+/// The waiters and the observers of this process's group resources (semaphores and
+/// read-write locks). Every event of a resource's files wakes all of them: several
+/// waiters may get in at once (permits, readers), and an observer sees every change. An
+/// event this process made itself wakes its waiters once more, which costs them an
+/// attempt and nothing else.
+#[derive(Debug, Default)]
+pub(crate) struct GroupHints {
+    lists: Mutex<HashMap<GroupKey, (WaitList, WaitList)>>,
+}
+
+impl GroupHints {
+    /// Wakes every waiter and observer of `key`.
+    pub(crate) fn notify(&self, key: &GroupKey) {
+        if let Some((waiters, observers)) = self.lists.lock().get(key) {
+            waiters.notify_all();
+            observers.notify_all();
+        }
+    }
+
+    fn notify_all(&self) {
+        for (waiters, observers) in self.lists.lock().values() {
+            waiters.notify_all();
+            observers.notify_all();
+        }
+    }
+
+    /// A subscription to `key`'s hints, as a waiter or (`observer`) as an observer.
+    pub(crate) fn subscribe(self: &Arc<Self>, key: GroupKey, observer: bool) -> Watch {
+        let inner = {
+            let mut lists = self.lists.lock();
+            let (waiters, observers) = lists
+                .entry(key.clone())
+                .or_insert_with(|| (WaitList::new(), WaitList::new()));
+            if observer {
+                observers.subscribe()
+            } else {
+                waiters.subscribe()
+            }
+        };
+        let receiver = inner.receiver().clone();
+        Watch::with_unsubscribe(
+            receiver,
+            Box::new(GroupSubscription {
+                inner: Some(inner),
+                hints: self.clone(),
+                key,
+            }),
+        )
+    }
+}
+
+struct GroupSubscription {
+    inner: Option<Watch>,
+    hints: Arc<GroupHints>,
+    key: GroupKey,
+}
+
+impl Unsubscribe for GroupSubscription {
+    fn trying(&self, on: bool) {
+        if let Some(w) = &self.inner {
+            w.trying(on);
+        }
+    }
+
+    fn unsubscribe(mut self: Box<Self>, _pending_wake: bool) {
+        drop(self.inner.take());
+        let mut lists = self.hints.lists.lock();
+        if lists
+            .get(&self.key)
+            .is_some_and(|(w, o)| w.is_empty() && o.is_empty())
+        {
+            lists.remove(&self.key);
+        }
+    }
+}
+
 struct Subscription {
     inner: Option<Watch>,
     registry: Arc<Registry>,
@@ -192,7 +295,11 @@ pub(crate) struct Listener {
 impl Listener {
     /// Watches the directory open as `dir` (through `/proc/self/fd`, so a directory
     /// renamed or replaced at its path meanwhile changes nothing).
-    pub(crate) fn start(dir: &OwnedFd, registry: Arc<Registry>) -> std::io::Result<Listener> {
+    pub(crate) fn start(
+        dir: &OwnedFd,
+        registry: Arc<Registry>,
+        groups: Arc<GroupHints>,
+    ) -> std::io::Result<Listener> {
         let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
         let path = format!("/proc/self/fd/{}", dir.as_raw_fd());
         inotify::add_watch(
@@ -204,7 +311,7 @@ impl Listener {
         let stop_reader = rustix::io::dup(&stop)?;
         let thread = std::thread::Builder::new()
             .name("dlm-file-hints".into())
-            .spawn(move || listen(&inotify, &stop_reader, &registry))?;
+            .spawn(move || listen(&inotify, &stop_reader, &registry, &groups))?;
         Ok(Listener {
             stop,
             thread: Some(thread),
@@ -221,7 +328,7 @@ impl Drop for Listener {
     }
 }
 
-fn listen(inotify: &OwnedFd, stop: &OwnedFd, registry: &Registry) {
+fn listen(inotify: &OwnedFd, stop: &OwnedFd, registry: &Registry, groups: &GroupHints) {
     let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
     loop {
         let mut fds = [
@@ -244,20 +351,20 @@ fn listen(inotify: &OwnedFd, stop: &OwnedFd, registry: &Registry) {
                 Ok(event) => {
                     if event.events().contains(ReadFlags::QUEUE_OVERFLOW) {
                         registry.notify_all();
+                        groups.notify_all();
                         continue;
                     }
-                    let Some(file) = event.file_name() else {
+                    let Some(file) = event.file_name().and_then(|f| f.to_str().ok()) else {
                         continue;
                     };
-                    let Some(name) = file
-                        .to_str()
-                        .ok()
-                        .and_then(|f| f.strip_prefix(MUTEX_PREFIX))
+                    if let Some(name) = file
+                        .strip_prefix(MUTEX_PREFIX)
                         .and_then(|n| LockName::new(n).ok())
-                    else {
-                        continue;
-                    };
-                    registry.event(&name);
+                    {
+                        registry.event(&name);
+                    } else if let Some(key) = group_of(file) {
+                        groups.notify(&key);
+                    }
                 }
                 Err(Errno::WOULDBLOCK | Errno::INTR) => break,
                 Err(e) => {

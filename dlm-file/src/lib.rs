@@ -51,13 +51,18 @@
 //!   owned by another user, writable by others, or on a network file system (NFS, SMB,
 //!   FUSE...) unless allowed; lock files are opened without following symbolic links and
 //!   refused when another user made them.
-//! - **Names** are file names: no `/`, not `.` or `..`, at most 253 bytes; refused with
+//! - **Semaphores, read-write locks and elections** are kept on the same kernel locks:
+//!   a permit is the lock of one of the semaphore's slot files (at most 1,024 permits),
+//!   readers share the lock of the read-write lock's file and its writer takes it alone,
+//!   preferred by new readers while it waits; each hold's record (lease end, token,
+//!   label) is in a file of its own, for inspection (see `group.rs` for the files).
+//! - **Names** are file names: no `/`, not `.` or `..`, at most 242 bytes; refused with
 //!   `Error::InvalidArgument` when a handle is made.
-//! - Semaphores, read-write locks and elections are not kept yet: refused with
-//!   `Unsupported` when a handle is made.
 #![deny(missing_docs)]
 
 mod dir;
+
+mod group;
 
 mod hints;
 
@@ -72,14 +77,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
-    Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockBackend, LockName,
-    OwnerToken, Watch,
+    Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holders, Lease,
+    LockBackend, LockName, OwnerToken, Watch, every_hold_kind,
 };
 use dlm_core::{Error, InvalidArgument};
 use parking_lot::Mutex;
 
 use crate::dir::{Dir, DirOptions};
-use crate::hints::{Listener, Registry};
+use crate::group::{HoldKey, MAX_PERMITS, Outcome, kind_of};
+use crate::hints::{GroupHints, Listener, Registry};
 use crate::state::{Hold, Reaper, ReaperWake, State, file_name, write_until};
 use crate::tokens::Tokens;
 
@@ -155,6 +161,9 @@ impl FileBackendBuilder {
             recent: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
             reaper_wake: Mutex::new(ReaperWake::default()),
+            groups: Mutex::new(HashMap::new()),
+            marks: Mutex::new(HashMap::new()),
+            group_hints: Arc::new(GroupHints::default()),
         });
         Ok(FileBackend {
             inner: Arc::new(Inner {
@@ -217,6 +226,39 @@ impl FileBackend {
                      at the next attempt of this process only"
                 ),
             },
+        }
+    }
+
+    /// Starts the inotify thread if it is not running: `false` when it cannot run.
+    fn listening(&self) -> bool {
+        let state = &self.inner.state;
+        let mut listener = self.inner.listener.lock();
+        if listener.is_none() {
+            match Listener::start(
+                &state.dir.fd,
+                state.registry.clone(),
+                state.group_hints.clone(),
+            ) {
+                Ok(l) => *listener = Some(l),
+                Err(e) => {
+                    log::warn!("dlm-file: cannot watch the directory ({e}); waiters poll");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn group_key(name: &LockName, claim: Claim, owner: &OwnerToken) -> HoldKey {
+        (kind_of(claim), name.clone(), *owner)
+    }
+
+    fn group_lease(&self, until: Instant, token: Option<FencingToken>) -> Lease {
+        self.reaper_knows(until);
+        let lease = Lease::new(until);
+        match token {
+            Some(t) => lease.with_fence(t),
+            None => lease,
         }
     }
 
@@ -437,17 +479,8 @@ impl LockBackend for FileBackend {
 
     fn watch(&self, name: &LockName) -> Option<Watch> {
         let state = &self.inner.state;
-        {
-            let mut listener = self.inner.listener.lock();
-            if listener.is_none() {
-                match Listener::start(&state.dir.fd, state.registry.clone()) {
-                    Ok(l) => *listener = Some(l),
-                    Err(e) => {
-                        log::warn!("dlm-file: cannot watch the directory ({e}); waiters poll");
-                        return None;
-                    }
-                }
-            }
+        if !self.listening() {
+            return None;
         }
         let probes = state.probes.clone();
         Some(state.registry.subscribe(
@@ -469,6 +502,148 @@ impl LockBackend for FileBackend {
 
     fn check_name(&self, name: &LockName) -> Result<(), InvalidArgument> {
         dir::check_name(name)
+    }
+
+    fn check_claim(&self, claim: Claim) -> Result<(), InvalidArgument> {
+        match claim {
+            Claim::Permit { permits } if permits > MAX_PERMITS => Err(InvalidArgument::new(
+                "permits",
+                format!(
+                    "{permits}: a semaphore of the file backend has at most {MAX_PERMITS} \
+                     permits (an attempt tries each permit's file in turn)"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn supports(&self, claim: Claim) -> bool {
+        every_hold_kind(claim)
+    }
+
+    fn supports_elections(&self) -> bool {
+        true
+    }
+
+    fn try_acquire_group(&self, request: &GroupRequest<'_>) -> Result<Acquire, BackendError> {
+        if let Claim::Permit { permits } = request.claim
+            && permits > MAX_PERMITS
+        {
+            return Err(BackendError::new(
+                BackendErrorKind::Unsupported,
+                format!("a semaphore of the file backend has at most {MAX_PERMITS} permits"),
+            )
+            .never_sent());
+        }
+        match self.inner.state.try_group(request)? {
+            Outcome::Granted { until, token } => {
+                Ok(Acquire::Acquired(self.group_lease(until, token)))
+            }
+            Outcome::Refused { retry, mark } => {
+                if let Some(mark) = mark {
+                    self.reaper_knows(mark);
+                }
+                Ok(Acquire::Held {
+                    retry_after: Some(retry),
+                })
+            }
+        }
+    }
+
+    fn extend_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        let key = Self::group_key(name, claim, owner);
+        Ok(self
+            .inner
+            .state
+            .extend_group(&key, ttl)?
+            .map(|(until, token)| self.group_lease(until, token)))
+    }
+
+    fn release_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<bool, BackendError> {
+        Ok(self
+            .inner
+            .state
+            .release_group(&Self::group_key(name, claim, owner)))
+    }
+
+    fn fence_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+    ) -> Result<Option<FencingToken>, BackendError> {
+        if !self.inner.state.fencing {
+            return Err(BackendError::new(
+                BackendErrorKind::Unsupported,
+                "fencing is switched off for this file backend",
+            ));
+        }
+        self.inner
+            .state
+            .fence_group(&Self::group_key(name, claim, owner))
+    }
+
+    fn watch_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        self.listening().then(|| {
+            self.inner
+                .state
+                .group_hints
+                .subscribe((kind_of(claim), name.clone()), false)
+        })
+    }
+
+    fn relabel_group(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        owner: &OwnerToken,
+        label: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        self.inner
+            .state
+            .relabel_group(&Self::group_key(name, claim, owner), label)
+    }
+
+    fn observe_group(&self, name: &LockName, claim: Claim) -> Option<Watch> {
+        self.listening().then(|| {
+            self.inner
+                .state
+                .group_hints
+                .subscribe((kind_of(claim), name.clone()), true)
+        })
+    }
+
+    fn downgrade(
+        &self,
+        name: &LockName,
+        writer: &OwnerToken,
+        reader: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, BackendError> {
+        Ok(self
+            .inner
+            .state
+            .downgrade(name, writer, reader, ttl)?
+            .map(|(until, token)| self.group_lease(until, token)))
+    }
+
+    fn force_release_group(&self, name: &LockName, claim: Claim) -> Result<bool, BackendError> {
+        self.inner.state.force_release_group(kind_of(claim), name)
+    }
+
+    fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
+        self.inner.state.inspect_group(kind_of(claim), name)
     }
 }
 

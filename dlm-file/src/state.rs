@@ -16,7 +16,8 @@ use rustix::io::{Errno, pread, pwrite};
 use rustix::time::{ClockId, clock_gettime};
 
 use crate::dir::{self, Dir, MUTEX_PREFIX};
-use crate::hints::Registry;
+use crate::group::{GroupHold, HoldKey, Mark};
+use crate::hints::{GroupHints, Registry};
 use crate::tokens::Tokens;
 
 /// A name released again within this long of its last release by this backend is hot:
@@ -43,6 +44,12 @@ pub(crate) struct State {
     pub(crate) kept: Mutex<HashMap<LockName, Instant>>,
     /// How to wake the lease thread, once it runs, and when it will look next.
     pub(crate) reaper_wake: Mutex<ReaperWake>,
+    /// This process's semaphore permits and read and write holds.
+    pub(crate) groups: Mutex<HashMap<HoldKey, GroupHold>>,
+    /// The marks of this process's writers that wait for readers to leave.
+    pub(crate) marks: Mutex<HashMap<LockName, Mark>>,
+    /// The waiters and observers of this process's group resources.
+    pub(crate) group_hints: Arc<GroupHints>,
 }
 
 /// The lease thread's wake-up: its channel, and when it plans to look next (a kick is
@@ -80,12 +87,16 @@ pub(crate) fn monotonic_ns() -> i128 {
 /// Writes the hold's lease end into its file (the monotonic clock, in ns, which every
 /// process of the machine shares), for other processes' inspections and waits.
 pub(crate) fn write_until(file: &OwnedFd, until: Instant) {
-    let left = until.saturating_duration_since(Instant::now());
-    let end = monotonic_ns() + i128::try_from(left.as_nanos()).unwrap_or(i128::MAX / 2);
-    let end = i64::try_from(end).unwrap_or(i64::MAX);
-    if let Err(e) = pwrite(file, &end.to_le_bytes(), 0) {
+    if let Err(e) = pwrite(file, &until_bytes(until), 0) {
         log::debug!("dlm-file: cannot write a lease end: {e}");
     }
+}
+
+/// `until` as every process of the machine reads it: the monotonic clock, in ns.
+pub(crate) fn until_bytes(until: Instant) -> [u8; 8] {
+    let left = until.saturating_duration_since(Instant::now());
+    let end = monotonic_ns() + i128::try_from(left.as_nanos()).unwrap_or(i128::MAX / 2);
+    i64::try_from(end).unwrap_or(i64::MAX).to_le_bytes()
 }
 
 /// The lease end another process wrote into `file`: how long is left (zero when past or
@@ -256,7 +267,8 @@ impl State {
         };
         let kept = self.kept.lock().values().min().map(|at| *at + IDLE);
         let lease = self.holds.lock().values().map(|h| h.until).min();
-        [recent, kept, lease].into_iter().flatten().min()
+        let groups = self.reap_groups(now);
+        [recent, kept, lease, groups].into_iter().flatten().min()
     }
 
     /// Whether `hold`'s file is still the one at its path (not removed or replaced).

@@ -166,7 +166,7 @@ fn names_that_are_not_one_file_name_are_refused_before_any_io() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("locks");
     let client = LockClient::new(FileBackend::new(&dir).unwrap());
-    for bad in ["a/b", "../escape", "..", ".", "/abs", &"x".repeat(254)] {
+    for bad in ["a/b", "../escape", "..", ".", "/abs", &"x".repeat(243)] {
         match client.get_lock(bad) {
             Err(Error::InvalidArgument(e)) => assert!(
                 e.to_string().contains("name"),
@@ -178,10 +178,31 @@ fn names_that_are_not_one_file_name_are_refused_before_any_io() {
     }
     assert!(entries(&dir).is_empty(), "nothing was created");
     assert!(!tmp.path().join("escape").exists());
-    // The longest name that fits a file name works.
-    let longest = "y".repeat(253);
-    let guard = client.get_lock(&longest).unwrap().lock().unwrap();
-    drop(guard);
+    // A semaphore larger than the backend keeps is refused before any I/O as well.
+    match client.get_semaphore("ok", 1025) {
+        Err(Error::InvalidArgument(e)) => assert!(e.to_string().contains("1024"), "{e}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert!(entries(&dir).is_empty(), "nothing was created");
+    // The longest name that fits a file name, with a semaphore slot's suffix, works for
+    // every kind of hold.
+    let longest = "y".repeat(242);
+    drop(client.get_lock(&longest).unwrap().lock().unwrap());
+    drop(
+        client
+            .get_semaphore(&longest, 1024)
+            .unwrap()
+            .acquire()
+            .unwrap(),
+    );
+    let rw = client.get_rw_lock(&longest).unwrap();
+    drop(rw.read().unwrap());
+    drop(rw.write().unwrap());
+    assert!(
+        entries(&dir).is_empty(),
+        "released holds left files: {:?}",
+        entries(&dir)
+    );
 }
 
 #[test]

@@ -27,8 +27,4 @@ impl dlm_testkit::Fixture for Files {
     }
 }
 
-dlm_testkit::conformance_tests!(
-    mutex_only =
-        "dlm-file keeps locks only so far: semaphores, read-write locks and elections are refused",
-    Files::new()
-);
+dlm_testkit::conformance_tests!(Files::new());

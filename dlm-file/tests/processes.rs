@@ -30,17 +30,60 @@ fn child() {
         .build()
         .unwrap();
     let lock = client.get_lock(args[2]).unwrap();
+    let kind = std::env::var("DLM_FILE_KIND").unwrap_or_else(|_| "mutex".into());
     let mut out = std::io::stdout().lock();
     match args[0] {
         "contend" => {
-            for _ in 0..args[3].parse::<u32>().unwrap() {
-                let guard = lock.lock().unwrap();
+            for i in 0..args[3].parse::<u32>().unwrap() {
+                let asked = now_ns();
+                // `rw`: every fourth hold writes, the others read.
+                let (guard, what) = match kind.as_str() {
+                    "mutex" => (lock.lock().unwrap(), "hold"),
+                    "permit" => (
+                        client.get_semaphore(args[2], 3).unwrap().acquire().unwrap(),
+                        "hold",
+                    ),
+                    "rw" if i % 4 == 0 => (
+                        client
+                            .get_rw_lock(args[2])
+                            .unwrap()
+                            .write()
+                            .unwrap()
+                            .into_guard(),
+                        "write",
+                    ),
+                    "rw" => (client.get_rw_lock(args[2]).unwrap().read().unwrap(), "read"),
+                    other => panic!("unknown kind {other}"),
+                };
                 let start = now_ns();
                 let token = guard.fencing_token().unwrap();
+                if kind != "mutex" {
+                    // Long enough for holds of other processes to overlap.
+                    std::thread::sleep(Duration::from_micros(300));
+                }
                 let end = now_ns();
-                writeln!(out, "hold {start} {end} {token}").unwrap();
+                writeln!(out, "{what} {asked} {start} {end} {token}").unwrap();
                 guard.unlock().unwrap();
             }
+        }
+        "hold" if kind == "permit" => {
+            let guard = client.get_semaphore(args[2], 1).unwrap().acquire().unwrap();
+            writeln!(out, "held {}", guard.fencing_token().unwrap()).unwrap();
+            out.flush().unwrap();
+            let _ = std::io::stdin().lines().count();
+            drop(guard);
+        }
+        "wait" if kind == "permit" => {
+            let sem = client.get_semaphore(args[2], 1).unwrap();
+            let first = sem.try_acquire().unwrap();
+            writeln!(out, "{}", if first.is_some() { "took" } else { "refused" }).unwrap();
+            out.flush().unwrap();
+            let guard = match first {
+                Some(g) => g,
+                None => sem.acquire().unwrap(),
+            };
+            let at = now_ns();
+            writeln!(out, "acquired {at} {}", guard.fencing_token().unwrap()).unwrap();
         }
         "hold" => {
             let guard = lock.lock().unwrap();
@@ -69,6 +112,11 @@ fn child() {
 struct Lines(crossbeam_channel::Receiver<String>);
 
 fn spawn(spec: &str) -> (Child, Lines) {
+    spawn_kind(spec, "mutex")
+}
+
+/// A child taking holds of `kind` (`mutex`, `permit` or `rw`).
+fn spawn_kind(spec: &str, kind: &str) -> (Child, Lines) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
@@ -78,6 +126,7 @@ fn spawn(spec: &str) -> (Child, Lines) {
             "--test-threads=1",
         ])
         .env("DLM_FILE_CHILD", spec)
+        .env("DLM_FILE_KIND", kind)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -139,7 +188,7 @@ fn eight_processes_contending_never_overlap_and_tokens_follow_the_holds() {
     for (mut child, mut out) in children {
         for line in all_lines(&mut out, "hold ") {
             let f: Vec<u64> = line[5..].split(' ').map(|x| x.parse().unwrap()).collect();
-            holds.push((f[0], f[1], f[2]));
+            holds.push((f[1], f[2], f[3])); // asked, start, end, token
         }
         assert!(child.wait().unwrap().success());
     }
@@ -171,17 +220,154 @@ fn eight_processes_contending_never_overlap_and_tokens_follow_the_holds() {
     );
 }
 
+/// One hold a child made: what kind, when it was asked for, when it was held from (after
+/// the grant) and to (before the release), its token.
+#[derive(Debug)]
+struct Hold {
+    what: String,
+    asked: u64,
+    start: u64,
+    end: u64,
+    token: u64,
+}
+
+/// The holds 8 processes of `kind` made, 40 each, sorted by start; and the files left in
+/// the directory.
+fn contend(kind: &str) -> (Vec<Hold>, Vec<String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("locks");
+    FileBackend::new(&dir).unwrap();
+    let children: Vec<_> = (0..8)
+        .map(|_| spawn_kind(&format!("contend {} shared 40", dir.display()), kind))
+        .collect();
+    let mut holds = Vec::new();
+    for (mut child, mut out) in children {
+        for line in all_lines(&mut out, "") {
+            // The harness may print `test child ... ` before the first line.
+            let Some(at) = ["hold ", "read ", "write "]
+                .iter()
+                .filter_map(|p| line.find(p))
+                .min()
+            else {
+                continue;
+            };
+            let f: Vec<&str> = line[at..].split(' ').collect();
+            let n: Vec<u64> = f[1..].iter().map(|x| x.parse().unwrap()).collect();
+            holds.push(Hold {
+                what: f[0].to_owned(),
+                asked: n[0],
+                start: n[1],
+                end: n[2],
+                token: n[3],
+            });
+        }
+        assert!(child.wait().unwrap().success());
+    }
+    assert_eq!(holds.len(), 8 * 40);
+    holds.sort_by_key(|h| h.start);
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    (holds, files)
+}
+
+/// The holds of `holds` that overlap `h` (itself excluded).
+fn overlapping<'a>(holds: &'a [Hold], h: &'a Hold) -> impl Iterator<Item = &'a Hold> {
+    holds
+        .iter()
+        .filter(move |o| !std::ptr::eq(*o, h) && o.start < h.end && h.start < o.end)
+}
+
+#[test]
+fn eight_processes_on_a_semaphore_never_exceed_its_permits() {
+    let (holds, files) = contend("permit");
+    let mut most = 0;
+    for h in &holds {
+        // The holds that began before h and still hold when it begins: at most 2.
+        let at_start = overlapping(&holds, h)
+            .filter(|o| o.start <= h.start)
+            .count();
+        most = most.max(at_start + 1);
+        assert!(
+            at_start < 3,
+            "{} holders at once of a 3-permit semaphore at {h:?}",
+            at_start + 1
+        );
+        // A permit's token is above every token of the holds that ended before it was
+        // asked for (its grant came later; its start is known only after the grant).
+        for o in holds.iter().filter(|o| o.end < h.asked) {
+            assert!(o.token < h.token, "token of {h:?} after {o:?}");
+        }
+    }
+    assert!(most >= 2, "the permits were never shared ({most} at most)");
+    assert_eq!(files, vec![".tokens".to_owned()], "no lock file left");
+}
+
+#[test]
+fn eight_processes_on_a_read_write_lock_never_write_beside_anyone() {
+    let (holds, files) = contend("rw");
+    // Hand-overs are woken, never waited out: the longest gap between two holds is
+    // far below a lease (2 s) or a writer's mark.
+    let gap = holds
+        .windows(2)
+        .map(|w| w[1].start.saturating_sub(w[0].end))
+        .max()
+        .unwrap();
+    assert!(
+        gap < 500_000_000,
+        "a {} ms gap between holds",
+        gap / 1_000_000
+    );
+    let mut shared = 0;
+    for h in &holds {
+        let others: Vec<_> = overlapping(&holds, h).collect();
+        if h.what == "write" {
+            assert!(
+                others.is_empty(),
+                "a write beside other holds: {h:?} {others:?}"
+            );
+        } else {
+            assert!(
+                others.iter().all(|o| o.what == "read"),
+                "a read beside a write: {h:?} {others:?}"
+            );
+            shared += usize::from(!others.is_empty());
+        }
+        // Every hold's token is above the tokens of the writes that ended before it was
+        // asked for.
+        for o in holds
+            .iter()
+            .filter(|o| o.what == "write" && o.end < h.asked)
+        {
+            assert!(o.token < h.token, "token of {h:?} after a write's {o:?}");
+        }
+    }
+    assert!(shared > 0, "readers never shared the lock");
+    assert_eq!(files, vec![".tokens".to_owned()], "no lock file left");
+}
+
 #[test]
 fn a_killed_holders_lock_goes_to_the_next_waiter_at_once() {
+    killed_holder_hands_over("mutex");
+}
+
+#[test]
+fn a_killed_holders_permit_goes_to_the_next_waiter_at_once() {
+    killed_holder_hands_over("permit");
+}
+
+fn killed_holder_hands_over(kind: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("locks");
     FileBackend::new(&dir).unwrap();
     let mut gaps = Vec::new();
     let mut tokens = Vec::new();
     for _ in 0..10 {
-        let (mut holder, mut held) = spawn(&format!("hold {} job", dir.display()));
+        let (mut holder, mut held) = spawn_kind(&format!("hold {} job", dir.display()), kind);
         let token: u64 = next_line(&mut held, "held ")[5..].parse().unwrap();
-        let (mut waiter, mut waited) = spawn(&format!("wait {} job", dir.display()));
+        let (mut waiter, mut waited) = spawn_kind(&format!("wait {} job", dir.display()), kind);
         assert_eq!(next_line(&mut waited, "refused").as_str(), "refused");
         let killed = now_ns();
         holder.kill().unwrap();
@@ -193,7 +379,7 @@ fn a_killed_holders_lock_goes_to_the_next_waiter_at_once() {
         assert!(waiter.wait().unwrap().success());
     }
     gaps.sort();
-    eprintln!("from SIGKILL to the waiter holding the lock: {gaps:?}");
+    eprintln!("{kind}: from SIGKILL to the waiter holding it: {gaps:?}");
     let median = gaps[gaps.len() / 2];
     assert!(
         median < Duration::from_millis(10),

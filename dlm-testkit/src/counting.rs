@@ -187,6 +187,14 @@ impl LockBackend for CountingBackend {
         self.inner.kind()
     }
 
+    fn check_name(&self, name: &LockName) -> Result<(), dlm_core::InvalidArgument> {
+        self.inner.check_name(name)
+    }
+
+    fn check_claim(&self, claim: Claim) -> Result<(), dlm_core::InvalidArgument> {
+        self.inner.check_claim(claim)
+    }
+
     fn supports(&self, claim: Claim) -> bool {
         self.inner.supports(claim)
     }

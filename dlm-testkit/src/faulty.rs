@@ -194,6 +194,14 @@ impl LockBackend for FaultyBackend {
         self.inner.kind()
     }
 
+    fn check_name(&self, name: &LockName) -> Result<(), dlm_core::InvalidArgument> {
+        self.inner.check_name(name)
+    }
+
+    fn check_claim(&self, claim: Claim) -> Result<(), dlm_core::InvalidArgument> {
+        self.inner.check_claim(claim)
+    }
+
     fn supports(&self, claim: Claim) -> bool {
         self.inner.supports(claim)
     }

@@ -305,6 +305,17 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Checks a kind of hold the backend [`supports`](LockBackend::supports) against its
+    /// own limits (the largest permit count it keeps, say) when a handle is made, before
+    /// any I/O. A wrapper forwards it. The default accepts every claim.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::InvalidArgument) naming the limit.
+    fn check_claim(&self, claim: Claim) -> Result<(), crate::InvalidArgument> {
+        let _ = claim;
+        Ok(())
+    }
+
     /// A short, fixed name for this kind of backend (`"memory"`, `"redis"`, `"redlock"`,
     /// ...): the `backend` label of dlm's metrics ([`crate::metric_names`]). Return one of
     /// a few constant values, never a server address or a lock name: each value is a time

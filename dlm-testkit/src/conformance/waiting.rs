@@ -133,6 +133,9 @@ impl dlm_core::backend::LockBackend for ReleaseAfterFirstHeld {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+    fn check_name(&self, name: &LockName) -> Result<(), dlm_core::InvalidArgument> {
+        self.inner.check_name(name)
+    }
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
         self.inner.inspect(name)
     }
@@ -409,6 +412,9 @@ impl dlm_core::backend::LockBackend for Gate {
     }
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+    fn check_name(&self, name: &LockName) -> Result<(), dlm_core::InvalidArgument> {
+        self.inner.check_name(name)
     }
 }
 
