@@ -120,16 +120,67 @@ fn local_refuses_server_options_and_other_backends() {
             done.stderr
         );
     }
-    let done = run(dlm()
-        .args(["run", "--permits", "2", "--dir"])
-        .arg(tmp.path().join("d"))
-        .args(["job", "--", "true"]));
-    done.expect(64);
-    assert!(
-        done.stderr.contains("keeps no semaphores"),
-        "{}",
-        done.stderr
+}
+
+/// Semaphores and read-write locks with no server: inside a holder of one of 2 permits, a
+/// second holder runs and a third is refused, `status` shows both holders with their
+/// labels, and another count is a conflict (78); inside a reader, another reader runs and
+/// a writer is refused.
+#[test]
+fn local_semaphores_and_read_write_locks_work_and_status_shows_their_holders() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("locks");
+    let d = q(&dir);
+    let bin = env!("CARGO_BIN_EXE_dlm");
+    let third = format!(
+        "{bin} run --dir {d} --permits 2 -n jobs -- true; echo third=$?; \
+         {bin} status --dir {d} --permits 2 jobs"
     );
+    let inner = format!(
+        "{bin} run --dir {d} --permits 2 -n jobs -- true; echo second=$?; \
+         {bin} run --dir {d} --permits 2 --label inner -n jobs -c {third}; \
+         {bin} run --dir {d} --permits 3 -n jobs -- true; echo conflict=$?",
+        third = q(std::path::Path::new(&third))
+    );
+    let done = run(dlm().args(["run", "--dir"]).arg(&dir).args([
+        "--permits",
+        "2",
+        "--label",
+        "outer",
+        "jobs",
+        "-c",
+        &inner,
+    ]));
+    done.expect(0);
+    let out = &done.stdout;
+    assert!(out.contains("second=0"), "{out}");
+    assert!(out.contains("third=1"), "{out}");
+    assert!(out.contains("conflict=78"), "{out}\n{}", done.stderr);
+    assert!(out.contains("outer") && out.contains("inner"), "{out}");
+
+    let inner = format!(
+        "{bin} run --dir {d} --shared -n data -- true; echo reader=$?; \
+         {bin} run --dir {d} --exclusive -n data -- true; echo writer=$?"
+    );
+    let done = run(dlm()
+        .args(["run", "--dir"])
+        .arg(&dir)
+        .args(["--shared", "data", "-c", &inner]));
+    done.expect(0);
+    assert!(done.stdout.contains("reader=0"), "{}", done.stdout);
+    assert!(done.stdout.contains("writer=1"), "{}", done.stdout);
+    let free = run(dlm()
+        .args(["status", "--dir"])
+        .arg(&dir)
+        .args(["--permits", "2", "jobs"]));
+    free.expect(0);
+    assert!(free.stdout.contains("free"), "{}", free.stdout);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| !f.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "lock files left: {left:?}");
 }
 
 #[test]

@@ -392,7 +392,12 @@ impl State {
             return Ok(None);
         };
         match flock(&fd, FlockOperation::NonBlockingLockShared) {
-            Ok(()) => Ok(None),
+            Ok(()) => {
+                // Left by a writer whose process ended while it waited.
+                drop(fd);
+                self.sweep_writer_files(name);
+                Ok(None)
+            }
             Err(Errno::WOULDBLOCK) => Ok(Some(read_left(&fd).unwrap_or(WRITER_MARK))),
             Err(Errno::INTR) => Ok(Some(SETTLE_LOOK_AGAIN)),
             Err(e) => Err(flock_error(e)),
@@ -521,8 +526,24 @@ impl State {
             log::warn!("dlm-file: {e}");
         }
         drop(hold.head);
+        if last && hold.claim == Claim::Read {
+            self.sweep_writer_files(&key.1);
+        }
         self.group_hints.notify(&(key.0, key.1.clone()));
         own && head
+    }
+
+    /// Removes the mark and writer files of `name` that nobody holds: left by writers
+    /// refused because of readers (the writer file) and by writers whose process ended
+    /// while they waited (the mark; a process's exit closes its files but leaves them).
+    fn sweep_writer_files(&self, name: &LockName) {
+        for file in [mark_file(name), writer_file(name)] {
+            if let Ok(Some((fd, id))) = self.dir.open_with(&file, false, false)
+                && flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok()
+            {
+                self.remove_locked(Locked { file, fd, id });
+            }
+        }
     }
 
     /// Removes `locked`'s file if it is still the one locked, then closes it.
@@ -539,16 +560,7 @@ impl State {
     pub(crate) fn end_mark(&self, name: &LockName, mark: Mark) {
         drop(mark.record);
         self.remove_locked(mark.gate);
-        let writer = writer_file(name);
-        if let Ok(Some((fd, id))) = self.dir.open_with(&writer, false, false)
-            && flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok()
-        {
-            self.remove_locked(Locked {
-                file: writer,
-                fd,
-                id,
-            });
-        }
+        self.sweep_writer_files(name);
         self.group_hints
             .notify(&(GroupKind::ReadWrite, name.clone()));
     }

@@ -214,11 +214,16 @@ impl State {
         }
     }
 
-    /// Removes every kept file now (the backend is going away).
+    /// Removes every kept file now, and ends this process's writers' marks (the backend
+    /// is going away).
     pub(crate) fn sweep_all(&self) {
         let names: Vec<LockName> = self.kept.lock().drain().map(|(n, _)| n).collect();
         for name in names {
             self.sweep(&name);
+        }
+        let marks: Vec<(LockName, Mark)> = self.marks.lock().drain().collect();
+        for (name, mark) in marks {
+            self.end_mark(&name, mark);
         }
     }
 
