@@ -130,7 +130,8 @@ Examples (nothing is installed):
   mkdir -p ~/.local/share/man/man1 && dlm man > ~/.local/share/man/man1/dlm.1";
 
 /// Runs a command under a distributed lock on Redis (single instance, Sentinel, Cluster or
-/// Redlock), etcd or PostgreSQL: a lock, a permit of a semaphore, or a read or write hold.
+/// Redlock), etcd or PostgreSQL, or under a lock between the processes of this machine
+/// (--local): a lock, a permit of a semaphore, a read or write hold, or an election's lead.
 #[derive(Debug, Parser)]
 #[command(name = "dlm", version, after_long_help = EXAMPLES)]
 struct Cli {

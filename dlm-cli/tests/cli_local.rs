@@ -122,12 +122,12 @@ fn local_refuses_server_options_and_other_backends() {
     }
 }
 
-/// Semaphores and read-write locks with no server: inside a holder of one of 2 permits, a
-/// second holder runs and a third is refused, `status` shows both holders with their
-/// labels, and another count is a conflict (78); inside a reader, another reader runs and
-/// a writer is refused.
+/// Semaphores, read-write locks and elections with no server: inside a holder of one of 2
+/// permits, a second holder runs and a third is refused, `status` shows both holders with
+/// their labels, and another count is a conflict (78); inside a reader, another reader
+/// runs and a writer is refused; inside a leader, `dlm leader` shows its value.
 #[test]
-fn local_semaphores_and_read_write_locks_work_and_status_shows_their_holders() {
+fn local_semaphores_read_write_locks_and_elections_work_and_show_their_holders() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("locks");
     let d = q(&dir);
@@ -169,6 +169,16 @@ fn local_semaphores_and_read_write_locks_work_and_status_shows_their_holders() {
     done.expect(0);
     assert!(done.stdout.contains("reader=0"), "{}", done.stdout);
     assert!(done.stdout.contains("writer=1"), "{}", done.stdout);
+    // An election: the leader's value is seen by `dlm leader`, and nobody leads after.
+    let inner = format!("{bin} leader --dir {d} svc; echo leader=$?");
+    let done = run(dlm()
+        .args(["run", "--dir"])
+        .arg(&dir)
+        .args(["--elect", "--value", "host-a", "svc", "-c", &inner]));
+    done.expect(0);
+    assert!(done.stdout.contains("host-a\t"), "{}", done.stdout);
+    assert!(done.stdout.contains("leader=0"), "{}", done.stdout);
+    run(dlm().args(["leader", "--dir"]).arg(&dir).arg("svc")).expect(1);
     let free = run(dlm()
         .args(["status", "--dir"])
         .arg(&dir)
