@@ -87,6 +87,8 @@ pub(crate) struct Dir {
     pub(crate) file_mode: Mode,
     /// Who may own a lock file: this user only, or (group-shared) anyone of the group.
     group_shared: bool,
+    /// This process's effective user id (read once: a system call per open otherwise).
+    euid: u32,
 }
 
 fn invalid(path: &Path, reason: impl std::fmt::Display) -> Error {
@@ -213,6 +215,7 @@ impl Dir {
             path: path.to_owned(),
             file_mode: Mode::from_raw_mode(if opts.group_shared { 0o660 } else { 0o600 }),
             group_shared: opts.group_shared,
+            euid: rustix::process::geteuid().as_raw(),
         })
     }
 
@@ -273,7 +276,7 @@ impl Dir {
             )
             .never_sent());
         }
-        let me = rustix::process::geteuid().as_raw();
+        let me = self.euid;
         if self.group_shared
             && st.st_uid == me
             && st.st_mode & 0o777 != self.file_mode.as_raw_mode()

@@ -133,7 +133,18 @@ impl State {
             .lock()
             .insert(name.clone(), now)
             .is_some_and(|last| now.duration_since(last) < HOT);
-        let linked = match self.dir.identity_of(&file) {
+        // A hot name's file stays: whether it is still the hold's needs no look-up of its
+        // path (a file removed, or replaced by a rename, has no link left). A removal
+        // must know that the path names the locked file.
+        let at = if hot {
+            Ok(rustix::fs::fstat(&hold.file)
+                .ok()
+                .filter(|st| st.st_nlink > 0)
+                .map(|st| (st.st_dev, st.st_ino)))
+        } else {
+            self.dir.identity_of(&file)
+        };
+        let linked = match at {
             Ok(Some(id)) if id == hold.identity => {
                 // The close (and the removal, for a name that is not hot) come back as
                 // events: the local waiter is woken below, directly.
