@@ -4,15 +4,17 @@
 //!   and unlock of a name of its own per thread (uncontended);
 //! - `minimal (flock, same protocol)`: what dlm-file does for one cycle of a name locked
 //!   again and again (its file kept between holds), written directly:
-//!   `openat(O_CREAT | O_NOFOLLOW)`, `flock(LOCK_EX | LOCK_NB)`, the check that the path
-//!   still names the locked inode, the lease end written into the file, `LOCK_UN` and
-//!   `close`. Ratios are to this row;
+//!   `openat(O_CREAT | O_NOFOLLOW)`, `flock(LOCK_EX | LOCK_NB)`, `fstat` (a regular
+//!   file of this user, still linked), the lease end written into the file; at the
+//!   release `fstat` (still linked), `LOCK_UN` and `close`. Ratios are to this row;
 //! - `the same, the file made and removed per hold`: what dlm-file does for a name used
-//!   once (`unlinkat` before the close);
+//!   once (the release looks the path up, and `unlinkat` before the close);
 //! - `open + flock + close, file kept`: what `flock(1)` does per run (no check, no
 //!   removal: a file per name ever locked stays);
 //! - `flock on a kept file`: `flock` and `LOCK_UN` on a file opened once, for scale (no
 //!   release by removal, no check: the floor of any flock lock).
+//!
+//! The same two first rows with 8 processes (this binary run as children, a name each).
 //!
 //! And the hand-over between two backends (as two processes would be): the time from the
 //! release's call to the waiting client's lock returning, p50 and p99.
@@ -40,21 +42,22 @@ fn open_and_lock(dir: &OwnedFd, name: &str) -> OwnedFd {
     fd
 }
 
-/// The hold's part of dlm-file's protocol: the path still names the locked inode, and
-/// the lease end is written into the file.
-fn check_and_stamp(dir: &OwnedFd, name: &str, fd: &OwnedFd) {
+/// The hold's part of dlm-file's protocol: the locked file is checked (one `fstat`: a
+/// regular file of this user, still linked: not removed by a release meanwhile), and the
+/// lease end is written into it.
+fn check_and_stamp(fd: &OwnedFd) {
     let locked = rustix::fs::fstat(fd).unwrap();
-    let at = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
-    assert_eq!((locked.st_dev, locked.st_ino), (at.st_dev, at.st_ino));
+    assert!(locked.st_nlink > 0 && locked.st_mode & 0o170_000 == 0o100_000);
     rustix::io::pwrite(fd, &0i64.to_le_bytes(), 0).unwrap();
 }
 
 /// One cycle of the minimal client on `name` in the directory `dir`: what dlm-file does
-/// for a hot name (its file kept between holds): open, lock, check that the path still
-/// names the locked inode, write the lease end, unlock, close.
+/// for a hot name (its file kept between holds): open, lock, check the locked file, write
+/// the lease end; at the release, check that it still has a link, unlock, close.
 fn minimal_cycle(dir: &OwnedFd, name: &str) {
     let fd = open_and_lock(dir, name);
-    check_and_stamp(dir, name, &fd);
+    check_and_stamp(&fd);
+    assert!(rustix::fs::fstat(&fd).unwrap().st_nlink > 0);
     rustix::fs::flock(&fd, FlockOperation::Unlock).unwrap();
 }
 
@@ -62,7 +65,10 @@ fn minimal_cycle(dir: &OwnedFd, name: &str) {
 /// used once).
 fn made_and_removed_cycle(dir: &OwnedFd, name: &str) {
     let fd = open_and_lock(dir, name);
-    check_and_stamp(dir, name, &fd);
+    check_and_stamp(&fd);
+    let locked = rustix::fs::fstat(&fd).unwrap();
+    let at = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).unwrap();
+    assert_eq!((locked.st_dev, locked.st_ino), (at.st_dev, at.st_ino));
     rustix::fs::unlinkat(dir, name, AtFlags::empty()).unwrap();
 }
 
@@ -101,6 +107,90 @@ fn throughput(threads: usize, run_for: Duration, cycle: impl Fn(usize) + Sync) -
         began.elapsed()
     });
     count.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+}
+
+/// The environment variable that makes `dlm-bench` a child process of the 8-process rows:
+/// `MODE DIR START_NS RUN_MS INDEX` (MODE `dlm` or `minimal`; START_NS on the monotonic
+/// clock, which every process shares).
+pub const CHILD: &str = "DLM_BENCH_FILE_CHILD";
+
+fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap()
+}
+
+/// A child of the 8-process rows: from START_NS, cycles on a name of its own for RUN_MS;
+/// prints how many.
+pub fn child(spec: &str) {
+    let f: Vec<&str> = spec.split(' ').collect();
+    let (mode, path, start, run_ms, index) = (
+        f[0],
+        f[1],
+        f[2].parse::<u64>().unwrap(),
+        f[3].parse::<u64>().unwrap(),
+        f[4],
+    );
+    let name = format!("{mode}-p{index}");
+    let client = LockClient::builder(FileBackend::new(path).unwrap())
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.get_lock(&name).unwrap();
+    let dir = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    let now = monotonic_ns();
+    thread::sleep(Duration::from_nanos(start.saturating_sub(now)));
+    let end = start + run_ms * 1_000_000;
+    let mut n = 0u64;
+    while monotonic_ns() < end {
+        if mode == "dlm" {
+            lock.lock().unwrap().unlock().unwrap();
+        } else {
+            minimal_cycle(&dir, &name);
+        }
+        n += 1;
+    }
+    println!("{n}");
+}
+
+/// Cycles per second of 8 processes running `mode`'s cycle for `run_for`, each on a name
+/// of its own, started together.
+fn processes(mode: &str, path: &std::path::Path, run_for: Duration) -> f64 {
+    let start = monotonic_ns() + 300_000_000;
+    let me = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            std::process::Command::new(&me)
+                .env(
+                    CHILD,
+                    format!(
+                        "{mode} {} {start} {} {i}",
+                        path.display(),
+                        run_for.as_millis()
+                    ),
+                )
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let total: u64 = children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success());
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    total as f64 / run_for.as_secs_f64()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -175,6 +265,20 @@ pub fn run(rounds: usize) {
             let m = median(v);
             println!("| {system} | {threads} | {m:.0} | {:.2}x |", m / base);
         }
+    }
+    // 8 processes, a name each.
+    let (mut dlm, mut minimal) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        dlm.push(processes("dlm", &path, run_for));
+        minimal.push(processes("minimal", &path, run_for));
+    }
+    let base = median(minimal.clone());
+    for (system, v) in [
+        ("dlm (file), 8 processes", dlm),
+        ("minimal (flock, same protocol), 8 processes", minimal),
+    ] {
+        let m = median(v);
+        println!("| {system} | 8 | {m:.0} | {:.2}x |", m / base);
     }
     // Hand-over between two backends of one directory.
     let (a, b) = (

@@ -102,6 +102,10 @@ fn systems(urls: &[String], opts: &Opts, recorder: &Arc<Atomics>) -> Vec<Box<dyn
 }
 
 fn main() {
+    if let Ok(spec) = std::env::var(file::CHILD) {
+        file::child(&spec);
+        return;
+    }
     let opts = Opts::parse();
     if opts.elections {
         elections::run(opts.election_rounds());

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use dlm_core::backend::{BackendError, BackendErrorKind, LockName};
 use dlm_core::{Error, InvalidArgument};
-use rustix::fs::{self, Access, AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{self, Access, AtFlags, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 /// File systems whose `flock(2)` is not a local kernel lock: NFS (where it becomes a
@@ -28,6 +28,16 @@ pub(crate) type Identity = (u64, u64);
 
 /// An open lock file and its identity.
 pub(crate) type OpenFile = (OwnedFd, Identity);
+
+/// What one attempt at a kernel lock came to ([`Dir::lock`]).
+pub(crate) enum Attempted {
+    /// Locked, and the file still has its link.
+    Locked(OpenFile),
+    /// Another open file holds the lock.
+    Refused(OpenFile),
+    /// The file had lost its link (removed by a release meanwhile): try again.
+    Unlinked,
+}
 
 /// The prefix of a mutex's lock file (`m.NAME`): lock files never collide with the
 /// directory's own files, which start with `.`.
@@ -248,27 +258,45 @@ impl Dir {
         create: bool,
         write: bool,
     ) -> Result<Option<OpenFile>, BackendError> {
+        let Some(fd) = self.open_raw(file, create, write)? else {
+            return Ok(None);
+        };
+        let (id, _) = self.check(file, &fd)?;
+        Ok(Some((fd, id)))
+    }
+
+    /// Opens `file` without following a symbolic link; not checked yet (see
+    /// [`check`](Dir::check)).
+    fn open_raw(
+        &self,
+        file: &str,
+        create: bool,
+        write: bool,
+    ) -> Result<Option<OwnedFd>, BackendError> {
         let mut flags = if write { OFlags::RDWR } else { OFlags::RDONLY };
         flags |= OFlags::NOFOLLOW | OFlags::CLOEXEC;
         if create {
             flags |= OFlags::CREATE;
         }
-        let fd = match fs::openat(&self.fd, file, flags, self.file_mode) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) if !create => return Ok(None),
-            Err(Errno::LOOP) => {
-                return Err(BackendError::new(
-                    BackendErrorKind::UnexpectedKey,
-                    format!(
-                        "{}: {file} is a symbolic link, which dlm never follows: remove it",
-                        self.path.display()
-                    ),
-                )
-                .never_sent());
-            }
-            Err(e) => return Err(io_error(&self.path.join(file), "open", e)),
-        };
-        let st = fs::fstat(&fd).map_err(|e| io_error(&self.path.join(file), "fstat", e))?;
+        match fs::openat(&self.fd, file, flags, self.file_mode) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) if !create => Ok(None),
+            Err(Errno::LOOP) => Err(BackendError::new(
+                BackendErrorKind::UnexpectedKey,
+                format!(
+                    "{}: {file} is a symbolic link, which dlm never follows: remove it",
+                    self.path.display()
+                ),
+            )
+            .never_sent()),
+            Err(e) => Err(io_error(&self.path.join(file), "open", e)),
+        }
+    }
+
+    /// Checks the open `file`: a regular file this user may trust. Its device and inode,
+    /// and whether it still has a link (a file removed, or replaced by a rename, has none).
+    fn check(&self, file: &str, fd: &OwnedFd) -> Result<(Identity, bool), BackendError> {
+        let st = fs::fstat(fd).map_err(|e| io_error(&self.path.join(file), "fstat", e))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(BackendError::new(
                 BackendErrorKind::UnexpectedKey,
@@ -282,7 +310,7 @@ impl Dir {
             && st.st_mode & 0o777 != self.file_mode.as_raw_mode()
         {
             // The umask may have taken the group's write bit off a file just made.
-            fs::fchmod(&fd, self.file_mode)
+            fs::fchmod(fd, self.file_mode)
                 .map_err(|e| io_error(&self.path.join(file), "chmod", e))?;
         }
         if !self.group_shared && st.st_uid != me {
@@ -297,7 +325,52 @@ impl Dir {
             )
             .never_sent());
         }
-        Ok(Some((fd, (st.st_dev, st.st_ino))))
+        Ok(((st.st_dev, st.st_ino), st.st_nlink > 0))
+    }
+
+    /// One non-blocking attempt at the kernel lock `op` of `file`, opened (made if missing
+    /// when `create`; for writing when `write`) and checked after the attempt (one `fstat`
+    /// for both: the checks, and whether the file still has a link). `None`: no such file
+    /// (and not `create`).
+    pub(crate) fn lock(
+        &self,
+        file: &str,
+        op: FlockOperation,
+        create: bool,
+        write: bool,
+    ) -> Result<Option<Attempted>, BackendError> {
+        let Some(fd) = self.open_raw(file, create, write)? else {
+            return Ok(None);
+        };
+        self.lock_opened(file, fd, op).map(Some)
+    }
+
+    /// [`lock`](Dir::lock) of a file already open.
+    pub(crate) fn lock_opened(
+        &self,
+        file: &str,
+        fd: OwnedFd,
+        op: FlockOperation,
+    ) -> Result<Attempted, BackendError> {
+        let locked = match fs::flock(&fd, op) {
+            Ok(()) => true,
+            Err(Errno::WOULDBLOCK) => false,
+            Err(Errno::INTR) => return Ok(Attempted::Unlinked),
+            Err(e) => {
+                return Err(BackendError::new(
+                    BackendErrorKind::Other,
+                    format!("{}: flock: {e}", self.path.join(file).display()),
+                ));
+            }
+        };
+        let (id, linked) = self.check(file, &fd)?;
+        Ok(match (linked, locked) {
+            // Removed by its holder's release between our open and our attempt: a dead
+            // inode, whatever the attempt gave.
+            (false, _) => Attempted::Unlinked,
+            (true, true) => Attempted::Locked((fd, id)),
+            (true, false) => Attempted::Refused((fd, id)),
+        })
     }
 
     /// The device and inode `file` names now (`None`: no such file).

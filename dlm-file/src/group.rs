@@ -31,7 +31,7 @@ use dlm_core::backend::{
 use rustix::fs::{FlockOperation, flock};
 use rustix::io::{Errno, pread, pwrite};
 
-use crate::dir::{Dir, Identity};
+use crate::dir::{Attempted, Dir, Identity};
 use crate::hints::{GroupKind, SETTLE_LOOK_AGAIN};
 use crate::state::{State, flock_error, read_left, until_bytes, write_until};
 
@@ -177,26 +177,19 @@ fn lock_at(
     // A file removed by its holder's release between our open and our lock is a dead
     // inode: lock the new one. Each pass follows a release: a few are plenty.
     for _ in 0..8 {
-        let (fd, id) = dir
-            .open_with(file, true, false)?
-            .expect("opened with create");
-        match flock(&fd, op) {
-            Ok(()) => {
-                if dir.identity_of(file)? == Some(id) {
-                    return Ok(Ok(Locked {
-                        file: file.to_owned(),
-                        fd,
-                        id,
-                    }));
-                }
+        match dir
+            .lock(file, op, true, false)?
+            .expect("opened with create")
+        {
+            Attempted::Locked((fd, id)) => {
+                return Ok(Ok(Locked {
+                    file: file.to_owned(),
+                    fd,
+                    id,
+                }));
             }
-            Err(Errno::WOULDBLOCK) => {
-                if dir.identity_of(file)? == Some(id) {
-                    return Ok(Err(read_left(&fd)));
-                }
-            }
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(flock_error(e)),
+            Attempted::Refused((fd, _)) => return Ok(Err(read_left(&fd))),
+            Attempted::Unlinked => {}
         }
     }
     Ok(Err(None))

@@ -48,7 +48,11 @@ pub(crate) struct Registry {
 impl Registry {
     /// Wakes one local waiter of `name` (a release by this process).
     pub(crate) fn notify(&self, name: &LockName) {
-        if let Some((list, _)) = self.lists.lock().get(name) {
+        let lists = self.lists.lock();
+        if lists.is_empty() {
+            return; // (no hashing of the name when nobody here waits)
+        }
+        if let Some((list, _)) = lists.get(name) {
             list.notify_one();
         }
     }
@@ -101,10 +105,8 @@ impl Registry {
 
     /// Whether a woken waiter of `name` has not made its attempt yet.
     pub(crate) fn wake_pending(&self, name: &LockName) -> bool {
-        self.lists
-            .lock()
-            .get(name)
-            .is_some_and(|(list, _)| list.wake_pending())
+        let lists = self.lists.lock();
+        !lists.is_empty() && lists.get(name).is_some_and(|(list, _)| list.wake_pending())
     }
 
     /// Whether `name` had an event within [`SETTLE`].
@@ -118,10 +120,8 @@ impl Registry {
 
     /// Whether this process has waiters for `name`.
     pub(crate) fn has_waiters(&self, name: &LockName) -> bool {
-        self.lists
-            .lock()
-            .get(name)
-            .is_some_and(|(list, _)| !list.is_empty())
+        let lists = self.lists.lock();
+        !lists.is_empty() && lists.get(name).is_some_and(|(list, _)| !list.is_empty())
     }
 
     /// A subscription to `name`'s hints; `on_last` runs when the last waiter of the

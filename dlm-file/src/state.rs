@@ -15,7 +15,7 @@ use rustix::fs::{FlockOperation, flock};
 use rustix::io::{Errno, pread, pwrite};
 use rustix::time::{ClockId, clock_gettime};
 
-use crate::dir::{self, Dir, MUTEX_PREFIX};
+use crate::dir::{self, Attempted, Dir, MUTEX_PREFIX};
 use crate::group::{GroupHold, HoldKey, Mark};
 use crate::hints::{GroupHints, Registry};
 use crate::tokens::Tokens;
@@ -126,7 +126,6 @@ impl State {
     ///
     /// Returns whether the file was still the hold's (not removed or replaced).
     pub(crate) fn end(&self, name: &LockName, hold: Hold) -> bool {
-        let file = file_name(name);
         let now = Instant::now();
         let hot = self
             .recent
@@ -142,7 +141,7 @@ impl State {
                 .filter(|st| st.st_nlink > 0)
                 .map(|st| (st.st_dev, st.st_ino)))
         } else {
-            self.dir.identity_of(&file)
+            self.dir.identity_of(&file_name(name))
         };
         let linked = match at {
             Ok(Some(id)) if id == hold.identity => {
@@ -153,7 +152,7 @@ impl State {
                     let _ = flock(&hold.file, FlockOperation::Unlock);
                     self.kept.lock().insert(name.clone(), now);
                     self.wake_reaper_by(now + IDLE);
-                } else if let Err(e) = self.dir.remove(&file) {
+                } else if let Err(e) = self.dir.remove(&file_name(name)) {
                     log::warn!("dlm-file: {e}");
                 }
                 true
@@ -173,11 +172,12 @@ impl State {
     /// when it does not run.
     pub(crate) fn wake_reaper_by(&self, at: Instant) -> bool {
         let mut wake = self.reaper_wake.lock();
-        let Some(kick) = wake.kick.clone() else {
+        let ReaperWake { kick, next } = &mut *wake;
+        let Some(kick) = kick else {
             return false;
         };
-        if wake.next.is_none_or(|next| at < next) {
-            wake.next = Some(at);
+        if next.is_none_or(|n| at < n) {
+            *next = Some(at);
             let _ = kick.try_send(());
         }
         true
@@ -300,19 +300,20 @@ impl State {
         // inode: lock the new one. Each pass follows a release: a few are plenty.
         for _ in 0..8 {
             let cached = self.probes.lock().remove(name);
-            let (fd, id) = match cached {
-                Some(probe) => probe,
+            let op = FlockOperation::NonBlockingLockExclusive;
+            let attempt = match cached {
+                Some((fd, _)) => self.dir.lock_opened(&file, fd, op)?,
                 None => self
                     .dir
-                    .open_file_with_id(&file, true)?
+                    .lock(&file, op, true, true)?
                     .expect("opened with create"),
             };
-            match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => {}
-                Err(Errno::WOULDBLOCK) => {
-                    if self.dir.identity_of(&file)? != Some(id) {
-                        continue; // an old file, held by a release under way
-                    }
+            match attempt {
+                Attempted::Locked(locked) => return Ok(Ok(locked)),
+                // Locked (or refused by) a file that its holder removed as it released:
+                // try the new one.
+                Attempted::Unlinked => {}
+                Attempted::Refused((fd, id)) => {
                     let left = read_left(&fd);
                     if self.registry.has_waiters(name) {
                         // Kept for the next attempt: closing it would wake other
@@ -323,13 +324,7 @@ impl State {
                     }
                     return Ok(Err(left));
                 }
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(flock_error(e)),
             }
-            if self.dir.identity_of(&file)? == Some(id) {
-                return Ok(Ok((fd, id)));
-            }
-            // Locked a file that its holder removed as it released: try the new one.
         }
         Ok(Err(None))
     }
