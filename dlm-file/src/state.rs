@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -94,8 +94,20 @@ pub(crate) fn write_until(file: &OwnedFd, until: Instant) {
 
 /// `until` as every process of the machine reads it: the monotonic clock, in ns.
 pub(crate) fn until_bytes(until: Instant) -> [u8; 8] {
-    let left = until.saturating_duration_since(Instant::now());
-    let end = monotonic_ns() + i128::try_from(left.as_nanos()).unwrap_or(i128::MAX / 2);
+    // `Instant` is the monotonic clock on Linux: an instant's ns are those of a moment
+    // read once, plus the time between them (no clock read per hold).
+    static BASE: OnceLock<(Instant, i128)> = OnceLock::new();
+    let (at, ns) = *BASE.get_or_init(|| {
+        let _ = monotonic_ns(); // (the first read may set the vDSO up)
+        let before = monotonic_ns();
+        let at = Instant::now();
+        (at, (before + monotonic_ns()) / 2)
+    });
+    let nanos = |d: Duration| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX / 4);
+    let end = match until.checked_duration_since(at) {
+        Some(after) => ns + nanos(after),
+        None => ns - nanos(at.duration_since(until)),
+    };
     i64::try_from(end).unwrap_or(i64::MAX).to_le_bytes()
 }
 
