@@ -37,7 +37,7 @@ use crate::opts::Opts;
 use crate::proxy::Proxy;
 use crate::recorder::Atomics;
 use crate::report::{Row, json, markdown};
-use crate::scenario::{CONTENDERS, Counts, Scenario, measure, ping_rtt, request_counts};
+use crate::scenario::{CONTENDERS, Counts, Fenced, Scenario, measure, ping_rtt, request_counts};
 use crate::system::LockSystem;
 use crate::systems::{Dlm, Minimal, Primitive};
 
@@ -312,7 +312,7 @@ fn main() {
         for (system, counted) in timed.iter().zip(&counted) {
             counts.push(
                 opts.wants(&system.name(), "uncontended")
-                    .then(|| request_counts(counted.as_ref(), &proxies, &servers, false)),
+                    .then(|| request_counts(counted.as_ref(), &proxies, &servers, Fenced::No)),
             );
         }
         // On one node, 8 contenders too, for the semaphore and the read-write lock (issue
@@ -401,40 +401,49 @@ fn main() {
             Minimal::fenced(&urls, TTL),
             Minimal::fenced(&proxy_urls, TTL),
         );
-        let fenced_use = |s: &&dyn LockSystem| {
-            matches!(
-                s.name().as_str(),
-                "dlm" | "dlm (drawn when read)" | "minimal" | "minimal (fenced)"
-            ) && opts.wants(&s.name(), "fenced-use")
-        };
-        let fenced_counts: Vec<(String, Counts)> = counted
-            .iter()
-            .map(|s| s.as_ref())
-            .chain([fenced_counted.as_ref(), &floor_counted as &dyn LockSystem])
-            .filter(fenced_use)
-            .map(|s| (s.name(), request_counts(s, &proxies, &servers, true)))
-            .collect();
-        for threads in [1, 8] {
-            let scenario = Scenario::FencedUse { threads };
-            let chosen: Vec<&dyn LockSystem> = timed
+        for (fenced, scenario_name) in [
+            (Fenced::OneName, "fenced-use"),
+            (Fenced::NewNames, "fenced-new-names"),
+        ] {
+            let fenced_use = |s: &&dyn LockSystem| {
+                matches!(
+                    s.name().as_str(),
+                    "dlm" | "dlm (drawn when read)" | "minimal" | "minimal (fenced)"
+                ) && opts.wants(&s.name(), scenario_name)
+            };
+            let fenced_counts: Vec<(String, Counts)> = counted
                 .iter()
                 .map(|s| s.as_ref())
-                .chain([fenced_timed.as_ref(), &floor_timed as &dyn LockSystem])
+                .chain([fenced_counted.as_ref(), &floor_counted as &dyn LockSystem])
                 .filter(fenced_use)
+                .map(|s| (s.name(), request_counts(s, &proxies, &servers, fenced)))
                 .collect();
-            if chosen.len() < 2 {
-                continue;
-            }
-            for mut row in measure(&chosen, scenario, rounds, run_for) {
-                if let Some((_, (trips, cmds, conns, cpu))) =
-                    fenced_counts.iter().find(|(name, _)| *name == row.system)
-                {
-                    row.requests_per_cycle = Some(*trips);
-                    row.commands_per_cycle = Some(*cmds);
-                    row.new_connections_per_cycle = Some(*conns);
-                    row.server_us_per_cycle = Some(*cpu);
+            for threads in [1, 8] {
+                let scenario = if fenced == Fenced::OneName {
+                    Scenario::FencedUse { threads }
+                } else {
+                    Scenario::FencedNewNames { threads }
+                };
+                let chosen: Vec<&dyn LockSystem> = timed
+                    .iter()
+                    .map(|s| s.as_ref())
+                    .chain([fenced_timed.as_ref(), &floor_timed as &dyn LockSystem])
+                    .filter(fenced_use)
+                    .collect();
+                if chosen.len() < 2 {
+                    continue;
                 }
-                push(row, nodes);
+                for mut row in measure(&chosen, scenario, rounds, run_for) {
+                    if let Some((_, (trips, cmds, conns, cpu))) =
+                        fenced_counts.iter().find(|(name, _)| *name == row.system)
+                    {
+                        row.requests_per_cycle = Some(*trips);
+                        row.commands_per_cycle = Some(*cmds);
+                        row.new_connections_per_cycle = Some(*conns);
+                        row.server_us_per_cycle = Some(*cpu);
+                    }
+                    push(row, nodes);
+                }
             }
         }
         // One of five nodes stopped: dlm only (the minimal client and the peers have no

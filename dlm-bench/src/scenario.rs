@@ -69,6 +69,11 @@ pub enum Scenario {
     FencedUse {
         threads: usize,
     },
+    /// `fenced-use` with a new name every cycle (a lock per entity: `order-123`), written
+    /// to a fresh resource each time.
+    FencedNewNames {
+        threads: usize,
+    },
 }
 
 impl Scenario {
@@ -83,6 +88,7 @@ impl Scenario {
             Scenario::Contended { pause: Some(_), .. } => "handoff",
             Scenario::PausedMinority => "paused-minority",
             Scenario::FencedUse { .. } => "fenced-use",
+            Scenario::FencedNewNames { .. } => "fenced-new-names",
         }
     }
 
@@ -91,7 +97,7 @@ impl Scenario {
             Scenario::Uncontended { threads } => threads,
             Scenario::Contended { threads, .. } => threads,
             Scenario::PausedMinority => 1,
-            Scenario::FencedUse { threads } => threads,
+            Scenario::FencedUse { threads } | Scenario::FencedNewNames { threads } => threads,
         }
     }
 
@@ -99,10 +105,15 @@ impl Scenario {
         let (cycles, elapsed) = (tally.cycles, tally.elapsed);
         match self {
             Scenario::Uncontended { threads } => {
-                uncontended(system, threads, false, run_for, tally)
+                uncontended(system, threads, Fenced::No, run_for, tally)
             }
-            Scenario::PausedMinority => uncontended(system, 1, false, run_for, tally),
-            Scenario::FencedUse { threads } => uncontended(system, threads, true, run_for, tally),
+            Scenario::PausedMinority => uncontended(system, 1, Fenced::No, run_for, tally),
+            Scenario::FencedUse { threads } => {
+                uncontended(system, threads, Fenced::OneName, run_for, tally)
+            }
+            Scenario::FencedNewNames { threads } => {
+                uncontended(system, threads, Fenced::NewNames, run_for, tally)
+            }
             Scenario::Contended { pause, threads } => {
                 contended(system, pause, threads, run_for, tally)
             }
@@ -131,7 +142,8 @@ impl Scenario {
         };
         if let Scenario::Uncontended { .. }
         | Scenario::PausedMinority
-        | Scenario::FencedUse { .. } = self
+        | Scenario::FencedUse { .. }
+        | Scenario::FencedNewNames { .. } = self
         {
             if t.failures > 0 {
                 eprintln!(
@@ -178,10 +190,21 @@ pub fn measure(
 /// Uncontended: every thread locks and unlocks fresh keys; each lock must succeed first
 /// try. With `fenced`, each thread locks one key of its own instead (its resource's), and
 /// uses the token under the lock (`LockHandle::use_token`).
+/// Whether an uncontended cycle reads and uses its token, and on which names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// Lock and unlock a new name each cycle.
+    No,
+    /// One name per thread, its token read and used (`fenced-use`).
+    OneName,
+    /// A new name each cycle, its token read and used (`fenced-new-names`).
+    NewNames,
+}
+
 fn uncontended(
     system: &dyn LockSystem,
     threads: usize,
-    fenced: bool,
+    fenced: Fenced,
     run_for: Duration,
     tally: &mut Tally,
 ) {
@@ -199,7 +222,7 @@ fn uncontended(
                 let mut i = 0u64;
                 let own = format!("f{t}-{:x}", rand::random::<u32>());
                 while !stop.load(Ordering::Relaxed) {
-                    let key = if fenced {
+                    let key = if fenced == Fenced::OneName {
                         own.clone()
                     } else {
                         format!("u{t}-{i}-{:x}", rand::random::<u32>())
@@ -210,7 +233,7 @@ fn uncontended(
                         failures += 1;
                         continue;
                     }
-                    if fenced && !h.use_token() {
+                    if fenced != Fenced::No && !h.use_token(fenced == Fenced::NewNames) {
                         failures += 1;
                     }
                     h.unlock();
@@ -348,22 +371,29 @@ fn server_cpu_us(server: &RedisServer) -> f64 {
 }
 
 /// Round trips, commands per node and new connections per uncontended cycle, counted by
-/// proxies, and the servers' CPU time per node per cycle. With `fenced`, the cycle of
-/// `fenced-use`: one key, its token read and used.
+/// proxies, and the servers' CPU time per node per cycle, for the cycle of `fenced`.
 pub fn request_counts(
     system: &dyn LockSystem,
     proxies: &[Proxy],
     servers: &[&RedisServer],
-    fenced: bool,
+    fenced: Fenced,
 ) -> Counts {
     const CYCLES: u64 = 2_000;
     let mut h = system.handle();
     let own = format!("rc-own-{:x}", rand::random::<u32>());
     let cycle = |h: &mut Box<dyn crate::system::LockHandle>, key: String| {
-        let key = if fenced { own.clone() } else { key };
+        let key = if fenced == Fenced::OneName {
+            own.clone()
+        } else {
+            key
+        };
         assert!(h.try_lock(&key), "{}: lock failed", system.name());
-        if fenced {
-            assert!(h.use_token(), "{}: no token", system.name());
+        if fenced != Fenced::No {
+            assert!(
+                h.use_token(fenced == Fenced::NewNames),
+                "{}: no token",
+                system.name()
+            );
         }
         h.unlock();
     };

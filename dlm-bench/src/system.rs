@@ -20,9 +20,11 @@ pub trait LockHandle: Send {
     /// Release the lock this handle holds (the last one acquired).
     fn unlock(&mut self);
     /// The `fenced-use` scenario's work under the lock: read the hold's fencing token and
-    /// write with it to a fenced resource. `false` if that failed. A system without
-    /// fencing tokens does nothing (the minimal client: the bar).
-    fn use_token(&mut self) -> bool {
+    /// write with it to a fenced resource (with `fresh`, a new one: the name is new,
+    /// `fenced-new-names`). `false` if that failed. A system without fencing tokens does
+    /// nothing (the minimal client: the bar).
+    fn use_token(&mut self, fresh: bool) -> bool {
+        let _ = fresh;
         true
     }
 }

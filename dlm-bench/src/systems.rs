@@ -214,10 +214,13 @@ impl LockHandle for DlmHandle {
         }
     }
 
-    fn use_token(&mut self) -> bool {
+    fn use_token(&mut self, fresh: bool) -> bool {
         let Some(token) = self.guard.as_ref().and_then(|g| g.fencing_token().ok()) else {
             return false;
         };
+        if fresh {
+            self.resource = FencedResource::new(0);
+        }
         self.resource.write(token, |n| *n += 1).is_ok()
     }
 }
@@ -442,13 +445,16 @@ impl<C: Transport> LockHandle for MinimalHandle<C> {
         }
     }
 
-    fn use_token(&mut self) -> bool {
+    fn use_token(&mut self, fresh: bool) -> bool {
         if self.fenced_sha.is_none() {
             return true;
         }
         let Some(token) = self.fencing_token.take() else {
             return false;
         };
+        if fresh {
+            self.resource = FencedResource::new(0);
+        }
         self.resource.write(token, |n| *n += 1).is_ok()
     }
 }

@@ -13,12 +13,15 @@
 #[non_exhaustive]
 pub enum TokenDraw {
     /// With the acquisition when the last hold of this lock by this client read its
-    /// token, else on the first read (the default). A lock whose tokens are read every
-    /// time pays no request for them after the first hold; one whose tokens are never
-    /// read pays nothing; a change costs one request (the first read after unread holds)
-    /// or one unused draw on the server (the first unread hold after a read). The
-    /// prediction is a bit per lock name in a small table per client (4,096 bits, by a
-    /// hash of the name): names that share a bit share a prediction.
+    /// token, else on the first read (the default); a lock this client has not held yet
+    /// is predicted from its last hold of any lock, so a program that takes a lock per
+    /// entity (`order-123`) and reads every token pays for them in the acquisition from
+    /// the first hold of each. A lock whose tokens are read every time pays no request
+    /// for them after the client's first hold; one whose tokens are never read pays
+    /// nothing; a change costs one request (the first read after unread holds) or one
+    /// unused draw on the server (the first unread hold after a read). The prediction is
+    /// a bit per lock name in a small table per client (4,096 bits, by a hash of the
+    /// name): names that share a bit share a prediction.
     #[default]
     Predicted,
     /// Always with the acquisition: for a program that reads every token, and for a

@@ -224,6 +224,7 @@ fn counted_client(counting: &Arc<CountingBackend>, draw: TokenDraw) -> LockClien
 /// (through a new handle too) draws the token with it: the token is known right after
 /// acquiring, with no request but the acquisition, and reading it does no I/O. Tokens
 /// drawn so still increase across holders (another client holds and reads in between).
+/// A name the client has not held is predicted from its last hold of any name.
 pub fn a_read_token_comes_with_the_next_acquisition(f: &dyn Fixture) {
     if !f.fencing() {
         return;
@@ -264,6 +265,36 @@ pub fn a_read_token_comes_with_the_next_acquisition(f: &dyn Fixture) {
         last = t;
         g.unlock().unwrap();
     }
+    // A name this client has not held yet is predicted from its last hold of any name
+    // (a lock per entity: `order-123`): that one read its token, so this one's comes
+    // with the acquisition too.
+    let fenced = counting.fenced_acquisitions();
+    let g = a
+        .get_lock(&unique_name("predicted-new"))
+        .unwrap()
+        .lock()
+        .unwrap();
+    assert_eq!(
+        counting.fenced_acquisitions(),
+        fenced + 1,
+        "a new name after holds that read their tokens"
+    );
+    // (Tokens are ordered per name: nothing to compare it with.)
+    assert!(g.known_fencing_token().is_some(), "drawn with the acquisition");
+    g.unlock().unwrap();
+    // That hold did not read it: the next new name draws on read again.
+    let g = a
+        .get_lock(&unique_name("predicted-new"))
+        .unwrap()
+        .lock()
+        .unwrap();
+    assert_eq!(
+        counting.fenced_acquisitions(),
+        fenced + 1,
+        "a new name after a hold that did not read its token"
+    );
+    g.fencing_token().unwrap();
+    g.unlock().unwrap();
 }
 
 /// A token drawn with the acquisition and never read is released with the lock: the
