@@ -217,9 +217,10 @@ fn take_slot(
                 }
             }
             Err(left) => {
-                if let Some(left) = left {
-                    soonest = Some(soonest.map_or(left, |s| s.min(left)));
-                }
+                // No lease end written: a hold being granted, or an inspection's look at
+                // that moment (neither makes an event): look again soon.
+                let left = left.unwrap_or(SETTLE_LOOK_AGAIN * 5);
+                soonest = Some(soonest.map_or(left, |s| s.min(left)));
             }
         }
     }
@@ -262,6 +263,16 @@ impl State {
         };
         let (head, own, record) = match taken {
             Ok(parts) => parts,
+            Err(Outcome::Refused { retry, mark })
+                if self
+                    .group_hints
+                    .recently_hinted(&(kind, request.name.clone())) =>
+            {
+                return Ok(Outcome::Refused {
+                    retry: retry.min(SETTLE_LOOK_AGAIN),
+                    mark,
+                });
+            }
             Err(outcome) => return Ok(outcome),
         };
         let mut token = None;
@@ -365,6 +376,11 @@ impl State {
             }
             let held_with = u32::from_le_bytes(buf);
             if held_with != permits {
+                if !self.any_permit_held(name, held_with)? {
+                    // The count of a semaphore nobody holds any more, kept by the shared
+                    // lock of another acquirer passing by: look again soon.
+                    return Ok(None);
+                }
                 return Err(BackendError::new(
                     BackendErrorKind::Conflict,
                     format!(
@@ -376,6 +392,24 @@ impl State {
             return Ok(Some(Locked { file, fd, id }));
         }
         Ok(None)
+    }
+
+    /// Whether any of the first `count` permits of the semaphore `name` is held.
+    fn any_permit_held(&self, name: &LockName, count: u32) -> Result<bool, BackendError> {
+        let prefix = slot_prefix(GroupKind::Semaphore, name);
+        for i in 0..count.min(MAX_PERMITS) {
+            let Some((fd, _)) = self.dir.open_with(&format!("{prefix}{i}"), false, false)? else {
+                continue;
+            };
+            match flock(&fd, FlockOperation::NonBlockingLockShared) {
+                Ok(()) => {
+                    let _ = flock(&fd, FlockOperation::Unlock);
+                }
+                Err(Errno::WOULDBLOCK) => return Ok(true),
+                Err(e) => return Err(flock_error(e)),
+            }
+        }
+        Ok(false)
     }
 
     /// Whether a writer waits for the readers of `name` to leave (it holds the mark file):
@@ -435,6 +469,12 @@ impl State {
         // reader's look at the mark file can refuse it for a moment: the next attempt
         // marks). A write granted to a writer of this process ends it.
         let mut mark = self.marks.lock().remove(name);
+        if let Some(m) = &mark
+            && self.dir.identity_of(&m.gate.file)? != Some(m.gate.id)
+        {
+            // Removed under it (a forced release): it marks nothing any more.
+            mark = None;
+        }
         if mark.is_none()
             && let Ok(gate) = lock_at(
                 &self.dir,
@@ -503,22 +543,32 @@ impl State {
                 .map(|at| at == Some(l.id))
                 .unwrap_or(false)
         };
+        // The head first, so that the events of the hold's own file (which wake the
+        // waiters) come once its lock is gone. The last holder (its shared lock turned
+        // exclusive; the writer's is) removes it, if the path still names it once the
+        // lock is exclusive.
+        // Whether the hold was intact: looked at while its lock is still held (a failed
+        // conversion drops it, and the last holder may then remove the file at once).
+        let head = linked(&hold.head);
+        let last = hold.claim == Claim::Write
+            || flock(&hold.head.fd, FlockOperation::NonBlockingLockExclusive).is_ok();
+        if last
+            && (if hold.claim == Claim::Write {
+                head
+            } else {
+                linked(&hold.head)
+            })
+            && let Err(e) = self.dir.remove(&hold.head.file)
+        {
+            log::warn!("dlm-file: {e}");
+        }
+        drop(hold.head);
         let own = linked(&hold.own);
         if own && let Err(e) = self.dir.remove(&hold.own.file) {
             log::warn!("dlm-file: {e}");
         }
         drop(hold.record);
         drop(hold.own);
-        let head = linked(&hold.head);
-        let last = hold.claim == Claim::Write
-            || flock(&hold.head.fd, FlockOperation::NonBlockingLockExclusive).is_ok();
-        if head
-            && last
-            && let Err(e) = self.dir.remove(&hold.head.file)
-        {
-            log::warn!("dlm-file: {e}");
-        }
-        drop(hold.head);
         if last && hold.claim == Claim::Read {
             self.sweep_writer_files(&key.1);
         }
@@ -645,22 +695,31 @@ impl State {
         ttl: Duration,
     ) -> Result<Option<(Instant, Option<FencingToken>)>, BackendError> {
         let wkey: HoldKey = (GroupKind::ReadWrite, name.clone(), *writer);
-        let Some(hold) = self
-            .groups
-            .lock()
-            .remove(&wkey)
-            .filter(|h| h.claim == Claim::Write)
-        else {
-            return Ok(None);
+        let hold = {
+            let mut groups = self.groups.lock();
+            match groups.remove(&wkey) {
+                Some(h) if h.claim == Claim::Write => h,
+                Some(other) => {
+                    groups.insert(wkey, other);
+                    return Ok(None);
+                }
+                None => return Ok(None),
+            }
         };
         if hold.until <= Instant::now() || !self.linked(&hold)? {
             self.end_group(&wkey, hold);
             return Ok(None);
         }
+        let mut hold = hold;
         if let Err(e) = flock(&hold.head.fd, FlockOperation::NonBlockingLockShared) {
+            // The conversion dropped the exclusive lock: readers may be in; the head goes
+            // only if nobody else holds it.
+            hold.claim = Claim::Read;
             self.end_group(&wkey, hold);
             return Err(flock_error(e));
         }
+        // From here the head is held shared, as by a reader.
+        hold.claim = Claim::Read;
         let Some((slot, record)) = self.reader_slot(name)? else {
             self.end_group(&wkey, hold);
             return Err(BackendError::new(
@@ -712,9 +771,14 @@ impl State {
         let Some((fd, _)) = self.dir.open_with(&head, false, false)? else {
             return Ok(Holders::default());
         };
+        // Each probe is given back at once: a lock kept would refuse others' attempts
+        // without an event to wake them.
         let held = |fd: &OwnedFd| -> Result<bool, BackendError> {
             match flock(fd, FlockOperation::NonBlockingLockShared) {
-                Ok(()) => Ok(false),
+                Ok(()) => {
+                    let _ = flock(fd, FlockOperation::Unlock);
+                    Ok(false)
+                }
                 Err(Errno::WOULDBLOCK) => Ok(true),
                 Err(e) => Err(flock_error(e)),
             }
@@ -724,7 +788,10 @@ impl State {
         match kind {
             GroupKind::Semaphore => {
                 match flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-                    Ok(()) => return Ok(Holders::default()),
+                    Ok(()) => {
+                        let _ = flock(&fd, FlockOperation::Unlock);
+                        return Ok(Holders::default());
+                    }
                     Err(Errno::WOULDBLOCK) => {}
                     Err(e) => return Err(flock_error(e)),
                 }
@@ -736,9 +803,13 @@ impl State {
             GroupKind::ReadWrite => {
                 if held(&fd)? {
                     // The writer: its record is in the writer file.
+                    // (A last reader's release holds it exclusively for a moment too: a
+                    // writer is one that holds the writer file.)
                     if let Some((writer, _)) =
                         self.dir.open_with(&writer_file(name), false, false)?
+                        && held(&writer)?
                         && let Some((left, token, label)) = read_record(&writer)
+                        && !left.is_zero()
                     {
                         holders.push(Holder::new(Claim::Write, left, label).with_token(token));
                     }
@@ -756,6 +827,7 @@ impl State {
             };
             if held(&slot)?
                 && let Some((left, token, label)) = read_record(&slot)
+                && !left.is_zero()
             {
                 let claim = match (kind, count) {
                     (GroupKind::Semaphore, Some(permits)) => Claim::Permit { permits },

@@ -186,6 +186,8 @@ pub(crate) fn group_of(file: &str) -> Option<GroupKey> {
 #[derive(Debug, Default)]
 pub(crate) struct GroupHints {
     lists: Mutex<HashMap<GroupKey, (WaitList, WaitList)>>,
+    /// When each resource with waiters here last had an event of another process.
+    events: Mutex<HashMap<GroupKey, Instant>>,
 }
 
 impl GroupHints {
@@ -194,6 +196,32 @@ impl GroupHints {
         if let Some((waiters, observers)) = self.lists.lock().get(key) {
             waiters.notify_all();
             observers.notify_all();
+        }
+    }
+
+    /// An event of the directory for `key`: wakes its waiters and observers, and
+    /// remembers when (see [`recently_hinted`](GroupHints::recently_hinted)).
+    fn event(&self, key: &GroupKey) {
+        let lists = self.lists.lock();
+        if let Some((waiters, observers)) = lists.get(key) {
+            self.events.lock().insert(key.clone(), Instant::now());
+            waiters.notify_all();
+            observers.notify_all();
+        }
+    }
+
+    /// Whether `key` had an event within [`SETTLE`]: a dying holder's file is reported
+    /// closed a moment before the kernel drops all of its locks, so an attempt refused
+    /// then looks again soon instead of at the dead holder's lease end.
+    pub(crate) fn recently_hinted(&self, key: &GroupKey) -> bool {
+        let mut events = self.events.lock();
+        match events.get(key) {
+            Some(at) if at.elapsed() < SETTLE => true,
+            Some(_) => {
+                events.remove(key);
+                false
+            }
+            None => false,
         }
     }
 
@@ -363,7 +391,7 @@ fn listen(inotify: &OwnedFd, stop: &OwnedFd, registry: &Registry, groups: &Group
                     {
                         registry.event(&name);
                     } else if let Some(key) = group_of(file) {
-                        groups.notify(&key);
+                        groups.event(&key);
                     }
                 }
                 Err(Errno::WOULDBLOCK | Errno::INTR) => break,
