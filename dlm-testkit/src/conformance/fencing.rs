@@ -280,7 +280,10 @@ pub fn a_read_token_comes_with_the_next_acquisition(f: &dyn Fixture) {
         "a new name after holds that read their tokens"
     );
     // (Tokens are ordered per name: nothing to compare it with.)
-    assert!(g.known_fencing_token().is_some(), "drawn with the acquisition");
+    assert!(
+        g.known_fencing_token().is_some(),
+        "drawn with the acquisition"
+    );
     g.unlock().unwrap();
     // That hold did not read it: the next new name draws on read again.
     let g = a
