@@ -373,6 +373,19 @@ impl Dir {
         })
     }
 
+    /// A private directory `path` (made if missing), for the unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(path: &Path) -> Dir {
+        Dir::open(
+            path,
+            DirOptions {
+                group_shared: false,
+                allow_network: false,
+            },
+        )
+        .expect("a lock directory")
+    }
+
     /// The device and inode `file` names now (`None`: no such file).
     pub(crate) fn identity_of(&self, file: &str) -> Result<Option<(u64, u64)>, BackendError> {
         match fs::statat(&self.fd, file, AtFlags::SYMLINK_NOFOLLOW) {

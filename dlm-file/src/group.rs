@@ -928,19 +928,11 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dir::DirOptions;
 
     #[test]
     fn records_are_read_back_with_token_and_label() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = Dir::open(
-            &tmp.path().join("d"),
-            DirOptions {
-                group_shared: false,
-                allow_network: false,
-            },
-        )
-        .unwrap();
+        let dir = Dir::for_tests(&tmp.path().join("d"));
         let fd = dir.open_file("p.x.0", true).unwrap().unwrap();
         let until = Instant::now() + Duration::from_secs(10);
         write_record(&fd, until, Some(FencingToken::new(42)), Some("host:1"));

@@ -392,19 +392,11 @@ impl Drop for Reaper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dir::DirOptions;
 
     #[test]
     fn lease_ends_are_read_back_across_files() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = Dir::open(
-            &tmp.path().join("d"),
-            DirOptions {
-                group_shared: false,
-                allow_network: false,
-            },
-        )
-        .unwrap();
+        let dir = Dir::for_tests(&tmp.path().join("d"));
         let fd = dir.open_file("m.x", true).unwrap().unwrap();
         write_until(&fd, Instant::now() + Duration::from_secs(10));
         let other = dir.open_file("m.x", false).unwrap().unwrap();

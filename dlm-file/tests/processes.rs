@@ -66,40 +66,28 @@ fn child() {
                 guard.unlock().unwrap();
             }
         }
-        "hold" if kind == "permit" => {
-            let guard = client.get_semaphore(args[2], 1).unwrap().acquire().unwrap();
-            writeln!(out, "held {}", guard.fencing_token().unwrap()).unwrap();
-            out.flush().unwrap();
-            let _ = std::io::stdin().lines().count();
-            drop(guard);
-        }
-        "wait" if kind == "permit" => {
+        "hold" | "wait" => {
+            // The lock, or (`permit`) the one permit of a semaphore: one attempt, or a
+            // wait.
             let sem = client.get_semaphore(args[2], 1).unwrap();
-            let first = sem.try_acquire().unwrap();
+            let take = |wait: bool| match (kind.as_str(), wait) {
+                ("permit", true) => Some(sem.acquire().unwrap()),
+                ("permit", false) => sem.try_acquire().unwrap(),
+                (_, true) => Some(lock.lock().unwrap()),
+                (_, false) => lock.try_lock().unwrap(),
+            };
+            if args[0] == "hold" {
+                let guard = take(true).unwrap();
+                writeln!(out, "held {}", guard.fencing_token().unwrap()).unwrap();
+                out.flush().unwrap();
+                let _ = std::io::stdin().lines().count();
+                drop(guard);
+                return;
+            }
+            let first = take(false);
             writeln!(out, "{}", if first.is_some() { "took" } else { "refused" }).unwrap();
             out.flush().unwrap();
-            let guard = match first {
-                Some(g) => g,
-                None => sem.acquire().unwrap(),
-            };
-            let at = now_ns();
-            writeln!(out, "acquired {at} {}", guard.fencing_token().unwrap()).unwrap();
-        }
-        "hold" => {
-            let guard = lock.lock().unwrap();
-            writeln!(out, "held {}", guard.fencing_token().unwrap()).unwrap();
-            out.flush().unwrap();
-            let _ = std::io::stdin().lines().count();
-            drop(guard);
-        }
-        "wait" => {
-            let first = lock.try_lock().unwrap();
-            writeln!(out, "{}", if first.is_some() { "took" } else { "refused" }).unwrap();
-            out.flush().unwrap();
-            let guard = match first {
-                Some(g) => g,
-                None => lock.lock().unwrap(),
-            };
+            let guard = first.or_else(|| take(true)).unwrap();
             let at = now_ns();
             writeln!(out, "acquired {at} {}", guard.fencing_token().unwrap()).unwrap();
         }
