@@ -217,6 +217,29 @@ mod tests {
         assert_eq!(tokens.draw(&dir).unwrap().get(), ahead + 2);
     }
 
+    /// The negative control of the assumption "the directory keeps its counter, or the
+    /// clock has not gone back below the last token": tokens issued above the clock (as
+    /// after the clock was set back), then the counter lost: the next token is below
+    /// them. The documented failure, seen.
+    #[test]
+    fn losing_the_counter_after_the_clock_went_back_lets_tokens_go_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = dir(&tmp);
+        let tokens = Tokens::default();
+        tokens.draw(&dir).unwrap();
+        let ahead = u64::MAX / 4;
+        let mut bytes = std::fs::read(dir.path.join(TOKENS_FILE)).unwrap();
+        bytes[0..8].copy_from_slice(&ahead.to_le_bytes());
+        std::fs::write(dir.path.join(TOKENS_FILE), &bytes).unwrap();
+        let issued = tokens.draw(&dir).unwrap().get();
+        std::fs::remove_file(dir.path.join(TOKENS_FILE)).unwrap();
+        let next = Tokens::default().draw(&dir).unwrap().get();
+        assert!(
+            next < issued,
+            "{next} after {issued}: the clock term alone cannot reach a counter ahead of it"
+        );
+    }
+
     #[test]
     fn the_boot_id_is_read() {
         assert_ne!(boot_id(), [0u8; 16]);
