@@ -55,10 +55,12 @@
 //!   a permit is the lock of one of the semaphore's slot files (at most 1,024 permits),
 //!   readers share the lock of the read-write lock's file and its writer takes it alone,
 //!   preferred by new readers while it waits; each hold's record (lease end, token,
-//!   label) is in a file of its own, for inspection (see `group.rs` for the files).
+//!   label) is in a file of its own, for inspection (see `group/files.rs`).
 //! - **Names** are file names: no `/`, not `.` or `..`, at most 242 bytes; refused with
 //!   `Error::InvalidArgument` when a handle is made.
 #![deny(missing_docs)]
+
+mod builder;
 
 mod dir;
 
@@ -66,13 +68,16 @@ mod group;
 
 mod hints;
 
+mod mutex;
+
 mod state;
 
 mod tokens;
 
-use std::collections::HashMap;
+pub use builder::FileBackendBuilder;
+
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,96 +88,15 @@ use dlm_core::backend::{
 use dlm_core::{Error, InvalidArgument};
 use parking_lot::Mutex;
 
-use crate::dir::{Dir, DirOptions};
 use crate::group::{HoldKey, MAX_PERMITS, Outcome, kind_of};
-use crate::hints::{GroupHints, Listener, Registry};
-use crate::state::{Hold, Reaper, ReaperWake, State, file_name, write_until};
-use crate::tokens::Tokens;
-
-/// How long a waiter looks again after an attempt that found the lock held by a process
-/// whose lease end is not known, or already past (a stopped holder keeps its kernel lock).
-const UNKNOWN_HOLDER_LOOK_AGAIN: Duration = Duration::from_secs(1);
+use crate::hints::Listener;
+use crate::state::{Reaper, State, file_name, write_until};
 
 /// Locks in a directory of the local file system, between the processes (and threads)
 /// of one machine. Cloning shares the backend; see the [crate documentation](crate).
 #[derive(Clone)]
 pub struct FileBackend {
     inner: Arc<Inner>,
-}
-
-/// Builds a [`FileBackend`] with settings other than the defaults.
-#[derive(Clone, Debug)]
-#[must_use]
-pub struct FileBackendBuilder {
-    path: PathBuf,
-    group_shared: bool,
-    allow_network_fs: bool,
-    fencing: bool,
-}
-
-impl FileBackendBuilder {
-    /// Shares the directory with its group: made `0770` (lock files `0660`), and lock
-    /// files made by other members of the group are used. The default is `false`: `0700`
-    /// and this user's files only.
-    pub fn group_shared(mut self, on: bool) -> Self {
-        self.group_shared = on;
-        self
-    }
-
-    /// Accepts a directory on a network file system (NFS, SMB/CIFS, FUSE, Ceph, AFS, 9p).
-    /// Refused by default: there `flock` is the server's lock (or a local one that other
-    /// machines do not see), which may be lost with a lease the client does not watch,
-    /// and inotify does not see other machines' changes.
-    pub fn allow_network_fs(mut self, on: bool) -> Self {
-        self.allow_network_fs = on;
-        self
-    }
-
-    /// Whether holds get fencing tokens (the default: yes). Off, the counter file is
-    /// never touched and [`fencing_token`](dlm_core::LockGuard::fencing_token) is
-    /// `Unsupported`.
-    pub fn fencing(mut self, on: bool) -> Self {
-        self.fencing = on;
-        self
-    }
-
-    /// Opens the directory (making it, and its missing parents, if it does not exist) and
-    /// checks it. Nothing is created inside it.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when the directory cannot be trusted (a symbolic link,
-    /// not a directory, another user's, writable by others, on a network file system);
-    /// a [`BackendErrorKind::Permission`] error when it cannot be made or written.
-    pub fn build(self) -> Result<FileBackend, Error> {
-        let dir = Dir::open(
-            &self.path,
-            DirOptions {
-                group_shared: self.group_shared,
-                allow_network: self.allow_network_fs,
-            },
-        )?;
-        let state = Arc::new(State {
-            dir,
-            holds: Mutex::new(HashMap::new()),
-            probes: Arc::new(Mutex::new(HashMap::new())),
-            registry: Arc::new(Registry::default()),
-            tokens: Tokens::default(),
-            fencing: self.fencing,
-            recent: Mutex::new(HashMap::new()),
-            kept: Mutex::new(HashMap::new()),
-            reaper_wake: Mutex::new(ReaperWake::default()),
-            groups: Mutex::new(HashMap::new()),
-            marks: Mutex::new(HashMap::new()),
-            group_hints: Arc::new(GroupHints::default()),
-        });
-        Ok(FileBackend {
-            inner: Arc::new(Inner {
-                state,
-                listener: Mutex::new(None),
-                reaper: Mutex::new(None),
-            }),
-        })
-    }
 }
 
 struct Inner {
@@ -195,12 +119,7 @@ impl FileBackend {
 
     /// A builder for a backend over the directory `dir`.
     pub fn builder(dir: impl AsRef<Path>) -> FileBackendBuilder {
-        FileBackendBuilder {
-            path: dir.as_ref().to_owned(),
-            group_shared: false,
-            allow_network_fs: false,
-            fencing: true,
-        }
+        FileBackendBuilder::new(dir.as_ref())
     }
 
     /// The directory the locks are in.
@@ -260,87 +179,6 @@ impl FileBackend {
             Some(t) => lease.with_fence(t),
             None => lease,
         }
-    }
-
-    fn lease(&self, hold: &Hold) -> Lease {
-        let lease = Lease::new(hold.until);
-        match hold.token {
-            Some(t) => lease.with_fence(t),
-            None => lease,
-        }
-    }
-
-    fn acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        ttl: Duration,
-        fenced: bool,
-    ) -> Result<Acquire, BackendError> {
-        let state = &self.inner.state;
-        let now = Instant::now();
-        let until = now + ttl;
-        let mut holds = state.holds.lock();
-        if let Some(h) = holds.get_mut(name) {
-            if h.owner == *owner {
-                if state.still_linked(name, h)? {
-                    h.until = until;
-                    write_until(&h.file, until);
-                    let lease = self.lease(h);
-                    drop(holds);
-                    self.reaper_knows(until);
-                    return Ok(Acquire::Acquired(lease));
-                }
-                // Its file was removed or replaced: that hold is over.
-                holds.remove(name);
-            } else if h.until > now {
-                return Ok(Acquire::Held {
-                    retry_after: Some(h.until - now),
-                });
-            } else {
-                let old = holds.remove(name).expect("present");
-                drop(holds);
-                state.end(name, old);
-                holds = state.holds.lock();
-            }
-        }
-        // The kernel decides from here: the table is not held across the system calls (a
-        // name that another hold of this process has cannot be locked by this attempt).
-        drop(holds);
-        let (file, identity) = match state.lock_file(name)? {
-            Ok(locked) => locked,
-            Err(left) => {
-                let retry_after = if state.registry.recently_hinted(name) {
-                    // Woken by a closed file whose lock the kernel may not have dropped
-                    // yet (a dying holder): look again soon, once.
-                    hints::SETTLE_LOOK_AGAIN
-                } else {
-                    left.unwrap_or(UNKNOWN_HOLDER_LOOK_AGAIN)
-                };
-                return Ok(Acquire::Held {
-                    retry_after: Some(retry_after),
-                });
-            }
-        };
-        write_until(&file, until);
-        let mut hold = Hold {
-            owner: *owner,
-            file,
-            identity,
-            until,
-            token: None,
-        };
-        if fenced && state.fencing {
-            match state.tokens.draw(&state.dir) {
-                Ok(t) => hold.token = Some(t),
-                // The acquisition stands; the token is drawn when it is read.
-                Err(e) => log::debug!("dlm-file: drawing a token with a grant: {e}"),
-            }
-        }
-        let lease = self.lease(&hold);
-        state.holds.lock().insert(name.clone(), hold);
-        self.reaper_knows(until);
-        Ok(Acquire::Acquired(lease))
     }
 }
 
