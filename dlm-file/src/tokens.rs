@@ -155,6 +155,13 @@ mod tests {
         (w(0), w(8), bytes[16..32].try_into().unwrap())
     }
 
+    /// Sets the counter's last token, as a counter ahead of the clock has it.
+    fn set_last(dir: &Dir, last: u64) {
+        let mut bytes = std::fs::read(dir.path.join(TOKENS_FILE)).unwrap();
+        bytes[0..8].copy_from_slice(&last.to_le_bytes());
+        std::fs::write(dir.path.join(TOKENS_FILE), &bytes).unwrap();
+    }
+
     #[test]
     fn tokens_increase_and_stay_under_the_durable_reservation() {
         let tmp = tempfile::tempdir().unwrap();
@@ -210,9 +217,7 @@ mod tests {
         let tokens = Tokens::default();
         tokens.draw(&dir).unwrap();
         let ahead = u64::MAX / 4;
-        let mut bytes = std::fs::read(dir.path.join(TOKENS_FILE)).unwrap();
-        bytes[0..8].copy_from_slice(&ahead.to_le_bytes());
-        std::fs::write(dir.path.join(TOKENS_FILE), &bytes).unwrap();
+        set_last(&dir, ahead);
         assert_eq!(tokens.draw(&dir).unwrap().get(), ahead + 1);
         assert_eq!(tokens.draw(&dir).unwrap().get(), ahead + 2);
     }
@@ -228,9 +233,7 @@ mod tests {
         let tokens = Tokens::default();
         tokens.draw(&dir).unwrap();
         let ahead = u64::MAX / 4;
-        let mut bytes = std::fs::read(dir.path.join(TOKENS_FILE)).unwrap();
-        bytes[0..8].copy_from_slice(&ahead.to_le_bytes());
-        std::fs::write(dir.path.join(TOKENS_FILE), &bytes).unwrap();
+        set_last(&dir, ahead);
         let issued = tokens.draw(&dir).unwrap().get();
         std::fs::remove_file(dir.path.join(TOKENS_FILE)).unwrap();
         let next = Tokens::default().draw(&dir).unwrap().get();

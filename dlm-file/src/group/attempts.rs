@@ -9,7 +9,7 @@ use rustix::fs::{FlockOperation, flock};
 use rustix::io::{Errno, pread, pwrite};
 
 use super::files::{
-    head_file, lock_at, mark_file, open_record, slot_prefix, take_slot, writer_file,
+    head_file, held, lock_at, mark_file, open_record, slot_prefix, take_slot, writer_file,
 };
 use super::{LOOK_AGAIN, Locked, MAX_PERMITS, MAX_READERS, Mark, Outcome, refused};
 use crate::hints::{GroupKind, SETTLE_LOOK_AGAIN};
@@ -110,12 +110,8 @@ impl State {
             let Some((fd, _)) = self.dir.open_with(&format!("{prefix}{i}"), false, false)? else {
                 continue;
             };
-            match flock(&fd, FlockOperation::NonBlockingLockShared) {
-                Ok(()) => {
-                    let _ = flock(&fd, FlockOperation::Unlock);
-                }
-                Err(Errno::WOULDBLOCK) => return Ok(true),
-                Err(e) => return Err(flock_error(e)),
+            if held(&fd)? {
+                return Ok(true);
             }
         }
         Ok(false)

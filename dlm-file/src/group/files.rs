@@ -5,13 +5,13 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{BackendError, FencingToken, LockName};
-use rustix::fs::FlockOperation;
-use rustix::io::{pread, pwrite};
+use rustix::fs::{FlockOperation, flock};
+use rustix::io::{Errno, pread, pwrite};
 
 use super::Locked;
 use crate::dir::{Attempted, Dir};
 use crate::hints::{GroupKind, SETTLE_LOOK_AGAIN};
-use crate::state::{read_left, until_bytes};
+use crate::state::{flock_error, read_left, until_bytes};
 
 pub(super) fn head_file(kind: GroupKind, name: &LockName) -> String {
     match kind {
@@ -108,6 +108,19 @@ pub(super) fn lock_at(
         }
     }
     Ok(Err(None))
+}
+
+/// Whether another open file holds a lock of `fd`'s file: one shared attempt, given back
+/// at once (a lock kept would refuse others' attempts without an event to wake them).
+pub(super) fn held(fd: &OwnedFd) -> Result<bool, BackendError> {
+    match flock(fd, FlockOperation::NonBlockingLockShared) {
+        Ok(()) => {
+            let _ = flock(fd, FlockOperation::Unlock);
+            Ok(false)
+        }
+        Err(Errno::WOULDBLOCK) => Ok(true),
+        Err(e) => Err(flock_error(e)),
+    }
 }
 
 /// `locked`'s file open for writing (the hold's record), if it is still the file locked.

@@ -1,12 +1,10 @@
 //! What the files of a group resource say of its holders, and their forced release.
 
-use std::os::fd::OwnedFd;
-
 use dlm_core::backend::{BackendError, Claim, Holder, Holders, LockName};
 use rustix::fs::{FlockOperation, flock};
 use rustix::io::{Errno, pread};
 
-use super::files::{head_file, mark_file, read_record, slot_prefix, writer_file};
+use super::files::{head_file, held, mark_file, read_record, slot_prefix, writer_file};
 use super::{GroupHold, HoldKey};
 use crate::hints::GroupKind;
 use crate::state::{State, flock_error};
@@ -25,16 +23,6 @@ impl State {
         };
         // Each probe is given back at once: a lock kept would refuse others' attempts
         // without an event to wake them.
-        let held = |fd: &OwnedFd| -> Result<bool, BackendError> {
-            match flock(fd, FlockOperation::NonBlockingLockShared) {
-                Ok(()) => {
-                    let _ = flock(fd, FlockOperation::Unlock);
-                    Ok(false)
-                }
-                Err(Errno::WOULDBLOCK) => Ok(true),
-                Err(e) => Err(flock_error(e)),
-            }
-        };
         let mut holders = Vec::new();
         let mut count = None;
         match kind {
