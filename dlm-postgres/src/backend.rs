@@ -128,6 +128,16 @@ impl PostgresBackend {
         self.schema.grants_sql(role)
     }
 
+    /// The two statements of an uncontended mutex hold as dlm sends them (prepared, one
+    /// round trip each): the acquisition (`$1` the name, `$2` the owner, `$3` the lease
+    /// in milliseconds as `int8`; a row back is a grant) and the release (`$1` the
+    /// name, `$2` the owner, `$3` the sender's id in notifications). For reading
+    /// `pg_stat_statements`, and for comparisons: `dlm-bench` runs them with a minimal
+    /// client to tell the client's cost from the server's.
+    pub fn mutex_statements(&self) -> (&str, &str) {
+        (&self.stmts.acquire, &self.stmts.release)
+    }
+
     /// The lease `ttl` asked for at `start` gives its holder: shortened by the drift
     /// allowance.
     pub(crate) fn lease_from(&self, start: Instant, ttl: Duration) -> Result<Lease, BackendError> {
