@@ -230,6 +230,7 @@ fn main() {
     let postgres_rows = [
         "dlm (postgres)",
         report::MINIMAL_POSTGRES,
+        postgres::MINIMAL_POSTGRES_DLM_SQL,
         "advisory lock (postgres)",
     ];
     if opts.nodes.is_none_or(|n| n == 1)
@@ -239,17 +240,16 @@ fn main() {
     {
         let server = dlm_testkit::postgres::PostgresServer::spawn();
         let url = server.url();
-        let dlm_postgres = Dlm::new(
-            postgres_rows[0],
-            Arc::new(dlm_postgres::PostgresBackend::new(&url).unwrap()),
-            TTL,
-        );
+        let backend = Arc::new(dlm_postgres::PostgresBackend::new(&url).unwrap());
+        let minimal_dlm_sql = postgres::MinimalPostgres::with_statements_of(&url, TTL, &backend);
+        let dlm_postgres = Dlm::new(postgres_rows[0], backend, TTL);
         let minimal = postgres::MinimalPostgres::new(&url, TTL);
         let advisory = postgres::AdvisoryLock { url };
         for scenario in &scenarios {
             let chosen: Vec<&dyn LockSystem> = [
                 &dlm_postgres as &dyn LockSystem,
                 &minimal as &dyn LockSystem,
+                &minimal_dlm_sql as &dyn LockSystem,
                 &advisory as &dyn LockSystem,
             ]
             .into_iter()

@@ -46,6 +46,16 @@ fn connect(url: &str) -> Client {
     Client::connect(url, NoTls).expect("connect to PostgreSQL")
 }
 
+/// Which statements a [`MinimalPostgres`] sends.
+enum Sql {
+    /// Its own lean pair ([`ACQUIRE`], [`RELEASE`]) on its own table.
+    Lean,
+    /// dlm's own pair, on dlm's schema, given by the backend
+    /// (`PostgresBackend::mutex_statements`): what is left between dlm and this client
+    /// is the client's cost alone.
+    Dlm { acquire: String, release: String },
+}
+
 /// The minimal rows client: acquire = one `INSERT ... ON CONFLICT DO UPDATE ... WHERE
 /// expired RETURNING token` (a token from its own sequence), release = one owner-checked
 /// `UPDATE` that marks the row free; `lock` polls `try_lock` with a sleep of [`POLL`]. What dlm's
@@ -54,6 +64,7 @@ fn connect(url: &str) -> Client {
 pub struct MinimalPostgres {
     url: String,
     ttl_ms: i64,
+    sql: Sql,
 }
 
 impl MinimalPostgres {
@@ -65,24 +76,80 @@ impl MinimalPostgres {
         MinimalPostgres {
             url: url.to_owned(),
             ttl_ms: ttl.as_millis() as i64,
+            sql: Sql::Lean,
+        }
+    }
+
+    /// The same client sending dlm's statements of `backend`: the floor of any client of
+    /// dlm's mechanism. One hold through dlm first installs dlm's schema and opens its
+    /// epoch (which the acquisition statement checks).
+    pub fn with_statements_of(
+        url: &str,
+        ttl: Duration,
+        backend: &std::sync::Arc<dlm_postgres::PostgresBackend>,
+    ) -> Self {
+        use dlm_core::Lock;
+        let client = dlm_core::LockClient::builder(backend.clone())
+            .lease(ttl)
+            .build()
+            .expect("a dlm client");
+        let lock = client.get_lock("bench-min-open").expect("a lock name");
+        let guard = lock.try_lock().expect("a first hold through dlm");
+        drop(guard.expect("bench-min-open is free"));
+        let (acquire, release) = backend.mutex_statements();
+        MinimalPostgres {
+            url: url.to_owned(),
+            ttl_ms: ttl.as_millis() as i64,
+            sql: Sql::Dlm {
+                acquire: acquire.to_owned(),
+                release: release.to_owned(),
+            },
         }
     }
 }
 
+/// The name of the minimal client that sends dlm's statements.
+pub const MINIMAL_POSTGRES_DLM_SQL: &str = "minimal (postgres, dlm's statements)";
+
 impl LockSystem for MinimalPostgres {
     fn name(&self) -> String {
-        crate::report::MINIMAL_POSTGRES.into()
+        match self.sql {
+            Sql::Lean => crate::report::MINIMAL_POSTGRES.into(),
+            Sql::Dlm { .. } => MINIMAL_POSTGRES_DLM_SQL.into(),
+        }
     }
 
     fn handle(&self) -> Box<dyn LockHandle> {
+        use postgres::types::Type;
         let mut client = connect(&self.url);
-        let acquire = client.prepare(ACQUIRE).expect("prepare the acquisition");
-        let release = client.prepare(RELEASE).expect("prepare the release");
+        let owner = format!("{:032x}", rand::random::<u128>());
+        let (acquire, release, owner) = match &self.sql {
+            Sql::Lean => (
+                client.prepare(ACQUIRE).expect("prepare the acquisition"),
+                client.prepare(RELEASE).expect("prepare the release"),
+                owner,
+            ),
+            Sql::Dlm { acquire, release } => (
+                client
+                    .prepare_typed(acquire, &[Type::TEXT, Type::TEXT, Type::INT8])
+                    .expect("prepare dlm's acquisition"),
+                client
+                    .prepare_typed(release, &[Type::TEXT, Type::TEXT, Type::TEXT])
+                    .expect("prepare dlm's release"),
+                // As long as dlm's owner tokens (client id, thread, sequence).
+                format!("{owner}:1:1"),
+            ),
+        };
+        let sender = match self.sql {
+            Sql::Lean => None,
+            Sql::Dlm { .. } => Some(format!("{:016x}", rand::random::<u64>())),
+        };
         Box::new(MinimalPostgresHandle {
             client,
             acquire,
             release,
-            owner: format!("{:032x}", rand::random::<u128>()),
+            sender,
+            owner,
             ttl_ms: self.ttl_ms,
             held: None,
         })
@@ -93,6 +160,8 @@ struct MinimalPostgresHandle {
     client: Client,
     acquire: Statement,
     release: Statement,
+    /// dlm's release takes a sender id (`Sql::Dlm`); the lean one does not.
+    sender: Option<String>,
     owner: String,
     ttl_ms: i64,
     held: Option<String>,
@@ -104,6 +173,8 @@ impl LockHandle for MinimalPostgresHandle {
             .client
             .query_opt(&self.acquire, &[&key, &self.owner, &self.ttl_ms])
             .is_ok_and(|row| row.is_some_and(|r| r.get::<_, i64>(0) > 0));
+        // (dlm's acquisition also answers whether the lease outlasts the durable mark,
+        // which dlm then raises about once a second: not done here, a floor.)
         if granted {
             self.held = Some(key.to_owned());
         }
@@ -125,7 +196,12 @@ impl LockHandle for MinimalPostgresHandle {
 
     fn unlock(&mut self) {
         if let Some(key) = self.held.take() {
-            let _ = self.client.execute(&self.release, &[&key, &self.owner]);
+            let _ = match &self.sender {
+                None => self.client.execute(&self.release, &[&key, &self.owner]),
+                Some(sender) => self
+                    .client
+                    .execute(&self.release, &[&key, &self.owner, sender]),
+            };
         }
     }
 }
