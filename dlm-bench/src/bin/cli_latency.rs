@@ -18,8 +18,11 @@
 #![allow(unreachable_pub)]
 
 use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlm_testkit::redis_server::{RedisNodes, RedisServer};
@@ -66,16 +69,38 @@ fn once(argv: &[String], fifo: &Path) -> (Duration, Duration) {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn");
-    // Blocks until the command opens the FIFO for reading: it has started.
+    // Blocks until the command opens the FIFO for reading: it has started. A command
+    // that dies first (a binary that refuses an option) would leave this open blocked
+    // for ever: a watcher waits for the child's exit without reaping it and then, if
+    // the FIFO was not opened yet, opens its reading end itself.
+    let opened = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (opened, fifo) = (opened.clone(), fifo.to_owned());
+        let pid = rustix::process::Pid::from_child(&child);
+        std::thread::spawn(move || {
+            let _ = rustix::process::waitid(
+                rustix::process::WaitId::Pid(pid),
+                rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+            );
+            if !opened.load(Ordering::Acquire) {
+                let _ = OpenOptions::new()
+                    .read(true)
+                    .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+                    .open(&fifo);
+            }
+        })
+    };
     let writer = OpenOptions::new()
         .write(true)
         .open(fifo)
         .expect("open the FIFO");
+    opened.store(true, Ordering::Release);
     let started = t0.elapsed();
     let t1 = Instant::now();
     drop(writer); // EOF: cat exits
     let status = child.wait().expect("wait");
     let ended = t1.elapsed();
+    let _ = watcher.join();
     assert!(status.success(), "{argv:?}: {status}");
     (started, ended)
 }
