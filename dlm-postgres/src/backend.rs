@@ -133,7 +133,8 @@ impl PostgresBackend {
     /// in milliseconds as `int8`; a row back is a grant) and the release (`$1` the
     /// name, `$2` the owner, `$3` the sender's id in notifications). For reading
     /// `pg_stat_statements`, and for comparisons: `dlm-bench` runs them with a minimal
-    /// client to tell the client's cost from the server's.
+    /// client to tell the client's cost from the server's. The text is this version's:
+    /// it changes with the schema, so nothing should depend on it beyond that.
     pub fn mutex_statements(&self) -> (&str, &str) {
         (&self.stmts.acquire, &self.stmts.release)
     }
