@@ -254,18 +254,11 @@ impl State {
     /// [`IDLE`]; when to look next.
     pub(crate) fn reap(&self) -> Option<Instant> {
         let now = Instant::now();
-        let expired: Vec<(LockName, Hold)> = {
-            let mut holds = self.holds.lock();
-            let names: Vec<LockName> = holds
-                .iter()
-                .filter(|(_, h)| h.until <= now)
-                .map(|(n, _)| n.clone())
-                .collect();
-            names
-                .into_iter()
-                .filter_map(|n| holds.remove(&n).map(|h| (n, h)))
-                .collect()
-        };
+        let expired: Vec<(LockName, Hold)> = self
+            .holds
+            .lock()
+            .extract_if(|_, h| h.until <= now)
+            .collect();
         for (name, hold) in expired {
             log::debug!(
                 "dlm-file: lock {:?}: its lease ran out unrenewed",

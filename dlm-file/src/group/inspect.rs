@@ -90,17 +90,11 @@ impl State {
         name: &LockName,
     ) -> Result<bool, BackendError> {
         let held = !self.inspect_group(kind, name)?.is_free();
-        let local: Vec<(HoldKey, GroupHold)> = {
-            let mut groups = self.groups.lock();
-            let keys: Vec<HoldKey> = groups
-                .keys()
-                .filter(|(k, n, _)| *k == kind && n == name)
-                .cloned()
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| groups.remove(&k).map(|h| (k, h)))
-                .collect()
-        };
+        let local: Vec<(HoldKey, GroupHold)> = self
+            .groups
+            .lock()
+            .extract_if(|(k, n, _), _| *k == kind && n == name)
+            .collect();
         let local_held = !local.is_empty();
         for (key, hold) in local {
             self.end_group(&key, hold);

@@ -424,17 +424,11 @@ impl State {
 
     /// Ends the group holds and the writers' marks that ran out; the earliest end left.
     pub(crate) fn reap_groups(&self, now: Instant) -> Option<Instant> {
-        let expired: Vec<(HoldKey, GroupHold)> = {
-            let mut groups = self.groups.lock();
-            let keys: Vec<HoldKey> = groups
-                .iter()
-                .filter(|(_, h)| h.until <= now)
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| groups.remove(&k).map(|h| (k, h)))
-                .collect()
-        };
+        let expired: Vec<(HoldKey, GroupHold)> = self
+            .groups
+            .lock()
+            .extract_if(|_, h| h.until <= now)
+            .collect();
         for (key, hold) in expired {
             log::debug!(
                 "dlm-file: {} {:?}: its lease ran out unrenewed",
@@ -443,17 +437,11 @@ impl State {
             );
             self.end_group(&key, hold);
         }
-        let ended: Vec<(LockName, Mark)> = {
-            let mut marks = self.marks.lock();
-            let keys: Vec<LockName> = marks
-                .iter()
-                .filter(|(_, m)| m.until <= now)
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.into_iter()
-                .filter_map(|k| marks.remove(&k).map(|m| (k, m)))
-                .collect()
-        };
+        let ended: Vec<(LockName, Mark)> = self
+            .marks
+            .lock()
+            .extract_if(|_, m| m.until <= now)
+            .collect();
         for (name, mark) in ended {
             self.end_mark(&name, mark);
         }
