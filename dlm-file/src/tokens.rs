@@ -210,14 +210,21 @@ mod tests {
         assert!(next > issued, "{next} after {issued}");
     }
 
+    /// A counter in use whose last token is far ahead of the clock (as after the clock
+    /// was set back): the counter, and that last token.
+    fn counter_ahead_of_the_clock(dir: &Dir) -> (Tokens, u64) {
+        let tokens = Tokens::default();
+        tokens.draw(dir).unwrap();
+        let ahead = u64::MAX / 4;
+        set_last(dir, ahead);
+        (tokens, ahead)
+    }
+
     #[test]
     fn a_counter_ahead_of_the_clock_keeps_counting() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = dir(&tmp);
-        let tokens = Tokens::default();
-        tokens.draw(&dir).unwrap();
-        let ahead = u64::MAX / 4;
-        set_last(&dir, ahead);
+        let (tokens, ahead) = counter_ahead_of_the_clock(&dir);
         assert_eq!(tokens.draw(&dir).unwrap().get(), ahead + 1);
         assert_eq!(tokens.draw(&dir).unwrap().get(), ahead + 2);
     }
@@ -230,10 +237,7 @@ mod tests {
     fn losing_the_counter_after_the_clock_went_back_lets_tokens_go_back() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = dir(&tmp);
-        let tokens = Tokens::default();
-        tokens.draw(&dir).unwrap();
-        let ahead = u64::MAX / 4;
-        set_last(&dir, ahead);
+        let (tokens, _) = counter_ahead_of_the_clock(&dir);
         let issued = tokens.draw(&dir).unwrap().get();
         std::fs::remove_file(dir.path.join(TOKENS_FILE)).unwrap();
         let next = Tokens::default().draw(&dir).unwrap().get();
