@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, select};
 
-use crate::backend::{Acquire, BackendError, Claim, Lease, OwnerToken, Watch};
+use crate::backend::{Acquire, BackendError, Claim, Handover, Lease, OwnerToken, Watch};
 use crate::error::{Deadlock, Error, InvalidArgument, Result};
 use crate::guard::LockGuard;
 use crate::hold::{Holding, LockShared};
@@ -137,16 +137,60 @@ impl Acquisition<'_> {
                 continue;
             }
             let wake_at = w.next_look(retry_after, error.is_some(), deadline);
+            // Asleep, the mutex's waiter offers its next attempt's token: a release made
+            // in this process may hand the lock over to it in the same request.
+            let offered = self.shared.claim == Claim::Exclusive && error.is_none();
+            if offered && let Some(watch) = &w.watch {
+                watch.offer(w.token, w.ttl, w.fenced);
+            }
             let hint_rx = w.watch.as_ref().map_or(&never, Watch::receiver);
-            let hinted = select! {
-                recv(interrupt_rx) -> _ => return Err(Error::Interrupted),
-                recv(hint_rx) -> hint => Some(hint.is_ok()),
-                recv(crossbeam_channel::at(wake_at)) -> _ => None,
+            let woken = select! {
+                recv(interrupt_rx) -> _ => Woken::Interrupted,
+                recv(hint_rx) -> hint => Woken::Hint(hint.is_ok()),
+                recv(crossbeam_channel::at(wake_at)) -> _ => Woken::Timer,
             };
-            if let Some(hint) = hinted {
-                w.hinted(hint);
+            // Withdrawn first, whatever woke us: a hand-over under way is waited for.
+            if offered {
+                match w.watch.as_ref().map_or(Handover::None, Watch::withdraw) {
+                    Handover::Granted(lease) => {
+                        return self.handed_over(&w, lease, interrupt, started);
+                    }
+                    Handover::Unknown => {
+                        // The release failed and may have handed it to our token: undone,
+                        // as a failed attempt's, and the next attempt has a token of its own.
+                        self.shared
+                            .undo(&w.token, self.shared.client.backend.now() + w.ttl);
+                        w.held();
+                    }
+                    _ => {}
+                }
+            }
+            match woken {
+                Woken::Interrupted => return Err(Error::Interrupted),
+                Woken::Hint(hint) => w.hinted(hint),
+                Woken::Timer => {}
             }
         }
+    }
+
+    /// A release of this process handed the lock to the waiter's offered token.
+    fn handed_over(
+        &self,
+        w: &Waiting<'_>,
+        lease: Lease,
+        interrupt: Option<&Interrupt>,
+        started: Option<Instant>,
+    ) -> Result<Option<LockGuard>> {
+        if let Some(watch) = &w.watch {
+            watch.consume();
+            watch.trying(false);
+        }
+        if interrupt.is_some_and(Interrupt::is_interrupted) {
+            self.shared.undo(&w.token, lease.valid_until());
+            return Err(Error::Interrupted);
+        }
+        self.shared.metrics.woken();
+        Ok(Some(self.install(w.token, lease, started, w.fenced)))
     }
 
     /// The re-entrant fast path: a further hold of a lock the calling thread holds.
@@ -253,6 +297,14 @@ impl Acquisition<'_> {
             lease,
         )
     }
+}
+
+/// What ended a sleep of the wait loop.
+enum Woken {
+    Interrupted,
+    /// A release hint (`true`), or the subscription died (`false`).
+    Hint(bool),
+    Timer,
 }
 
 /// Why the next attempt is made.

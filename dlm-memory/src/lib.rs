@@ -189,6 +189,18 @@ impl MemoryBackend {
         store.entries.get(&name).map_or(0, |e| e.waiters.len())
     }
 
+    /// How many waiters of `name` are asleep offering to take the lock over: a release
+    /// made now would hand the lock to the longest waiting of them, in the same step,
+    /// instead of letting it go free (a test waits for this before it releases, to see a
+    /// hand-over).
+    pub fn offers(&self, name: &str) -> usize {
+        let Ok(name) = LockName::new(name) else {
+            return 0;
+        };
+        let store = self.inner.store.lock();
+        store.entries.get(&name).map_or(0, |e| e.waiters.offers())
+    }
+
     /// How many lock names the store keeps state for: those held or waited for (and a few
     /// left by waiters that gave up, until the next sweep).
     pub fn names(&self) -> usize {
@@ -338,15 +350,44 @@ impl LockBackend for MemoryBackend {
         })
     }
 
+    /// Releases, or hands the lock to a waiter of this store that offered to take it
+    /// over (see [`WaitList::successor`](dlm_core::backend::WaitList::successor)): the
+    /// same step then gives it a new lease and a new fencing token.
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        self.with_entry(name, |entry, _, now| match entry.holder(now) {
-            Some(holder) if holder.owner == *owner => {
-                entry.holder = None;
-                entry.waiters.notify_one();
-                true
+        let started = self.inner.clock.now();
+        let fencing = self.inner.fencing;
+        let mut handed = None;
+        let released = self.with_entry(name, |entry, last_fence, now| {
+            if entry.holder(now).is_none_or(|h| h.owner != *owner) {
+                return false;
             }
-            _ => false,
-        })
+            match entry.waiters.successor() {
+                Some(next) => {
+                    let fence = fencing.then(|| {
+                        *last_fence += 1;
+                        FencingToken::new(*last_fence)
+                    });
+                    entry.holder = Some(Holder {
+                        owner: *next.owner(),
+                        expires_at: now + next.ttl(),
+                        fence,
+                    });
+                    handed = Some((next, fence));
+                }
+                None => {
+                    entry.holder = None;
+                    entry.waiters.notify_one();
+                }
+            }
+            true
+        });
+        // Settled once the call's outcome is known: dropped on an error (the hand-over
+        // may have been applied; the waiter undoes it).
+        if let (Ok(_), Some((next, fence))) = (&released, handed) {
+            let ttl = next.ttl();
+            next.grant(self.lease(started, ttl, fence));
+        }
+        released
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {

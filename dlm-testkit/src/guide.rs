@@ -203,6 +203,11 @@ Waiting:
 - `interrupt_wakes_a_waiter`: an interrupt ends a blocked wait within 100 ms.
 - `try_lock_never_queues`: `try_lock` makes its one attempt at once, even while a
   woken waiter of the same process has not made its attempt yet.
+- `hand_over_within_a_process_keeps_every_rule`: threads of one backend on one name,
+  some with waits of a few milliseconds: one holder at a time (the history checker),
+  tokens in the order of the holds, and the lock free when they are all done (a
+  backend that hands a released lock to a waiter of its own process, as dlm-memory and
+  dlm-redis do, must leave nothing behind when that waiter's wait ends meanwhile).
 
 Waiting with release hints (with `Fixture::watch` false, each only checks that `watch`
 returns `None`, and `local_waiters_are_served_in_turn` that `wake_pending` is false):

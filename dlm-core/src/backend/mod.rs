@@ -35,7 +35,7 @@ pub(crate) use name::check_label;
 pub use name::{LockName, MAX_LABEL_LEN, MAX_NAME_LEN};
 pub(crate) use owner::random_client_id;
 pub use owner::{EncodedOwnerToken, OwnerToken};
-pub use waiters::WaitList;
+pub use waiters::{Handover, MAX_HANDOVERS_IN_A_ROW, Successor, WaitList};
 pub use watch::{Unsubscribe, Watch};
 
 /// The outcome of one acquisition attempt.

@@ -1,6 +1,10 @@
 //! Release-hint subscriptions.
 
 use std::fmt;
+use std::time::Duration;
+
+use super::owner::OwnerToken;
+use super::waiters::Handover;
 
 /// What a [`Watch`] does when it is dropped; implemented by backends that keep a
 /// registry of waiters.
@@ -14,6 +18,19 @@ pub trait Unsubscribe: Send + 'static {
     /// [`LockBackend::wake_pending`](crate::backend::LockBackend::wake_pending) counts a trying waiter as a hand-over under way.
     fn trying(&self, on: bool) {
         let _ = on;
+    }
+
+    /// The waiter is going to sleep and would take the lock over as `owner` for `ttl`
+    /// (see [`Watch::offer`]). A registry that hands locks over keeps it (a
+    /// [`WaitList`](crate::backend::WaitList) does); the default ignores it.
+    fn offer(&self, owner: OwnerToken, ttl: Duration, fenced: bool) {
+        let _ = (owner, ttl, fenced);
+    }
+
+    /// The waiter is awake: withdraws its offer, waiting for a hand-over under way, and
+    /// says how it ended (see [`Watch::withdraw`]). The default: [`Handover::None`].
+    fn withdraw(&self) -> Handover {
+        Handover::None
     }
 }
 
@@ -63,6 +80,27 @@ impl Watch {
         if let Some(guard) = &self.guard {
             guard.trying(on);
         }
+    }
+}
+
+impl Watch {
+    /// Offers to take the mutex over while asleep: a release made in this process may
+    /// hand the lock to `owner` (the token of the waiter's next attempt) for `ttl`, in the
+    /// same request, instead of letting it go free (see
+    /// [`WaitList::successor`](crate::backend::WaitList::successor)). Made before each
+    /// sleep; every wake-up must [`withdraw`](Watch::withdraw) it before anything else.
+    pub fn offer(&self, owner: OwnerToken, ttl: Duration, fenced: bool) {
+        if let Some(guard) = &self.guard {
+            guard.offer(owner, ttl, fenced);
+        }
+    }
+
+    /// Withdraws the offer and says whether a release handed the lock over to it
+    /// ([`Handover::Granted`]: the waiter holds the lock as the offered token). While a
+    /// release is handing the lock over to it, waits for that to be settled (one bounded
+    /// request of the releasing thread).
+    pub fn withdraw(&self) -> Handover {
+        self.guard.as_ref().map_or(Handover::None, |g| g.withdraw())
     }
 }
 

@@ -275,7 +275,8 @@ macro_rules! conformance_tests {
             release_between_failed_try_and_wait_is_not_lost,
             one_release_wakes_one_of_sixteen_waiters,
             local_waiters_are_served_in_turn,
-            try_lock_never_queues
+            try_lock_never_queues,
+            hand_over_within_a_process_keeps_every_rule
         );
     };
     (@cases $mode:ident ($pred:meta, $why:literal) $fixture:expr; $($case:ident),* $(,)?) => {

@@ -69,9 +69,9 @@ pub use rules::{
     renewals_of_every_kind_share_one_round,
 };
 pub use waiting::{
-    interrupt_wakes_a_waiter, local_waiters_are_served_in_turn,
-    one_release_wakes_one_of_sixteen_waiters, release_between_failed_try_and_wait_is_not_lost,
-    release_wakes_a_waiter, try_lock_never_queues,
+    hand_over_within_a_process_keeps_every_rule, interrupt_wakes_a_waiter,
+    local_waiters_are_served_in_turn, one_release_wakes_one_of_sixteen_waiters,
+    release_between_failed_try_and_wait_is_not_lost, release_wakes_a_waiter, try_lock_never_queues,
 };
 
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! Conformance cases: waiting, release hints and hand-over (interrupts, wake-ups, a
 //! release between a failed attempt and the wait, one release for sixteen waiters, turns
-//! among local waiters, `try_lock` during a hand-over).
+//! among local waiters, `try_lock` during a hand-over, a release that hands the lock to
+//! a waiter of its own process).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -338,6 +339,98 @@ pub fn local_waiters_are_served_in_turn(f: &dyn Fixture) {
     );
 }
 
+/// Threads of one process on one name, over one backend (so that a backend that hands
+/// a released lock to a waiter of its own process does so): one holder at a time
+/// (the history checker), fencing tokens in the order of the holds, and waiters whose
+/// short waits end while the lock is being handed on (to them, perhaps) never keep it:
+/// when everyone is done the lock is free.
+pub fn hand_over_within_a_process_keeps_every_rule(f: &dyn Fixture) {
+    const HOLDERS: usize = 4;
+    const ROUNDS: usize = 100;
+    const TIMID: usize = 3;
+    let name = unique_name("hand-over");
+    let backend = f.backend();
+    let history = Arc::new(crate::history::History::new());
+    let tokens = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let start = Arc::new(std::sync::Barrier::new(HOLDERS + TIMID));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for t in 0..HOLDERS {
+        let lock = LockClient::new(backend.clone()).get_lock(&name).unwrap();
+        let (history, tokens, start, done) =
+            (history.clone(), tokens.clone(), start.clone(), done.clone());
+        threads.push(thread::spawn(move || {
+            start.wait();
+            for _ in 0..ROUNDS {
+                let g = lock.lock().unwrap();
+                let hold = history.begin(format!("holder {t}"), &g);
+                if let Ok(token) = g.fencing_token() {
+                    tokens.lock().push(token);
+                }
+                history.end(hold, &g);
+                g.unlock().unwrap();
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    let timid_holds = Arc::new(AtomicU64::new(0));
+    for t in 0..TIMID {
+        let lock = LockClient::new(backend.clone()).get_lock(&name).unwrap();
+        let (history, tokens, start, done, timid_holds) = (
+            history.clone(),
+            tokens.clone(),
+            start.clone(),
+            done.clone(),
+            timid_holds.clone(),
+        );
+        threads.push(thread::spawn(move || {
+            start.wait();
+            let mut wait = 0;
+            while done.load(Ordering::SeqCst) < HOLDERS as u64 {
+                // Waits of 0 to 3 ms: many end while a release is under way.
+                wait = (wait + 1) % 4;
+                if let Some(g) = lock.try_lock_timeout(Duration::from_millis(wait)).unwrap() {
+                    let hold = history.begin(format!("timid {t}"), &g);
+                    if let Ok(token) = g.fencing_token() {
+                        tokens.lock().push(token);
+                    }
+                    history.end(hold, &g);
+                    g.unlock().unwrap();
+                    timid_holds.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let report = history.check();
+    assert_eq!(
+        report.holds as u64,
+        (HOLDERS * ROUNDS) as u64 + timid_holds.load(Ordering::SeqCst)
+    );
+    report.assert_clean();
+    let tokens = tokens.lock();
+    if f.fencing() {
+        assert_eq!(tokens.len(), report.holds, "every hold read its token");
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "tokens out of the order of the holds: {tokens:?}"
+        );
+    }
+    let lock = client(f).get_lock(&name).unwrap();
+    assert_eq!(
+        lock.remaining_lease().unwrap(),
+        None,
+        "a hold nobody owns was left behind"
+    );
+    assert_eq!(
+        f.keys_without_expiry().unwrap_or(0),
+        0,
+        "every key dlm wrote has an expiry"
+    );
+}
+
 /// A backend that lets its first `pass` acquisition attempts through and holds every
 /// later one until the gate opens (to freeze a woken waiter in the middle of a
 /// hand-over).
@@ -400,8 +493,15 @@ impl dlm_core::backend::LockBackend for Gate {
     fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
         self.inner.inspect(name)
     }
+    /// The store's hints, without the hand-over: the waiter behind the gate is woken to
+    /// make its attempt (which the gate holds), never handed the lock while asleep.
     fn watch(&self, name: &LockName) -> Option<dlm_core::backend::Watch> {
-        self.inner.watch(name)
+        let inner = self.inner.watch(name)?;
+        let receiver = inner.receiver().clone();
+        Some(dlm_core::backend::Watch::with_unsubscribe(
+            receiver,
+            Box::new(WithoutHandover(inner)),
+        ))
     }
     fn wake_pending(&self, name: &LockName) -> bool {
         self.inner.wake_pending(name)
@@ -415,6 +515,19 @@ impl dlm_core::backend::LockBackend for Gate {
     }
     fn check_name(&self, name: &LockName) -> Result<(), dlm_core::InvalidArgument> {
         self.inner.check_name(name)
+    }
+}
+
+/// A store's [`Watch`](dlm_core::backend::Watch) that never offers to take the lock over.
+struct WithoutHandover(dlm_core::backend::Watch);
+
+impl dlm_core::backend::Unsubscribe for WithoutHandover {
+    fn unsubscribe(self: Box<Self>, _pending_wake: bool) {
+        // The store's watch sees the same channel, and passes on a pending wake-up itself.
+        drop(self.0);
+    }
+    fn trying(&self, on: bool) {
+        self.0.trying(on);
     }
 }
 

@@ -1,0 +1,269 @@
+//! A release handing the lock to a waiting thread of the same store, in the same step:
+//! the waiter holds it without a request of its own, with a larger token; and when that
+//! step's reply is lost, the waiter undoes what it may have been given.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dlm_core::backend::{LockBackend, LockName};
+use dlm_core::{Lock, LockClient};
+use dlm_memory::MemoryBackend;
+
+/// Waits until a waiter of `name` is asleep offering to take the lock over.
+fn until_offered(backend: &MemoryBackend, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend.offers(name) == 0 {
+        assert!(Instant::now() < deadline, "the waiter never went to sleep");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_release_hands_the_lock_to_a_sleeping_waiter_without_its_own_attempt() {
+    let backend = MemoryBackend::new();
+    let shared = Arc::new(backend.clone());
+    let holder = LockClient::new(shared.clone());
+    let waiter = LockClient::new(shared);
+    let held = holder.get_lock("job").unwrap().lock().unwrap();
+    let first = held.fencing_token().unwrap();
+    let lock = waiter.get_lock("job").unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let (go, release) = crossbeam_channel::bounded::<()>(1);
+    let waiting = thread::spawn(move || {
+        let g = lock
+            .try_lock_timeout(Duration::from_secs(30))
+            .unwrap()
+            .unwrap();
+        tx.send(g.fencing_token().unwrap()).unwrap();
+        release.recv().unwrap();
+        g.unlock().unwrap();
+    });
+    until_offered(&backend, "job");
+    let calls = backend.faults().calls();
+    held.unlock().unwrap();
+    let second = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter took it");
+    assert_eq!(
+        backend.faults().calls() - calls,
+        1,
+        "the release handed it over: the waiter sent nothing"
+    );
+    assert!(second > first, "token {second} after {first}");
+    go.send(()).unwrap();
+    waiting.join().unwrap();
+    assert_eq!(
+        backend.inspect(&LockName::new("job").unwrap()).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn a_hand_over_whose_reply_was_lost_leaves_no_hold_nobody_owns() {
+    let backend = MemoryBackend::new();
+    let shared = Arc::new(backend.clone());
+    let holder = LockClient::new(shared.clone());
+    let waiter = LockClient::new(shared);
+    let held = holder.get_lock("job").unwrap().lock().unwrap();
+    let first = held.fencing_token().unwrap();
+    let lock = waiter.get_lock("job").unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let (go, release) = crossbeam_channel::bounded::<()>(1);
+    let waiting = thread::spawn(move || {
+        let g = lock
+            .try_lock_timeout(Duration::from_secs(30))
+            .unwrap()
+            .unwrap();
+        tx.send(g.fencing_token().unwrap()).unwrap();
+        release.recv().unwrap();
+        g.unlock().unwrap();
+    });
+    until_offered(&backend, "job");
+    // The hand-over is applied and its reply lost: the releasing holder gets an error,
+    // the waiter does not know whether its token holds the lock.
+    backend.faults().lose_replies(1);
+    assert!(held.unlock().is_err(), "the release's reply was lost");
+    let second = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter undid its token and took the lock afresh");
+    assert!(second > first, "token {second} after {first}");
+    go.send(()).unwrap();
+    waiting.join().unwrap();
+    assert_eq!(
+        backend.inspect(&LockName::new("job").unwrap()).unwrap(),
+        None,
+        "the token the hand-over may have given is not left holding the lock"
+    );
+}
+
+/// A store whose releases hand the lock over in two steps with a pause between them,
+/// held open by the test: the claim of the successor, then (once the test lets it go)
+/// the grant. It shows what a waiter does when its wait ends in between.
+#[derive(Debug)]
+struct Paused {
+    inner: MemoryBackend,
+    waiters: dlm_core::backend::WaitList,
+    claimed: crossbeam_channel::Sender<()>,
+    go: crossbeam_channel::Receiver<()>,
+}
+
+impl LockBackend for Paused {
+    fn try_acquire(
+        &self,
+        name: &LockName,
+        owner: &dlm_core::backend::OwnerToken,
+        ttl: Duration,
+    ) -> Result<dlm_core::backend::Acquire, dlm_core::BackendError> {
+        self.inner.try_acquire(name, owner, ttl)
+    }
+    fn extend(
+        &self,
+        name: &LockName,
+        owner: &dlm_core::backend::OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<dlm_core::backend::Lease>, dlm_core::BackendError> {
+        self.inner.extend(name, owner, ttl)
+    }
+    fn release(
+        &self,
+        name: &LockName,
+        owner: &dlm_core::backend::OwnerToken,
+    ) -> Result<bool, dlm_core::BackendError> {
+        let Some(next) = self.waiters.successor() else {
+            let released = self.inner.release(name, owner)?;
+            self.waiters.notify_one();
+            return Ok(released);
+        };
+        self.claimed.send(()).unwrap();
+        self.go.recv().unwrap();
+        // Nobody else contends here: a release and an acquisition stand for the one step.
+        assert!(self.inner.release(name, owner)?);
+        match self.inner.try_acquire(name, next.owner(), next.ttl())? {
+            dlm_core::backend::Acquire::Acquired(lease) => next.grant(lease),
+            _ => next.decline(),
+        }
+        Ok(true)
+    }
+    fn force_release(&self, name: &LockName) -> Result<bool, dlm_core::BackendError> {
+        self.inner.force_release(name)
+    }
+    fn inspect(&self, name: &LockName) -> Result<Option<Duration>, dlm_core::BackendError> {
+        self.inner.inspect(name)
+    }
+    fn watch(&self, _name: &LockName) -> Option<dlm_core::backend::Watch> {
+        Some(self.waiters.subscribe())
+    }
+    fn wake_pending(&self, _name: &LockName) -> bool {
+        self.waiters.wake_pending()
+    }
+}
+
+/// A holder and a waiter over a [`Paused`] store; the holder's release, made on another
+/// thread, has claimed the waiter as its successor and waits for the test's go.
+struct Handing {
+    store: Arc<Paused>,
+    go: crossbeam_channel::Sender<()>,
+    releasing: thread::JoinHandle<()>,
+}
+
+fn handing(waiter: impl FnOnce(LockClient) + Send + 'static) -> (Handing, thread::JoinHandle<()>) {
+    let (claimed_tx, claimed) = crossbeam_channel::bounded(1);
+    let (go, go_rx) = crossbeam_channel::bounded(1);
+    let store = Arc::new(Paused {
+        inner: MemoryBackend::new(),
+        waiters: dlm_core::backend::WaitList::new(),
+        claimed: claimed_tx,
+        go: go_rx,
+    });
+    let held = LockClient::new(store.clone())
+        .get_lock("job")
+        .unwrap()
+        .lock()
+        .unwrap();
+    let client = LockClient::new(store.clone());
+    let waiting = thread::spawn(move || waiter(client));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.waiters.offers() == 0 {
+        assert!(Instant::now() < deadline, "the waiter never went to sleep");
+        thread::sleep(Duration::from_millis(1));
+    }
+    let releasing = thread::spawn(move || held.unlock().unwrap());
+    claimed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the release claimed the waiter");
+    (
+        Handing {
+            store,
+            go,
+            releasing,
+        },
+        waiting,
+    )
+}
+
+#[test]
+fn a_wait_that_ends_while_the_lock_is_handed_to_it_returns_the_lock() {
+    const WAIT: Duration = Duration::from_millis(100);
+    let (result_tx, result) = crossbeam_channel::bounded(1);
+    let (h, waiting) = handing(move |client| {
+        let g = client
+            .get_lock("job")
+            .unwrap()
+            .try_lock_timeout(WAIT)
+            .unwrap();
+        result_tx.send(g.is_some()).unwrap();
+        if let Some(g) = g {
+            g.unlock().unwrap();
+        }
+    });
+    // The wait's time runs out while the release is under way: the waiter must not leave
+    // before it is settled (it would leave the lock to a token nobody owns).
+    assert!(
+        result.recv_timeout(WAIT * 3).is_err(),
+        "the waiter left while the lock was being handed to it"
+    );
+    h.go.send(()).unwrap();
+    assert!(
+        result.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "granted before it left: the waiter holds the lock"
+    );
+    waiting.join().unwrap();
+    h.releasing.join().unwrap();
+    assert_eq!(
+        h.store.inspect(&LockName::new("job").unwrap()).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn an_interrupt_while_the_lock_is_handed_over_gives_it_back() {
+    let (interrupter, interrupt) = dlm_core::interrupt_pair();
+    let (result_tx, result) = crossbeam_channel::bounded(1);
+    let (h, waiting) = handing(move |client| {
+        let r = client
+            .get_lock("job")
+            .unwrap()
+            .lock_interruptibly(&interrupt);
+        result_tx
+            .send(matches!(r, Err(dlm_core::Error::Interrupted)))
+            .unwrap();
+    });
+    interrupter.interrupt();
+    assert!(
+        result.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the waiter left while the lock was being handed to it"
+    );
+    h.go.send(()).unwrap();
+    assert!(
+        result.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "interrupted"
+    );
+    waiting.join().unwrap();
+    h.releasing.join().unwrap();
+    assert_eq!(
+        h.store.inspect(&LockName::new("job").unwrap()).unwrap(),
+        None,
+        "the interrupted waiter gave back the lock it was handed"
+    );
+}
