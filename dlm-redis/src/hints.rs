@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use dlm_core::backend::{BackendErrorKind, WaitList, Watch};
+use dlm_core::backend::{BackendErrorKind, Successor, WaitList, Watch};
 use parking_lot::Mutex;
 
 use crate::conn::{Endpoint, Timeouts};
@@ -26,6 +26,10 @@ use crate::transport::Resp;
 const TICK: Duration = Duration::from_millis(100);
 /// How many recent release ids are remembered per channel for de-duplication.
 const RECENT: usize = 32;
+/// The longest a process holds its own waiters back after a release it made for the
+/// waiters of other processes (see [`Hints::released_for_others`]): the release's message
+/// normally comes back within a round trip.
+const YIELD: Duration = Duration::from_millis(10);
 
 /// A release id heard on a channel: from how many nodes, and whether it woke a waiter.
 struct Heard {
@@ -41,6 +45,10 @@ struct Channel {
     /// A release wakes every waiter, not one: the channel of a semaphore or a read-write
     /// lock, where several waiters may get in at once (set by [`Hints::watch_all`]).
     all: bool,
+    /// Until then (or until the release's message comes back), this process's waiters and
+    /// newcomers hold back: a release that let the lock go free for other processes'
+    /// waiters after a run of hand-overs ([`Hints::released_for_others`]).
+    yield_until: Option<Instant>,
 }
 
 struct Shared {
@@ -100,6 +108,7 @@ impl Shared {
                 return; // not released on a quorum yet
             }
             heard.woke = true;
+            ch.yield_until = None;
         }
         if ch.all {
             ch.waiters.notify_all();
@@ -122,9 +131,9 @@ impl Shared {
         if channels.is_empty() {
             return false; // nobody waits here: no key to build
         }
-        channels
-            .get(&channel())
-            .is_some_and(|ch| ch.waiters.wake_pending())
+        channels.get(&channel()).is_some_and(|ch| {
+            ch.waiters.wake_pending() || ch.yield_until.is_some_and(|t| Instant::now() < t)
+        })
     }
 
     fn prune(&self) {
@@ -232,9 +241,60 @@ impl Hints {
         self.shared.released(channel, id);
     }
 
+    /// A release made through this backend that let the lock go free although a waiter
+    /// of this process offered to take it over ([`WaitList::yielded`]): its waiters and
+    /// newcomers hold back until the release's message `id` comes back from the server
+    /// (at most [`YIELD`]), so that the waiters of other processes, woken by the same
+    /// message, have an even chance at it.
+    pub(crate) fn released_for_others(&self, channel: impl FnOnce() -> String, id: u64) {
+        let mut channels = self.shared.channels.lock();
+        let Some(ch) = channels.get_mut(&channel()) else {
+            return;
+        };
+        ch.yield_until = Some(Instant::now() + YIELD);
+        if ch.recent.len() == RECENT {
+            ch.recent.pop_front();
+        }
+        ch.recent.push_back(Heard {
+            id,
+            nodes: 0,
+            woke: false,
+        });
+    }
+
     /// Whether a waiter of `channel` has been woken and not yet picked the wake-up up.
     pub(crate) fn wake_pending(&self, channel: impl FnOnce() -> String) -> bool {
         self.shared.wake_pending(channel)
+    }
+
+    /// How many waiters of `channel` are asleep offering to take the lock over.
+    pub(crate) fn offers(&self, channel: impl FnOnce() -> String) -> usize {
+        let channels = self.shared.channels.lock();
+        if channels.is_empty() {
+            return 0;
+        }
+        channels.get(&channel()).map_or(0, |ch| ch.waiters.offers())
+    }
+
+    /// A waiter of the mutex's `channel` in this process, claimed for a hand-over by a
+    /// release made here (see [`WaitList::successor`]).
+    /// `Err(())` when one offered and the release lets the lock go free all the same (see
+    /// [`released_for_others`](Self::released_for_others)).
+    pub(crate) fn successor(
+        &self,
+        channel: impl FnOnce() -> String,
+    ) -> Result<Option<Successor>, ()> {
+        let channels = self.shared.channels.lock();
+        if channels.is_empty() {
+            return Ok(None); // nobody waits here: no key to build
+        }
+        let Some(ch) = channels.get(&channel()).filter(|ch| !ch.all) else {
+            return Ok(None);
+        };
+        match ch.waiters.successor() {
+            None if ch.waiters.yielded() => Err(()),
+            next => Ok(next),
+        }
     }
 
     /// How many listeners are subscribed now.

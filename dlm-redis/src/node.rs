@@ -470,15 +470,32 @@ impl Node {
         Ok((self.reader().flag(reply)?, acked))
     }
 
-    /// Releases if ours, publishing `release_id` on the lock's channel.
+    /// Releases if ours, publishing `release_id` on the lock's channel if a waiter marked
+    /// the key: whether it released, and whether it published.
     pub(crate) fn release(
         &self,
         name: &LockName,
         owner: &OwnerToken,
         release_id: u64,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<(bool, bool), BackendError> {
         let reply = self.execute(&self.keys.release_call(name, owner, release_id))?;
-        self.reader().flag(reply)
+        self.reader().release(reply)
+    }
+
+    /// Hands the lock from `owner` to `next` for `ttl` if it is `owner`'s (the hand-over
+    /// script), drawing `next`'s fencing token in the same step when `fenced`: the answer
+    /// as an acquisition's (`Held`: it was not `owner`'s, nothing written) and the token.
+    pub(crate) fn handover(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        next: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<(NodeAcquire, Option<u64>), BackendError> {
+        let reply = self.execute(&self.keys.handover_call(name, owner, next, ttl, fenced))?;
+        let (answer, fence) = self.reader().acquire_fenced(name, reply)?;
+        Ok((answer, fence.and_then(NodeFence::stream)))
     }
 
     /// Releases `owner`'s `claim` hold (a permit, a read or a write hold) of the resource

@@ -512,3 +512,57 @@ fn a_redlock_release_heard_from_one_node_of_three_wakes_no_one_until_a_quorum_re
         w.join().unwrap();
     }
 }
+
+/// Hand-overs between the threads of one process do not shut out a waiter of another:
+/// three threads of one backend and one thread of another take one lock in a loop, hold
+/// 0, for a second. After a run of hand-overs a release lets the lock go free and the
+/// first process's waiters hold back until the release's message is back, so the other
+/// process's thread takes its share (measured, three runs of 3 s: 0.78-0.94 of a thread
+/// of the first; without the hold-back 0.30-0.39; without the limit on hand-overs in a
+/// row, 1 hold in 3 s).
+#[test]
+fn hand_overs_within_a_process_leave_a_share_to_another_process() {
+    let _serial = SERIAL.lock();
+    let server = RedisServer::spawn();
+    let (a, b) = (
+        Arc::new(backend(&server.url())),
+        Arc::new(backend(&server.url())),
+    );
+    let name = unique_name("shared");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let start = Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let lock = LockClient::new(if t < 3 { a.clone() } else { b.clone() })
+                .get_lock(&name)
+                .unwrap();
+            let (stop, start) = (stop.clone(), start.clone());
+            thread::spawn(move || {
+                let (mut holds, mut longest) = (0u64, Duration::ZERO);
+                start.wait();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let asked = Instant::now();
+                    let g = lock.try_lock_timeout(Duration::from_secs(10)).unwrap();
+                    longest = longest.max(asked.elapsed());
+                    g.expect("no wait of 10 s").unlock().unwrap();
+                    holds += 1;
+                }
+                (holds, longest)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let results: Vec<(u64, Duration)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let first: u64 = results[..3].iter().map(|r| r.0).sum::<u64>() / 3;
+    let (other, longest) = results[3];
+    assert!(first > 0, "{results:?}");
+    assert!(
+        other * 10 >= first,
+        "the other process's thread took {other} holds, a thread of the first {first}: {results:?}"
+    );
+    assert!(
+        longest < Duration::from_secs(1),
+        "the other process's thread waited {longest:?} at most once: {results:?}"
+    );
+}

@@ -291,6 +291,88 @@ fn a_release_publishes_only_when_a_waiter_marked_the_lock() {
 }
 
 #[test]
+fn a_release_hands_the_lock_to_a_waiting_thread_of_its_process_in_one_request() {
+    let fixture = common::Single::new();
+    let server = &fixture.server;
+    let backend = std::sync::Arc::new(
+        dlm_redis::RedisBackend::builder(&server.url())
+            .io_timeout(common::CALM)
+            .connect_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    );
+    let name = "handed";
+    let (holder, waiter) = (
+        LockClient::new(backend.clone()),
+        LockClient::new(backend.clone()),
+    );
+    let held = holder.get_lock(name).unwrap().lock().unwrap();
+    let first = held.fencing_token().unwrap();
+    let lock = waiter.get_lock(name).unwrap();
+    let (taken_tx, taken) = crossbeam_channel::bounded(1);
+    let (read_tx, read) = crossbeam_channel::bounded::<()>(1);
+    let waiting = std::thread::spawn(move || {
+        let g = lock.lock().unwrap();
+        taken_tx.send(()).unwrap();
+        read.recv().unwrap();
+        let token = g.fencing_token().unwrap();
+        g.unlock().unwrap();
+        token
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while backend.handover_offers(name) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never slept"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    reset(server);
+    held.unlock().unwrap();
+    taken
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the waiter holds the lock");
+    let calls = command_calls(server);
+    // The script's first use here loads it: NOSCRIPT, SCRIPT LOAD, EVALSHA again.
+    let loads = calls.get("script|load").copied().unwrap_or(0);
+    assert_eq!(
+        calls.get("evalsha").copied(),
+        Some(1 + loads),
+        "the release, and no request of the waiter: {calls:?}"
+    );
+    assert_eq!(
+        calls.get("del"),
+        None,
+        "the lock never went free: {calls:?}"
+    );
+    assert_eq!(calls.get("publish"), None, "nobody to wake: {calls:?}");
+    let mut admin = server.connection();
+    let (value, pttl): (String, i64) = redis::pipe()
+        .cmd("GET")
+        .arg("dlm:{handed}")
+        .cmd("PTTL")
+        .arg("dlm:{handed}")
+        .query(&mut admin)
+        .unwrap();
+    assert!(
+        value.ends_with('~'),
+        "the waiter's mark stays with the key: {value:?}"
+    );
+    assert!(
+        pttl > 0 && pttl <= dlm_core::DEFAULT_WATCHDOG_TIMEOUT.as_millis() as i64,
+        "the successor's key has its own lease: {pttl} ms"
+    );
+    read_tx.send(()).unwrap();
+    let second = waiting.join().unwrap();
+    assert!(second > first, "token {second} after {first}");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("dlm:{handed}")
+        .query(&mut admin)
+        .unwrap();
+    assert!(!exists, "released");
+}
+
+#[test]
 fn the_counters_this_test_reads_do_move() {
     // A negative control for the checks above: a direct SET is counted, a new connection
     // is counted.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
     Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holders, Lease,
-    LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
+    LockBackend, LockName, OwnerToken, Renewal, Renewed, Successor, Watch, every_hold_kind,
 };
 
 use crate::fanout::{Fanout, Late};
@@ -136,6 +136,18 @@ impl RedisBackend {
         }
     }
 
+    /// How many threads of this process wait for the lock `name` through this backend,
+    /// asleep and offering to take it over: a release made through it now hands the lock
+    /// to the longest waiting of them in the same request (on one server or a cluster,
+    /// without `wait_for_replicas`), instead of letting it go free. For tests and
+    /// diagnostics; `0` for a name that is not valid.
+    pub fn handover_offers(&self, name: &str) -> usize {
+        let (Some(hints), Ok(name)) = (&self.inner.hints, LockName::new(name)) else {
+            return 0;
+        };
+        hints.offers(|| self.inner.keys.channel(&name))
+    }
+
     /// Whether the release-hint listener is subscribed now (it starts with the first
     /// wait; `false` while its connection is down or when hints are off).
     pub fn release_hints_active(&self) -> bool {
@@ -196,6 +208,65 @@ impl RedisBackend {
         self.inner
             .target
             .release_on_slot(slot, t, name, claim, owner, f)
+    }
+
+    /// A waiter of this process for the lock `name` to hand it over to, on one server or
+    /// a cluster. None with Sentinel, whose releases are journaled for a failover (a
+    /// hand-over is not), nor with `wait_for_replicas` (a hand-over does not wait).
+    ///
+    /// `Err(())` after a run of hand-overs: this release lets the lock go free for the
+    /// waiters of other processes, and this process's hold back until its message is back.
+    fn successor(&self, name: &LockName) -> Result<Option<Successor>, ()> {
+        if self.inner.options.replica_wait.is_some()
+            || matches!(self.inner.target, Topology::Sentinel(_))
+        {
+            return Ok(None);
+        }
+        match &self.inner.hints {
+            Some(hints) => hints.successor(|| self.inner.keys.channel(name)),
+            None => Ok(None),
+        }
+    }
+
+    /// The hand-over script on the lock's node: if the lock is `owner`'s, it becomes
+    /// `next`'s (a new lease, and its fencing token drawn after `owner`'s when it will be
+    /// read), and `next`'s thread wakes up holding it, without a request of its own. The
+    /// lock never goes free in between; the waiters of other processes are not woken (it
+    /// is not free), and every [`MAX_HANDOVERS_IN_A_ROW`](dlm_core::backend::MAX_HANDOVERS_IN_A_ROW)-th
+    /// release lets it go free for them.
+    fn hand_over(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        next: Successor,
+    ) -> Result<bool, BackendError> {
+        let (to, ttl) = (*next.owner(), next.ttl());
+        let fenced = next.fenced() && self.inner.options.fencing;
+        let outcome = self.on_node(name, |node| {
+            let start = Instant::now();
+            let (answer, token) = node.handover(name, owner, &to, ttl, fenced)?;
+            Ok((answer, token, start))
+        });
+        match outcome {
+            Ok((NodeAcquire::Acquired, token, start)) => {
+                match self.lease(start, ttl) {
+                    Some(lease) => next.grant(match token {
+                        Some(t) => lease.with_fence(FencingToken::new(t)),
+                        None => lease,
+                    }),
+                    // Too late to be of use: the successor undoes it, as a failed
+                    // acquisition's.
+                    None => drop(next),
+                }
+                Ok(true)
+            }
+            Ok((NodeAcquire::Held { .. }, ..)) => {
+                next.decline();
+                Ok(false)
+            }
+            // May have been applied: the successor undoes its token.
+            Err(e) => Err(e),
+        }
     }
 
     fn lease(&self, start: Instant, ttl: Duration) -> Option<Lease> {
@@ -493,16 +564,39 @@ impl LockBackend for RedisBackend {
         }
     }
 
+    /// Releases; or, when a thread of this process waits for the lock (asleep, offering
+    /// to take it over), hands the lock to it in the same request: one script gives the
+    /// key to the waiter's token with a lease of its own and, when it will be read, its
+    /// fencing token; the waiter holds it without a request of its own (on one server or
+    /// a cluster, without `wait_for_replicas`; see
+    /// [`WaitList::successor`](dlm_core::backend::WaitList::successor)).
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
+        let for_others = match self.successor(name) {
+            Ok(Some(next)) => return self.hand_over(name, owner, next),
+            Ok(None) => false,
+            Err(()) => true,
+        };
         let id = ReleaseId::Release.random();
+        if for_others && let Some(hints) = &self.inner.hints {
+            // Before the request: its message may come back before the reply.
+            hints.released_for_others(|| self.inner.keys.channel(name), id);
+        }
+        let announced = std::cell::Cell::new(false);
         let released = self.release_on(
             || self.inner.keys.slot(name),
             name,
             Claim::Exclusive,
             owner,
-            |node| node.release(name, owner, id),
+            |node| {
+                let (released, published) = node.release(name, owner, id)?;
+                announced.set(published);
+                Ok(released)
+            },
         )?;
-        if released {
+        // Released for others and announced: this process's waiters hear the message
+        // when the others do. Not announced (nobody marked the key), nobody else waits:
+        // a local waiter is woken now.
+        if released && !(for_others && announced.get()) {
             self.released_here(name, id);
         }
         Ok(released)

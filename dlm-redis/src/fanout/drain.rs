@@ -61,9 +61,11 @@ impl Late {
                         conn.broken = true;
                         node.endpoint.error(&e)
                     })
-                    .and_then(|reply| node.reader().flag(reply))
+                    .and_then(|reply| node.reader().released(reply))
             }
-            None => node.release(name, owner, ReleaseId::Undo.random()),
+            None => node
+                .release(name, owner, ReleaseId::Undo.random())
+                .map(|(released, _)| released),
         };
         counts.count(released.is_ok());
         if let Err(e) = released {

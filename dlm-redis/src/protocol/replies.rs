@@ -275,6 +275,18 @@ impl ReplyReader<'_> {
         Ok(self.parse::<i64>(reply)? == 1)
     }
 
+    /// The release script's answer: whether it released, and whether it announced the
+    /// release on the lock's channel (someone had marked the key).
+    pub(crate) fn release(&self, reply: redis::Value) -> Result<(bool, bool), BackendError> {
+        let n = self.parse::<i64>(reply)?;
+        Ok((n >= 1, n == 2))
+    }
+
+    /// [`release`](Self::release)'s first part: whether it released.
+    pub(crate) fn released(&self, reply: redis::Value) -> Result<bool, BackendError> {
+        Ok(self.release(reply)?.0)
+    }
+
     pub(crate) fn force_release(
         &self,
         name: &LockName,

@@ -21,6 +21,7 @@ struct Scripts {
     commit: Script,
     fence: Script,
     acquire_fenced: Script,
+    handover: Script,
     claim: Script,
 }
 
@@ -45,6 +46,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("lua/draw.lua"),
         include_str!("lua/take.lua"),
         include_str!("lua/acquire_fenced.lua")
+    )),
+    handover: Script::new(concat!(
+        include_str!("lua/draw.lua"),
+        include_str!("lua/handover.lua")
     )),
     claim: Script::new(concat!(
         include_str!("lua/draw.lua"),
@@ -111,6 +116,29 @@ impl Keys {
         r.arg(owner.encoded().as_bytes())
             .arg_u64(millis(ttl))
             .arg(proposal.as_bytes())
+            .arg_u64(self.fence_ttl_ms);
+        Call::new(r, Shape::Script(script))
+    }
+
+    /// The hand-over script: if the lock is `owner`'s, it becomes `next`'s for `ttl`, its
+    /// token drawn in the same step when `fenced` (`src/protocol/lua/handover.lua`). The
+    /// reply parses as the fenced acquire script's.
+    pub(crate) fn handover_call(
+        &self,
+        name: &LockName,
+        owner: &OwnerToken,
+        next: &OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Call {
+        let script = &SCRIPTS.handover;
+        let mut r = evalsha(script, 2, 5);
+        self.arg(&mut r, name, LOCK);
+        self.fence_arg(&mut r, name);
+        r.arg(owner.encoded().as_bytes())
+            .arg(next.encoded().as_bytes())
+            .arg_u64(millis(ttl))
+            .arg(if fenced { b"1" } else { b"0" })
             .arg_u64(self.fence_ttl_ms);
         Call::new(r, Shape::Script(script))
     }

@@ -32,7 +32,7 @@ impl Redlock {
             None,
             Some((name, owner)),
             |_, node| node.keys.release_call(name, owner, release_id),
-            |node, _, reply| node.reader().flag(reply),
+            |node, _, reply| node.reader().released(reply),
             |r: &Replies<bool>| {
                 let released = r.ok().filter(|ok| **ok).count();
                 let refused = r.ok().filter(|ok| !**ok).count();

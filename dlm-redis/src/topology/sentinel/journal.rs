@@ -105,7 +105,7 @@ impl Journal {
         );
         let deleted = node.execute(&call).and_then(|reply| {
             node.reader()
-                .batch(reply, again.len(), |v| node.reader().flag(v))
+                .batch(reply, again.len(), |v| node.reader().released(v))
         });
         match deleted {
             Ok(results) => {
