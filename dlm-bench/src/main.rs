@@ -39,9 +39,12 @@ use crate::recorder::Atomics;
 use crate::report::{Row, json, markdown};
 use crate::scenario::{CONTENDERS, Counts, Fenced, Scenario, measure, ping_rtt, request_counts};
 use crate::system::LockSystem;
-use crate::systems::{Dlm, Minimal, Primitive};
+use crate::systems::{Dlm, Minimal, MinimalPubSub, Primitive};
 
 const TTL: Duration = Duration::from_secs(30);
+/// The pub/sub-woken minimal client's row (contended scenarios only).
+const PUBSUB_MINIMAL: &str = "minimal (pub/sub)";
+
 /// The rows with metrics on and a recorder installed (uncontended only), and the row
 /// each is compared with: the same system without a recorder.
 const METERED: [(&str, &str); 3] = [
@@ -73,6 +76,10 @@ fn systems(urls: &[String], opts: &Opts, recorder: &Arc<Atomics>) -> Vec<Box<dyn
     v.push(Box::new(Minimal::new(urls, TTL)));
     // The transport A/B: the same minimal client over dlm's own connection.
     v.push(Box::new(Minimal::over_dlm_transport(urls, TTL)));
+    if urls.len() == 1 {
+        // Contended and hand-over only: the bar woken by pub/sub instead of spinning.
+        v.push(Box::new(MinimalPubSub::new(&urls[0], TTL)));
+    }
     // dlm with a recorder installed, beside dlm without: the cost of its metrics.
     for (name, fencing) in [
         ("dlm (metrics)", true),
@@ -311,7 +318,7 @@ fn main() {
         let mut counts = Vec::new();
         for (system, counted) in timed.iter().zip(&counted) {
             counts.push(
-                opts.wants(&system.name(), "uncontended")
+                (opts.wants(&system.name(), "uncontended") && system.name() != PUBSUB_MINIMAL)
                     .then(|| request_counts(counted.as_ref(), &proxies, &servers, Fenced::No)),
             );
         }
@@ -331,6 +338,11 @@ fn main() {
                 .filter(|s| {
                     matches!(scenario, Scenario::Uncontended { .. })
                         || !(s.name().contains("TLS") || s.name().contains("metrics"))
+                })
+                // A client that waits differently: nothing to show when nobody waits.
+                .filter(|s| {
+                    !(matches!(scenario, Scenario::Uncontended { .. })
+                        && s.name() == PUBSUB_MINIMAL)
                 })
                 // The read-write rows: contended only (with a key per cycle they would be
                 // the read hold's), each with its own number of threads.

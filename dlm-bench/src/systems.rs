@@ -466,3 +466,151 @@ fn stream_id_token(id: &[u8]) -> Option<FencingToken> {
         ms.parse::<u64>().ok()? << 20 | seq.parse::<u64>().ok()?,
     ))
 }
+
+/// The release of [`MinimalPubSub`]: compare-and-delete, then a message on the key's
+/// channel (passed as a second key: one node only).
+const RELEASE_PUBLISH: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+redis.call('DEL', KEYS[1]) redis.call('PUBLISH', KEYS[2], '1') return 1 end return 0";
+
+/// The bar's pub/sub-woken variant, on one node: the same `SET NX PX` and
+/// compare-and-delete, the release also publishes on the key's channel, and a waiter
+/// sleeps on a subscription of its own (one more connection per handle, subscribed to the
+/// key's channel on its first wait) until a message or its deadline, then tries again.
+/// Every subscriber hears every release (they all try): the pattern of Redisson and of
+/// most pub/sub-woken clients, and nothing more.
+pub struct MinimalPubSub {
+    url: String,
+    ttl_ms: u64,
+}
+
+impl MinimalPubSub {
+    /// The pub/sub-woken minimal client of the server at `url`.
+    pub fn new(url: &str, ttl: Duration) -> Self {
+        MinimalPubSub {
+            url: url.to_owned(),
+            ttl_ms: ttl.as_millis() as u64,
+        }
+    }
+}
+
+impl LockSystem for MinimalPubSub {
+    fn name(&self) -> String {
+        "minimal (pub/sub)".into()
+    }
+
+    fn handle(&self) -> Box<dyn LockHandle> {
+        let client = redis::Client::open(self.url.as_str()).unwrap();
+        let mut con = client.get_connection().unwrap();
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(RELEASE_PUBLISH)
+            .query(&mut con)
+            .unwrap();
+        Box::new(PubSubHandle {
+            con,
+            sub: client.get_connection().unwrap(),
+            subscribed: None,
+            sha,
+            token: format!("{:032x}", rand::random::<u128>()),
+            key: None,
+            ttl_ms: self.ttl_ms,
+        })
+    }
+}
+
+struct PubSubHandle {
+    con: redis::Connection,
+    /// The subscriber connection.
+    sub: redis::Connection,
+    /// The channel `sub` is subscribed to.
+    subscribed: Option<String>,
+    sha: String,
+    token: String,
+    key: Option<String>,
+    ttl_ms: u64,
+}
+
+impl PubSubHandle {
+    /// Subscribes `sub` to `channel` (and from the one before), reading up to the
+    /// confirmation.
+    fn subscribe(&mut self, channel: &str) {
+        if let Some(old) = self.subscribed.take() {
+            let packed = redis::cmd("UNSUBSCRIBE").arg(&old).get_packed_command();
+            self.sub.send_packed_command(&packed).unwrap();
+            self.read_until(b"unsubscribe");
+        }
+        let packed = redis::cmd("SUBSCRIBE").arg(channel).get_packed_command();
+        self.sub.send_packed_command(&packed).unwrap();
+        self.read_until(b"subscribe");
+        self.subscribed = Some(channel.to_owned());
+    }
+
+    /// Reads pub/sub replies until one of `kind` (messages before it are dropped).
+    fn read_until(&mut self, kind: &[u8]) {
+        self.sub.set_read_timeout(None).unwrap();
+        loop {
+            if let redis::Value::Array(parts) = self.sub.recv_response().unwrap()
+                && matches!(parts.first(), Some(redis::Value::BulkString(k)) if k == kind)
+            {
+                return;
+            }
+        }
+    }
+}
+
+impl LockHandle for PubSubHandle {
+    fn try_lock(&mut self, key: &str) -> bool {
+        let key = format!("minimal:{key}");
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&self.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.ttl_ms)
+            .query(&mut self.con)
+            .unwrap();
+        if taken.is_some() {
+            self.key = Some(key);
+        }
+        taken.is_some()
+    }
+
+    fn lock(&mut self, key: &str, max_wait_ms: u64) -> bool {
+        let end = std::time::Instant::now() + Duration::from_millis(max_wait_ms);
+        let channel = format!("minimal-released:{{minimal:{key}}}");
+        loop {
+            if self.try_lock(key) {
+                return true;
+            }
+            if self.subscribed.as_deref() != Some(channel.as_str()) {
+                // Subscribed, then one more try: a release in between is not missed.
+                self.subscribe(&channel);
+                continue;
+            }
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.sub.set_read_timeout(Some(left)).unwrap();
+            match self.sub.recv_response() {
+                Ok(_) => {}
+                Err(e) if e.is_timeout() => return self.try_lock(key),
+                Err(e) => panic!("subscriber connection: {e}"),
+            }
+        }
+    }
+
+    fn unlock(&mut self) {
+        if let Some(key) = self.key.take() {
+            let channel = format!("minimal-released:{{{key}}}");
+            let _: i64 = redis::cmd("EVALSHA")
+                .arg(&self.sha)
+                .arg(2)
+                .arg(&key)
+                .arg(&channel)
+                .arg(&self.token)
+                .query(&mut self.con)
+                .unwrap();
+        }
+    }
+}
