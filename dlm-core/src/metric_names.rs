@@ -18,7 +18,7 @@
 //! | [`ACQUISITIONS`] | counter | [`OUTCOME`]: `acquired`, `timed_out`, `interrupted`, `failed` | acquisition calls by how they ended (`timed_out`: not acquired within the wait; a `try_lock` that found the lock held included) |
 //! | [`ACQUIRE_WAIT`] | histogram, seconds | | from the call to the lock acquired |
 //! | [`HOLD`] | histogram, seconds | | from the acquisition to the holder's release (of the outermost re-entrant hold) |
-//! | [`HANDOVER_WAKEUPS`] | counter | | release hints that woke a waiter of this process |
+//! | [`HANDOVER_WAKEUPS`] | counter | | release hints, and releases that handed the lock over, that woke a waiter of this process |
 //! | [`RENEWALS`] | counter | [`OUTCOME`]: `ok`, `failed` | watchdog renewals and [`LockGuard::extend`](crate::LockGuard::extend) calls (`failed`: an error, or the lock was gone) |
 //! | [`LOCKS_LOST`] | counter | | holds lost: a renewal or extension found the lock gone, renewals failed until the lease ran out, or the lease had run out (or the lock was gone) when the holder released it |
 //! | [`BACKEND_ERRORS`] | counter | [`KIND`]: `unavailable`, `timeout`, `no_quorum`, `busy`, `auth`, `permission`, `read_only`, `out_of_memory`, `unexpected_key`, `protocol`, `tls`, `not_replicated`, `other` | errors the backend returned to the client (each retried attempt counts) |
@@ -57,7 +57,8 @@ pub const ACQUISITIONS: &str = "dlm_acquisitions_total";
 pub const ACQUIRE_WAIT: &str = "dlm_acquire_wait_seconds";
 /// Histogram, seconds: from an acquisition to its holder's release.
 pub const HOLD: &str = "dlm_hold_seconds";
-/// Counter: release hints that woke a waiter of this process.
+/// Counter: release hints, and releases that handed the lock over, that woke a waiter of
+/// this process.
 pub const HANDOVER_WAKEUPS: &str = "dlm_handover_wakeups_total";
 /// Counter: lease renewals (watchdog and `extend`), by [`OUTCOME`].
 pub const RENEWALS: &str = "dlm_renewals_total";
