@@ -168,7 +168,17 @@ impl Acquisition<'_> {
             match woken {
                 Woken::Interrupted => return Err(Error::Interrupted),
                 Woken::Hint(hint) => w.hinted(hint),
-                Woken::Timer => {}
+                // A hint that came with the timer (a release that settled our offer while
+                // we were withdrawing it, say) is ours: taken now, so that our next
+                // attempt does not hold back behind our own wake-up.
+                Woken::Timer => {
+                    if w.watch
+                        .as_ref()
+                        .is_some_and(|watch| watch.receiver().try_recv().is_ok())
+                    {
+                        w.hinted(true);
+                    }
+                }
             }
         }
     }

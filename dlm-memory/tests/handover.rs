@@ -106,6 +106,8 @@ struct Paused {
     waiters: dlm_core::backend::WaitList,
     claimed: crossbeam_channel::Sender<()>,
     go: crossbeam_channel::Receiver<()>,
+    /// Release, then decline the successor instead of handing the lock over.
+    decline: bool,
 }
 
 impl LockBackend for Paused {
@@ -139,6 +141,10 @@ impl LockBackend for Paused {
         self.go.recv().unwrap();
         // Nobody else contends here: a release and an acquisition stand for the one step.
         assert!(self.inner.release(name, owner)?);
+        if self.decline {
+            next.decline();
+            return Ok(true);
+        }
         match self.inner.try_acquire(name, next.owner(), next.ttl())? {
             dlm_core::backend::Acquire::Acquired(lease) => next.grant(lease),
             _ => next.decline(),
@@ -168,6 +174,13 @@ struct Handing {
 }
 
 fn handing(waiter: impl FnOnce(LockClient) + Send + 'static) -> (Handing, thread::JoinHandle<()>) {
+    handing_with(false, waiter)
+}
+
+fn handing_with(
+    decline: bool,
+    waiter: impl FnOnce(LockClient) + Send + 'static,
+) -> (Handing, thread::JoinHandle<()>) {
     let (claimed_tx, claimed) = crossbeam_channel::bounded(1);
     let (go, go_rx) = crossbeam_channel::bounded(1);
     let store = Arc::new(Paused {
@@ -175,6 +188,7 @@ fn handing(waiter: impl FnOnce(LockClient) + Send + 'static) -> (Handing, thread
         waiters: dlm_core::backend::WaitList::new(),
         claimed: claimed_tx,
         go: go_rx,
+        decline,
     });
     let held = LockClient::new(store.clone())
         .get_lock("job")
@@ -265,5 +279,40 @@ fn an_interrupt_while_the_lock_is_handed_over_gives_it_back() {
         h.store.inspect(&LockName::new("job").unwrap()).unwrap(),
         None,
         "the interrupted waiter gave back the lock it was handed"
+    );
+}
+
+#[test]
+fn a_wait_that_ends_while_its_hand_over_is_declined_still_takes_a_free_lock() {
+    const WAIT: Duration = Duration::from_millis(100);
+    let (result_tx, result) = crossbeam_channel::bounded(1);
+    let (h, waiting) = handing_with(true, move |client| {
+        let g = client
+            .get_lock("job")
+            .unwrap()
+            .try_lock_timeout(WAIT)
+            .unwrap();
+        result_tx.send(g.is_some()).unwrap();
+        if let Some(g) = g {
+            g.unlock().unwrap();
+        }
+    });
+    assert!(
+        result.recv_timeout(WAIT * 3).is_err(),
+        "the waiter left while the release was under way"
+    );
+    // Released, nothing handed over: the lock is free, and the waiter, whose time ran
+    // out meanwhile, looks once more before it gives up (the release's wake-up is its own,
+    // not a hand-over to someone else that it must let go first).
+    h.go.send(()).unwrap();
+    assert!(
+        result.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "the free lock was taken by its last look"
+    );
+    waiting.join().unwrap();
+    h.releasing.join().unwrap();
+    assert_eq!(
+        h.store.inspect(&LockName::new("job").unwrap()).unwrap(),
+        None
     );
 }

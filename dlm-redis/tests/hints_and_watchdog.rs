@@ -566,3 +566,65 @@ fn hand_overs_within_a_process_leave_a_share_to_another_process() {
         "the other process's thread waited {longest:?} at most once: {results:?}"
     );
 }
+
+/// A user who may subscribe but not publish (`+@all -publish`): the release that lets the
+/// lock go free after a run of hand-overs cannot announce itself, and says so, so this
+/// process's waiter is woken at once instead of waiting for a message that never comes
+/// (until the holder's lease would have ended: 30 s here). Two threads of one backend pass
+/// the lock back and forth, one step at a time, through a whole run.
+#[test]
+fn after_a_run_of_hand_overs_a_release_that_may_not_publish_wakes_the_waiter_here() {
+    let _serial = SERIAL.lock();
+    common::Single::new(); // fails loudly without redis-server
+    let server = RedisServer::builder()
+        .acl_user("app", "on >app-pw ~dlm:* &* +@all -publish")
+        .credentials("app", "app-pw")
+        .spawn();
+    let shared = Arc::new(backend(&server.url()));
+    let name = unique_name("no-publish");
+    // A party holds the lock when told to `true` (its `lock` waits as long as it must)
+    // and releases it when told `false`; it says when it got it.
+    let party = |shared: &Arc<RedisBackend>| {
+        let lock = LockClient::new(shared.clone()).get_lock(&name).unwrap();
+        let (tell, told) = crossbeam_channel::unbounded::<bool>();
+        let (got_tx, got) = crossbeam_channel::unbounded::<()>();
+        let t = thread::spawn(move || {
+            let mut guard = None;
+            for take in told {
+                if take {
+                    guard = Some(lock.lock().unwrap());
+                    got_tx.send(()).unwrap();
+                } else {
+                    guard.take().expect("held").unlock().unwrap();
+                }
+            }
+        });
+        (tell, got, t)
+    };
+    let (a, b) = (party(&shared), party(&shared));
+    let offered = || {
+        wait_for("a waiter asleep, offering", || {
+            shared.handover_offers(&name) == 1
+        })
+    };
+    a.0.send(true).unwrap();
+    a.1.recv_timeout(Duration::from_secs(5)).expect("free");
+    let (mut holder, mut waiter) = (&a, &b);
+    let runs = dlm_core::backend::MAX_HANDOVERS_IN_A_ROW + 1;
+    for release in 1..=runs {
+        waiter.0.send(true).unwrap();
+        offered();
+        holder.0.send(false).unwrap();
+        // The last release lets the lock go free: its message is refused.
+        waiter
+            .1
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("release {release} of {runs} left its waiter asleep"));
+        (holder, waiter) = (waiter, holder);
+    }
+    holder.0.send(false).unwrap();
+    for (tell, _, t) in [a, b] {
+        drop(tell);
+        t.join().unwrap();
+    }
+}

@@ -405,3 +405,84 @@ fn the_counters_this_test_reads_do_move() {
     let _: () = redis::cmd("PING").query(&mut con).unwrap();
     assert_eq!(reads(&mut con) - before, 3, "two requests + one INFO");
 }
+
+/// The hand-over script, run directly: it gives the releaser's key to the successor (the
+/// mark kept, a lease of its own, a token drawn when asked, larger each time), answers the
+/// same when sent again after a lost reply (a cluster retries it on a new master) instead
+/// of saying "not yours" for a hand-over it made, and touches a key that is neither's not
+/// at all.
+#[test]
+fn the_hand_over_script_is_idempotent_and_touches_only_its_own_key() {
+    let fixture = common::Single::new();
+    let mut con = fixture.server.connection();
+    let script = redis::Script::new(concat!(
+        include_str!("../src/protocol/lua/draw.lua"),
+        include_str!("../src/protocol/lua/handover.lua")
+    ));
+    let (key, stream) = ("dlm:{handed-script}", "dlm:{handed-script}:fence");
+    let hand = |con: &mut redis::Connection, from: &str, to: &str, fenced: bool| -> (i64, String) {
+        let (code, id): (i64, redis::Value) = script
+            .key(key)
+            .key(stream)
+            .arg(from)
+            .arg(to)
+            .arg(30_000)
+            .arg(if fenced { "1" } else { "0" })
+            .arg(86_400_000)
+            .invoke(con)
+            .unwrap();
+        let id = match id {
+            redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+            _ => String::new(),
+        };
+        (code, id)
+    };
+    let value = |con: &mut redis::Connection| -> (Option<String>, i64) {
+        redis::pipe()
+            .cmd("GET")
+            .arg(key)
+            .cmd("PTTL")
+            .arg(key)
+            .query(con)
+            .unwrap()
+    };
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("a~")
+        .arg("PX")
+        .arg(1_000)
+        .query(&mut con)
+        .unwrap();
+    let (code, first) = hand(&mut con, "a", "b", true);
+    assert_eq!(code, 2, "handed over with a token drawn");
+    let (v, pttl) = value(&mut con);
+    assert_eq!(v.as_deref(), Some("b~"), "the mark stays");
+    assert!(
+        pttl > 1_000 && pttl <= 30_000,
+        "the successor's own lease: {pttl}"
+    );
+    let (code, again) = hand(&mut con, "a", "b", true);
+    assert_eq!(code, 2, "sent again: the same answer, not 'not yours'");
+    let id = |s: &str| -> (u64, u64) {
+        let (ms, seq) = s.split_once('-').expect("a stream ID");
+        (ms.parse().unwrap(), seq.parse().unwrap())
+    };
+    assert!(id(&again) > id(&first), "{again} after {first}");
+    assert_eq!(value(&mut con).0.as_deref(), Some("b~"));
+    assert_eq!(hand(&mut con, "b", "c", false).0, 3, "no token asked for");
+    assert_eq!(value(&mut con).0.as_deref(), Some("c~"));
+    assert_eq!(hand(&mut con, "a", "d", false).0, 0, "not a's any more");
+    assert_eq!(value(&mut con).0.as_deref(), Some("c~"), "untouched");
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("foreign")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(hand(&mut con, "c", "d", false).0, 0);
+    let (v, pttl) = value(&mut con);
+    assert_eq!(
+        (v.as_deref(), pttl),
+        (Some("foreign"), -1),
+        "a key dlm did not write"
+    );
+}

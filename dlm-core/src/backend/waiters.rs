@@ -47,7 +47,7 @@ struct Shared {
 struct Inner {
     next_id: u64,
     waiters: VecDeque<Waiter>,
-    /// Releases in a row that handed the lock over (see [`MAX_HANDOVERS_IN_A_ROW`]).
+    /// Hand-overs granted in a row (see [`MAX_HANDOVERS_IN_A_ROW`]).
     handed_in_a_row: u32,
     /// The last [`WaitList::successor`] found an offer and let the lock go free anyway.
     yielded: bool,
@@ -192,7 +192,6 @@ impl WaitList {
             }
             return None;
         }
-        inner.handed_in_a_row += 1;
         Some(Successor {
             list: self.clone(),
             id,
@@ -215,6 +214,11 @@ impl WaitList {
     /// Settles waiter `id`'s hand-over, and wakes it.
     fn settle(&self, id: u64, outcome: Handover) {
         let mut inner = self.lock();
+        if matches!(outcome, Handover::Granted(_)) {
+            // Counted when granted: a release that handed nothing over (it did not hold
+            // the lock: an undo, a release sent again) does not use up the run.
+            inner.handed_in_a_row += 1;
+        }
         if let Some(w) = inner.waiters.iter_mut().find(|w| w.id == id) {
             w.offer = Offer::Settled(outcome);
             if w.tx.try_send(()).is_ok() {
@@ -600,6 +604,22 @@ mod tests {
             list.successor().is_some(),
             "the offer stayed open, and the count starts again"
         );
+        assert!(!list.yielded());
+    }
+
+    #[test]
+    fn only_granted_hand_overs_count_toward_the_run() {
+        let list = WaitList::new();
+        let a = list.subscribe();
+        for _ in 0..3 * MAX_HANDOVERS_IN_A_ROW {
+            // A release that did not hold the lock (an undo, a release sent again).
+            a.offer(token(1), Duration::from_secs(3), false);
+            list.successor().expect("offered").decline();
+            assert_eq!(a.withdraw(), Handover::None);
+            a.consume();
+        }
+        a.offer(token(1), Duration::from_secs(3), false);
+        assert!(list.successor().is_some(), "nothing was handed over yet");
         assert!(!list.yielded());
     }
 

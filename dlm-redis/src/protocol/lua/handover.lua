@@ -8,15 +8,17 @@
 -- in ms, ARGV[4] '1' to draw the token, '0' not to, ARGV[5] the stream's ttl in ms
 -- Returns what acquire_fenced.lua returns when it takes the lock ({2, id} handed over
 -- with a new token, {3, 0} handed over without one: not asked for, or the draw failed),
--- or {0, 0}: the lock was not the releaser's (nothing written).
+-- or {0, 0}: the lock was not the releaser's (nothing written). Idempotent: sent again
+-- after a lost reply (a cluster retrying on a new master), it finds the successor's
+-- token and answers as the first did (a new token, if asked: larger still).
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
   return v -- an error other than a foreign key (e.g. an ACL denial) is raised
 end
 local mark
-if v == ARGV[1] then
+if v == ARGV[1] or v == ARGV[2] then
   mark = ''
-elseif v == ARGV[1] .. '~' then
+elseif v == ARGV[1] .. '~' or v == ARGV[2] .. '~' then
   mark = '~'
 else
   return {0, 0}
