@@ -216,11 +216,14 @@ fn handing_with(
     )
 }
 
-#[test]
-fn a_wait_that_ends_while_the_lock_is_handed_to_it_returns_the_lock() {
+/// A waiter with a wait of 100 ms, its release paused by the test past that wait, then
+/// let go (handing the lock over, or declining): whether the waiter came back with the
+/// lock. It must not come back before the release is settled (it would leave a lock
+/// handed to it to a token nobody owns), and the lock is free afterwards.
+fn a_wait_that_ends_during_the_release(decline: bool) -> bool {
     const WAIT: Duration = Duration::from_millis(100);
     let (result_tx, result) = crossbeam_channel::bounded(1);
-    let (h, waiting) = handing(move |client| {
+    let (h, waiting) = handing_with(decline, move |client| {
         let g = client
             .get_lock("job")
             .unwrap()
@@ -231,22 +234,37 @@ fn a_wait_that_ends_while_the_lock_is_handed_to_it_returns_the_lock() {
             g.unlock().unwrap();
         }
     });
-    // The wait's time runs out while the release is under way: the waiter must not leave
-    // before it is settled (it would leave the lock to a token nobody owns).
     assert!(
         result.recv_timeout(WAIT * 3).is_err(),
-        "the waiter left while the lock was being handed to it"
+        "the waiter left while the release was under way"
     );
     h.go.send(()).unwrap();
-    assert!(
-        result.recv_timeout(Duration::from_secs(10)).unwrap(),
-        "granted before it left: the waiter holds the lock"
-    );
+    let took = result.recv_timeout(Duration::from_secs(10)).unwrap();
     waiting.join().unwrap();
     h.releasing.join().unwrap();
     assert_eq!(
         h.store.inspect(&LockName::new("job").unwrap()).unwrap(),
         None
+    );
+    took
+}
+
+#[test]
+fn a_wait_that_ends_while_the_lock_is_handed_to_it_returns_the_lock() {
+    assert!(
+        a_wait_that_ends_during_the_release(false),
+        "granted before it left: the waiter holds the lock"
+    );
+}
+
+#[test]
+fn a_wait_that_ends_while_its_hand_over_is_declined_still_takes_a_free_lock() {
+    // Released, nothing handed over: the lock is free, and the waiter, whose time ran out
+    // meanwhile, looks once more before it gives up (the release's wake-up is its own,
+    // not a hand-over to someone else that it must let go first).
+    assert!(
+        a_wait_that_ends_during_the_release(true),
+        "the free lock was taken by its last look"
     );
 }
 
@@ -279,40 +297,5 @@ fn an_interrupt_while_the_lock_is_handed_over_gives_it_back() {
         h.store.inspect(&LockName::new("job").unwrap()).unwrap(),
         None,
         "the interrupted waiter gave back the lock it was handed"
-    );
-}
-
-#[test]
-fn a_wait_that_ends_while_its_hand_over_is_declined_still_takes_a_free_lock() {
-    const WAIT: Duration = Duration::from_millis(100);
-    let (result_tx, result) = crossbeam_channel::bounded(1);
-    let (h, waiting) = handing_with(true, move |client| {
-        let g = client
-            .get_lock("job")
-            .unwrap()
-            .try_lock_timeout(WAIT)
-            .unwrap();
-        result_tx.send(g.is_some()).unwrap();
-        if let Some(g) = g {
-            g.unlock().unwrap();
-        }
-    });
-    assert!(
-        result.recv_timeout(WAIT * 3).is_err(),
-        "the waiter left while the release was under way"
-    );
-    // Released, nothing handed over: the lock is free, and the waiter, whose time ran
-    // out meanwhile, looks once more before it gives up (the release's wake-up is its own,
-    // not a hand-over to someone else that it must let go first).
-    h.go.send(()).unwrap();
-    assert!(
-        result.recv_timeout(Duration::from_secs(10)).unwrap(),
-        "the free lock was taken by its last look"
-    );
-    waiting.join().unwrap();
-    h.releasing.join().unwrap();
-    assert_eq!(
-        h.store.inspect(&LockName::new("job").unwrap()).unwrap(),
-        None
     );
 }

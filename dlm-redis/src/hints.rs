@@ -51,6 +51,22 @@ struct Channel {
     yield_until: Option<Instant>,
 }
 
+impl Channel {
+    /// Starts remembering release `id`, heard from no node yet (the oldest one remembered
+    /// is forgotten when there are [`RECENT`]).
+    fn remember(&mut self, id: u64) -> &mut Heard {
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(Heard {
+            id,
+            nodes: 0,
+            woke: false,
+        });
+        self.recent.back_mut().expect("just pushed")
+    }
+}
+
 struct Shared {
     pattern: String,
     /// How many nodes must have published a release before it wakes a waiter: the
@@ -86,19 +102,9 @@ impl Shared {
                 ReleaseId::Release => self.quorum.min(up),
                 ReleaseId::Undo => 1,
             };
-            let heard = match ch.recent.iter_mut().position(|h| h.id == id) {
+            let heard = match ch.recent.iter().position(|h| h.id == id) {
                 Some(i) => &mut ch.recent[i],
-                None => {
-                    if ch.recent.len() == RECENT {
-                        ch.recent.pop_front();
-                    }
-                    ch.recent.push_back(Heard {
-                        id,
-                        nodes: 0,
-                        woke: false,
-                    });
-                    ch.recent.back_mut().expect("just pushed")
-                }
+                None => ch.remember(id),
             };
             if heard.woke {
                 return; // the same release, heard from another node or announced here
@@ -252,14 +258,7 @@ impl Hints {
             return;
         };
         ch.yield_until = Some(Instant::now() + YIELD);
-        if ch.recent.len() == RECENT {
-            ch.recent.pop_front();
-        }
-        ch.recent.push_back(Heard {
-            id,
-            nodes: 0,
-            woke: false,
-        });
+        ch.remember(id);
     }
 
     /// Whether a waiter of `channel` has been woken and not yet picked the wake-up up.
