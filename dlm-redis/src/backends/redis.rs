@@ -1,6 +1,8 @@
 //! The single-instance backend.
 
 mod claims;
+mod handover;
+mod renewals;
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use dlm_core::backend::{
     Acquire, BackendError, BackendErrorKind, Claim, FencingToken, GroupRequest, Holders, Lease,
-    LockBackend, LockName, OwnerToken, Renewal, Renewed, Successor, Watch, every_hold_kind,
+    LockBackend, LockName, OwnerToken, Renewal, Renewed, Watch, every_hold_kind,
 };
 
-use crate::fanout::{Fanout, Late};
+use crate::fanout::Fanout;
 use crate::hints::Hints;
 use crate::node::Node;
-use crate::protocol::{Call, Keys, NodeAcquire, ReleaseId};
-use crate::topology::{Redirect, Topology};
+use crate::protocol::{Keys, NodeAcquire, ReleaseId};
+use crate::topology::Topology;
 
 use crate::options::Options;
 
@@ -136,18 +138,6 @@ impl RedisBackend {
         }
     }
 
-    /// How many threads of this process wait for the lock `name` through this backend,
-    /// asleep and offering to take it over: a release made through it now hands the lock
-    /// to the longest waiting of them in the same request (on one server or a cluster,
-    /// without `wait_for_replicas`), instead of letting it go free. For tests and
-    /// diagnostics; `0` for a name that is not valid.
-    pub fn handover_offers(&self, name: &str) -> usize {
-        let (Some(hints), Ok(name)) = (&self.inner.hints, LockName::new(name)) else {
-            return 0;
-        };
-        hints.offers(|| self.inner.keys.channel(&name))
-    }
-
     /// Whether the release-hint listener is subscribed now (it starts with the first
     /// wait; `false` while its connection is down or when hints are off).
     pub fn release_hints_active(&self) -> bool {
@@ -210,65 +200,6 @@ impl RedisBackend {
             .release_on_slot(slot, t, name, claim, owner, f)
     }
 
-    /// A waiter of this process for the lock `name` to hand it over to, on one server or
-    /// a cluster. None with Sentinel, whose releases are journaled for a failover (a
-    /// hand-over is not), nor with `wait_for_replicas` (a hand-over does not wait).
-    ///
-    /// `Err(())` after a run of hand-overs: this release lets the lock go free for the
-    /// waiters of other processes, and this process's hold back until its message is back.
-    fn successor(&self, name: &LockName) -> Result<Option<Successor>, ()> {
-        if self.inner.options.replica_wait.is_some()
-            || matches!(self.inner.target, Topology::Sentinel(_))
-        {
-            return Ok(None);
-        }
-        match &self.inner.hints {
-            Some(hints) => hints.successor(|| self.inner.keys.channel(name)),
-            None => Ok(None),
-        }
-    }
-
-    /// The hand-over script on the lock's node: if the lock is `owner`'s, it becomes
-    /// `next`'s (a new lease, and its fencing token drawn after `owner`'s when it will be
-    /// read), and `next`'s thread wakes up holding it, without a request of its own. The
-    /// lock never goes free in between; the waiters of other processes are not woken (it
-    /// is not free), and every [`MAX_HANDOVERS_IN_A_ROW`](dlm_core::backend::MAX_HANDOVERS_IN_A_ROW)-th
-    /// release lets it go free for them.
-    fn hand_over(
-        &self,
-        name: &LockName,
-        owner: &OwnerToken,
-        next: Successor,
-    ) -> Result<bool, BackendError> {
-        let (to, ttl) = (*next.owner(), next.ttl());
-        let fenced = next.fenced() && self.inner.options.fencing;
-        let outcome = self.on_node(name, |node| {
-            let start = Instant::now();
-            let (answer, token) = node.handover(name, owner, &to, ttl, fenced)?;
-            Ok((answer, token, start))
-        });
-        match outcome {
-            Ok((NodeAcquire::Acquired, token, start)) => {
-                match self.lease(start, ttl) {
-                    Some(lease) => next.grant(match token {
-                        Some(t) => lease.with_fence(FencingToken::new(t)),
-                        None => lease,
-                    }),
-                    // Too late to be of use: the successor undoes it, as a failed
-                    // acquisition's.
-                    None => drop(next),
-                }
-                Ok(true)
-            }
-            Ok((NodeAcquire::Held { .. }, ..)) => {
-                next.decline();
-                Ok(false)
-            }
-            // May have been applied: the successor undoes its token.
-            Err(e) => Err(e),
-        }
-    }
-
     fn lease(&self, start: Instant, ttl: Duration) -> Option<Lease> {
         let valid_until = start + ttl.checked_sub(self.inner.options.drift(ttl))?;
         (valid_until > Instant::now()).then(|| Lease::new(valid_until))
@@ -279,59 +210,6 @@ impl RedisBackend {
     /// The node that serves `name` now.
     fn node_of(&self, name: &LockName) -> Result<Arc<Node>, BackendError> {
         self.inner.target.node(|| self.inner.keys.slot(name))
-    }
-
-    /// The node that serves `r`'s hold now: the lock key's, or the group resource's hash's.
-    fn node_of_renewal(&self, r: &Renewal<'_>) -> Result<Arc<Node>, BackendError> {
-        match r.claim {
-            Claim::Exclusive => self.node_of(r.name),
-            claim => self
-                .inner
-                .target
-                .node(|| self.inner.keys.claim_slot(r.name, claim)),
-        }
-    }
-
-    /// The request that renews `r` (the mutex's extend script, or the claim script's).
-    fn renewal_call(&self, node: &Node, r: &Renewal<'_>) -> Call {
-        match r.claim {
-            Claim::Exclusive => node.keys.extend_call(r.name, r.owner, r.ttl),
-            claim => self.claim_extend_call(r.name, claim, r.owner, r.ttl),
-        }
-    }
-
-    /// What one renewal of a batch came to, from its reply (`acked`: how many replicas
-    /// acknowledged the batch, when `WAIT` was asked for). A renewal the node refused
-    /// with a cluster redirection (its slot moved) is sent again on its own, where the
-    /// cluster says.
-    fn renewal(
-        &self,
-        node: &Node,
-        r: &Renewal<'_>,
-        value: redis::Value,
-        acked: Option<u32>,
-        start: Instant,
-    ) -> Result<Option<Lease>, BackendError> {
-        if Redirect::of_value(&value).is_some() {
-            return match r.claim {
-                Claim::Exclusive => self.extend(r.name, r.owner, r.ttl),
-                claim => self.claim_extend(r.name, claim, r.owner, r.ttl),
-            };
-        }
-        let value = value.extract_error().map_err(|e| node.endpoint.error(&e))?;
-        let ok = match r.claim {
-            Claim::Exclusive => node.reader().flag(value)?,
-            claim => node.reader().claim(r.name, claim, value)?.code == 1,
-        };
-        if let Some(w) = self.inner.options.replica_wait
-            && ok
-            && acked.unwrap_or(0) < w.replicas
-        {
-            // Renewed on the master only: a failover now could bring back the previous
-            // lease, which the front keeps until a renewal replicates.
-            return Err(node.not_replicated(w, acked, "the renewal"));
-        }
-        Ok(ok.then(|| self.lease(start, r.ttl)).flatten())
     }
 
     /// A grant made at `start` for `ttl` on `node` (with its token, if drawn): its lease,
@@ -476,92 +354,7 @@ impl LockBackend for RedisBackend {
     /// did not answer by then fails its renewals with `Timeout`; its late replies go to
     /// the drainer, and while they are outstanding the node counts as busy.
     fn extend_many(&self, renewals: &[Renewal<'_>], renewed: &mut Renewed<'_>) {
-        let mut nodes: Vec<Arc<Node>> = Vec::new();
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for (i, r) in renewals.iter().enumerate() {
-            match self.node_of_renewal(r) {
-                Ok(node) => match nodes.iter().position(|n| Arc::ptr_eq(n, &node)) {
-                    Some(g) => groups[g].push(i),
-                    None => {
-                        nodes.push(node);
-                        groups.push(vec![i]);
-                    }
-                },
-                Err(e) => renewed(i, Err(e)),
-            }
-        }
-        if nodes.is_empty() {
-            return;
-        }
-        let wait = self.inner.options.replica_wait;
-        let start = Instant::now();
-        let options = &self.inner.options;
-        // A round waits for a node at most a quarter of the shortest lease it renews (and
-        // never past the request deadline): a stopped master then fails its own renewals
-        // (retried sooner by the watchdog while their leases last) without holding up the
-        // next round of every other master's.
-        let budget = renewals
-            .iter()
-            .map(|r| r.ttl / 4)
-            .min()
-            .unwrap_or_default()
-            .min(options.connect_timeout + options.io_timeout);
-        // Reported from inside the fan-out, as each node's reply is read.
-        let sink = std::cell::RefCell::new(renewed);
-        let replies = self.inner.fanout.call_all(
-            &nodes,
-            start + budget,
-            None,
-            None,
-            |g, node| {
-                let calls = groups[g]
-                    .iter()
-                    .map(|&i| self.renewal_call(node, &renewals[i]));
-                Call::batch(calls.chain(wait.map(Call::wait)))
-            },
-            |node, call, reply| {
-                let mut values = node.reader().values(reply, call.len())?;
-                let acked = match wait {
-                    Some(_) => match values.pop() {
-                        Some(redis::Value::Int(n)) => {
-                            Some(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
-                        }
-                        _ => Some(0),
-                    },
-                    None => None,
-                };
-                let g = nodes
-                    .iter()
-                    .position(|n| std::ptr::eq(&**n, node))
-                    .expect("a node of this round");
-                for (&i, value) in groups[g].iter().zip(values) {
-                    let result = self.renewal(node, &renewals[i], value, acked, start);
-                    (sink.borrow_mut())(i, result);
-                }
-                Ok(())
-            },
-            // Every node's answer is needed: each serves its own holds.
-            |_| false,
-            Late::Drop,
-        );
-        let renewed = sink.into_inner();
-        for ((node, group), reply) in nodes.iter().zip(&groups).zip(replies.replies) {
-            if let Some(Ok(())) = reply {
-                continue;
-            }
-            let e = reply.and_then(Result::err).unwrap_or_else(|| {
-                BackendError::new(
-                    BackendErrorKind::Timeout,
-                    format!(
-                        "{}: no answer to the renewals within {budget:?}",
-                        node.endpoint,
-                    ),
-                )
-            });
-            for &i in group {
-                renewed(i, Err(e.duplicate()));
-            }
-        }
+        self.renew_many(renewals, renewed);
     }
 
     /// Releases; or, when a thread of this process waits for the lock (asleep, offering
@@ -571,35 +364,7 @@ impl LockBackend for RedisBackend {
     /// a cluster, without `wait_for_replicas`; see
     /// [`WaitList::successor`](dlm_core::backend::WaitList::successor)).
     fn release(&self, name: &LockName, owner: &OwnerToken) -> Result<bool, BackendError> {
-        let for_others = match self.successor(name) {
-            Ok(Some(next)) => return self.hand_over(name, owner, next),
-            Ok(None) => false,
-            Err(()) => true,
-        };
-        let id = ReleaseId::Release.random();
-        if for_others && let Some(hints) = &self.inner.hints {
-            // Before the request: its message may come back before the reply.
-            hints.released_for_others(|| self.inner.keys.channel(name), id);
-        }
-        let announced = std::cell::Cell::new(false);
-        let released = self.release_on(
-            || self.inner.keys.slot(name),
-            name,
-            Claim::Exclusive,
-            owner,
-            |node| {
-                let (released, published) = node.release(name, owner, id)?;
-                announced.set(published);
-                Ok(released)
-            },
-        )?;
-        // Released for others and announced: this process's waiters hear the message
-        // when the others do. Not announced (nobody marked the key), nobody else waits:
-        // a local waiter is woken now.
-        if released && !(for_others && announced.get()) {
-            self.released_here(name, id);
-        }
-        Ok(released)
+        self.release_mutex(name, owner)
     }
 
     fn force_release(&self, name: &LockName) -> Result<bool, BackendError> {
