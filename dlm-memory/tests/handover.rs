@@ -19,80 +19,112 @@ fn until_offered(backend: &MemoryBackend, name: &str) {
     }
 }
 
+/// A holder of "job" and a thread of another client of the same store asleep waiting
+/// for it (offering to take it over). The waiter sends the fencing token it gets, then
+/// keeps the lock until `go`.
+struct Scene {
+    backend: MemoryBackend,
+    held: dlm_core::LockGuard,
+    first: dlm_core::FencingToken,
+    taken: crossbeam_channel::Receiver<dlm_core::FencingToken>,
+    go: crossbeam_channel::Sender<()>,
+    waiting: thread::JoinHandle<()>,
+}
+
+impl Scene {
+    fn new() -> Scene {
+        let backend = MemoryBackend::new();
+        let shared = Arc::new(backend.clone());
+        let held = LockClient::new(shared.clone())
+            .get_lock("job")
+            .unwrap()
+            .lock()
+            .unwrap();
+        let first = held.fencing_token().unwrap();
+        let lock = LockClient::new(shared).get_lock("job").unwrap();
+        let (tx, taken) = crossbeam_channel::bounded(1);
+        let (go, release) = crossbeam_channel::bounded::<()>(1);
+        let waiting = thread::spawn(move || {
+            let g = lock
+                .try_lock_timeout(Duration::from_secs(30))
+                .unwrap()
+                .unwrap();
+            tx.send(g.fencing_token().unwrap()).unwrap();
+            release.recv().unwrap();
+            g.unlock().unwrap();
+        });
+        until_offered(&backend, "job");
+        Scene {
+            backend,
+            held,
+            first,
+            taken,
+            go,
+            waiting,
+        }
+    }
+
+    /// Lets the waiter release, and returns whether the lock is free afterwards.
+    fn end_parts(
+        backend: MemoryBackend,
+        go: crossbeam_channel::Sender<()>,
+        waiting: thread::JoinHandle<()>,
+    ) -> bool {
+        go.send(()).unwrap();
+        waiting.join().unwrap();
+        backend
+            .inspect(&LockName::new("job").unwrap())
+            .unwrap()
+            .is_none()
+    }
+}
+
 #[test]
 fn a_release_hands_the_lock_to_a_sleeping_waiter_without_its_own_attempt() {
-    let backend = MemoryBackend::new();
-    let shared = Arc::new(backend.clone());
-    let holder = LockClient::new(shared.clone());
-    let waiter = LockClient::new(shared);
-    let held = holder.get_lock("job").unwrap().lock().unwrap();
-    let first = held.fencing_token().unwrap();
-    let lock = waiter.get_lock("job").unwrap();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let (go, release) = crossbeam_channel::bounded::<()>(1);
-    let waiting = thread::spawn(move || {
-        let g = lock
-            .try_lock_timeout(Duration::from_secs(30))
-            .unwrap()
-            .unwrap();
-        tx.send(g.fencing_token().unwrap()).unwrap();
-        release.recv().unwrap();
-        g.unlock().unwrap();
-    });
-    until_offered(&backend, "job");
-    let calls = backend.faults().calls();
-    held.unlock().unwrap();
-    let second = rx
+    let scene = Scene::new();
+    let calls = scene.backend.faults().calls();
+    let first = scene.first;
+    scene.held.unlock().unwrap();
+    let second = scene
+        .taken
         .recv_timeout(Duration::from_secs(10))
         .expect("the waiter took it");
     assert_eq!(
-        backend.faults().calls() - calls,
+        scene.backend.faults().calls() - calls,
         1,
         "the release handed it over: the waiter sent nothing"
     );
     assert!(second > first, "token {second} after {first}");
-    go.send(()).unwrap();
-    waiting.join().unwrap();
-    assert_eq!(
-        backend.inspect(&LockName::new("job").unwrap()).unwrap(),
-        None
-    );
+    let Scene {
+        backend,
+        go,
+        waiting,
+        ..
+    } = scene;
+    assert!(Scene::end_parts(backend, go, waiting));
 }
 
 #[test]
 fn a_hand_over_whose_reply_was_lost_leaves_no_hold_nobody_owns() {
-    let backend = MemoryBackend::new();
-    let shared = Arc::new(backend.clone());
-    let holder = LockClient::new(shared.clone());
-    let waiter = LockClient::new(shared);
-    let held = holder.get_lock("job").unwrap().lock().unwrap();
-    let first = held.fencing_token().unwrap();
-    let lock = waiter.get_lock("job").unwrap();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let (go, release) = crossbeam_channel::bounded::<()>(1);
-    let waiting = thread::spawn(move || {
-        let g = lock
-            .try_lock_timeout(Duration::from_secs(30))
-            .unwrap()
-            .unwrap();
-        tx.send(g.fencing_token().unwrap()).unwrap();
-        release.recv().unwrap();
-        g.unlock().unwrap();
-    });
-    until_offered(&backend, "job");
+    let scene = Scene::new();
+    let first = scene.first;
     // The hand-over is applied and its reply lost: the releasing holder gets an error,
     // the waiter does not know whether its token holds the lock.
-    backend.faults().lose_replies(1);
-    assert!(held.unlock().is_err(), "the release's reply was lost");
-    let second = rx
+    scene.backend.faults().lose_replies(1);
+    assert!(scene.held.unlock().is_err(), "the release's reply was lost");
+    let second = scene
+        .taken
         .recv_timeout(Duration::from_secs(10))
         .expect("the waiter undid its token and took the lock afresh");
     assert!(second > first, "token {second} after {first}");
-    go.send(()).unwrap();
-    waiting.join().unwrap();
-    assert_eq!(
-        backend.inspect(&LockName::new("job").unwrap()).unwrap(),
-        None,
+    let Scene {
+        backend,
+        go,
+        waiting,
+        ..
+    } = scene;
+    assert!(
+        Scene::end_parts(backend, go, waiting),
         "the token the hand-over may have given is not left holding the lock"
     );
 }
