@@ -35,7 +35,7 @@ const USAGE: &str = "usage: dlm-bench [--quick | --smoke] [--no-peers] [--json F
 [--rounds N] [--elections] [--file]
 --file runs the file backend's bench alone (uncontended, 1 and 8 threads and 8 processes, against a minimal flock client of the same protocol, and the hand-over; --rounds N: 5 by default).
 --elections runs the election bench alone (hand-over and observe latency beside etcd's /v3/election; --rounds N: N of each, 200 by default).
---only SYSTEM runs the systems whose name contains SYSTEM (e.g. \"dlm\", \"semaphore\", \"minimal\", \"etcd\", \"postgres\").";
+--only SYSTEM[,SYSTEM...] runs the systems whose name contains one of them (e.g. \"dlm\", \"semaphore\", \"minimal\", \"etcd\", \"postgres\").";
 
 impl Opts {
     pub fn parse() -> Opts {
@@ -99,7 +99,7 @@ impl Opts {
     pub fn wants(&self, system: &str, scenario: &str) -> bool {
         self.only
             .as_ref()
-            .is_none_or(|o| system.contains(o.as_str()))
+            .is_none_or(|o| o.split(',').any(|o| system.contains(o)))
             && self.scenario.as_ref().is_none_or(|s| s == scenario)
     }
 

@@ -477,3 +477,80 @@ fn fenced_writes_through_the_backend_need_no_connection_of_their_own() {
     );
     drop(old);
 }
+
+/// The number of connections the server behind `probe` has accepted so far.
+fn connections_received(probe: &mut redis::Connection) -> u64 {
+    let stats: String = redis::cmd("INFO").arg("stats").query(probe).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO stats has total_connections_received")
+}
+
+/// Redlock reads each round's oldest request with a short read timeout, then looks at the
+/// others. Over TLS that timeout can come in the middle of a record: the connection must
+/// stay usable (rustls keeps what it read). With the first node stopped, a round is
+/// quick; once the node runs again, its one connection (whose reads timed out, then were
+/// finished by the drainer) serves the next rounds: the server accepts no new one.
+#[test]
+fn redlock_over_tls_keeps_a_connection_whose_read_timed_out() {
+    let cluster = common::MutualTlsCluster::new(3);
+    let io = Duration::from_millis(800);
+    let backend = Redlock::builder(&cluster.tls_urls())
+        .tls(cluster.tls_options())
+        .connect_timeout(Duration::from_secs(1))
+        .io_timeout(io)
+        .pool_size(1)
+        .build()
+        .unwrap();
+    let client = LockClient::new(backend);
+    let cycle = |what: &str| {
+        let lock = client.get_lock("redlock-tls-slice").unwrap();
+        let started = Instant::now();
+        let guard = lock
+            .try_lock()
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .unwrap_or_else(|| panic!("{what}: not acquired"));
+        guard.unlock().unwrap_or_else(|e| panic!("{what}: {e}"));
+        started.elapsed()
+    };
+    cycle("warm-up");
+    let first = cluster.nodes.get(0);
+    // One connection of the test's own (plain port), made before counting.
+    let mut probe = first.connection();
+    let before = connections_received(&mut probe);
+
+    first.pause();
+    let took = cycle("first node stopped");
+    assert!(
+        took < io / 2,
+        "a round with its first node stopped took {took:?} (I/O timeout {io:?})"
+    );
+    first.resume();
+
+    // The node takes part again, on the same connection.
+    common::wait_until(
+        Duration::from_secs(5),
+        "the first node in use again",
+        || {
+            let guard = client
+                .get_lock("redlock-tls-slice")
+                .unwrap()
+                .try_lock()
+                .unwrap()
+                .expect("free");
+            let held: bool = redis::cmd("EXISTS")
+                .arg("dlm:{redlock-tls-slice}")
+                .query(&mut probe)
+                .unwrap();
+            guard.unlock().unwrap();
+            held
+        },
+    );
+    assert_eq!(
+        connections_received(&mut probe) - before,
+        0,
+        "the backend opened a new connection to the first node"
+    );
+}

@@ -2,6 +2,7 @@
 //! their replies arrive.
 
 use std::ops::Range;
+use std::time::Duration;
 
 use redis::Script;
 
@@ -161,13 +162,40 @@ impl Call {
         con: &mut Wire,
         replies: &mut Vec<redis::Value>,
     ) -> redis::RedisResult<bool> {
+        self.receive_up_to(con, replies, None)
+    }
+
+    /// As [`receive_some`](Self::receive_some), but the read of the socket waits at most
+    /// `within`; `false` too when nothing came in that time (the connection stays usable).
+    pub(crate) fn receive_within(
+        &self,
+        con: &mut Wire,
+        replies: &mut Vec<redis::Value>,
+        within: Duration,
+    ) -> redis::RedisResult<bool> {
+        self.receive_up_to(con, replies, Some(within))
+    }
+
+    fn receive_up_to(
+        &self,
+        con: &mut Wire,
+        replies: &mut Vec<redis::Value>,
+        within: Option<Duration>,
+    ) -> redis::RedisResult<bool> {
         let mut read = false;
         while replies.len() < self.replies() {
             match con.try_receive()? {
                 Some(value) => replies.push(value),
                 None if read => return Ok(false),
                 None => {
-                    con.read_some()?;
+                    match within {
+                        None => con.read_some()?,
+                        Some(within) => {
+                            if !con.read_some_within(within)? {
+                                return Ok(false);
+                            }
+                        }
+                    }
                     read = true;
                 }
             }

@@ -35,6 +35,9 @@ use rustls::{ClientConnection, StreamOwned};
 const BUFFER: usize = 4096;
 /// ... and is put back to `BUFFER` after one beyond this.
 const BUFFER_KEPT: usize = 64 * 1024;
+/// The shortest wait of [`Wire::read_some_within`] (a read timeout of zero would mean
+/// none).
+const MIN_WAIT: Duration = Duration::from_micros(50);
 
 enum Stream {
     Tcp(TcpStream),
@@ -83,6 +86,14 @@ impl Stream {
         }
     }
 
+    fn set_read_timeout(&self, d: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(Some(d)),
+            Stream::Tls(s) => s.sock.set_read_timeout(Some(d)),
+            Stream::Unix(s) => s.set_read_timeout(Some(d)),
+        }
+    }
+
     fn set_timeouts(&self, io: Duration) -> io::Result<()> {
         let set = |s: &TcpStream| {
             s.set_read_timeout(Some(io))?;
@@ -115,6 +126,11 @@ pub(crate) struct Wire {
     open: bool,
     /// Replies owed to requests sent (see [`owed`](Wire::owed)).
     owed: usize,
+    /// The configured I/O timeout: how long a blocking read waits.
+    io: Duration,
+    /// The socket's read timeout now: `io`, or the bound of the last
+    /// [`read_some_within`](Wire::read_some_within) (set again only when it changes).
+    reading: Duration,
 }
 
 impl Wire {
@@ -186,6 +202,8 @@ impl Wire {
             db: info.redis_settings().db(),
             open: true,
             owed: 0,
+            io,
+            reading: io,
         };
         match wire.hello(info) {
             // A plain connection dropped at its first request: a TLS port says nothing
@@ -338,6 +356,34 @@ impl Wire {
         self.fill().inspect_err(|_| self.open = false)
     }
 
+    /// Reads what the socket has, waiting at most `within` (at least [`MIN_WAIT`]):
+    /// `false` when nothing came in that time, and the connection stays usable (a read
+    /// timeout consumes nothing; rustls keeps a partial record). Redlock's fan-out reads
+    /// its oldest unanswered request so. An error closes the connection.
+    pub(crate) fn read_some_within(&mut self, within: Duration) -> RedisResult<bool> {
+        self.check_open()?;
+        let within = within.max(MIN_WAIT);
+        let first = self.set_reading(within).and_then(|()| self.read_once());
+        match first {
+            Ok(()) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(false);
+            }
+            Err(e) => {
+                self.open = false;
+                return Err(io_error(e));
+            }
+        }
+        self.drain_buffered()
+            .inspect_err(|_| self.open = false)
+            .map(|()| true)
+    }
+
     /// For pub/sub: the next message, or `None` when the read timeout passed with nothing
     /// new (the connection stays open: a quiet channel is not a failure).
     pub(crate) fn next_message(&mut self) -> RedisResult<Option<Value>> {
@@ -379,19 +425,36 @@ impl Wire {
 
     /// Reads more bytes (at least one; for TLS, also every decrypted byte rustls holds).
     fn fill(&mut self) -> RedisResult<()> {
-        self.read_once()?;
+        self.set_reading(self.io)
+            .and_then(|()| self.read_once())
+            .map_err(io_error)?;
+        self.drain_buffered()
+    }
+
+    /// Takes every decrypted byte rustls holds (none for a plain stream): those reads
+    /// never wait.
+    fn drain_buffered(&mut self) -> RedisResult<()> {
         loop {
             let buffered = self.stream.buffered().map_err(io_error)?;
             if buffered == 0 {
                 return Ok(());
             }
             self.room(buffered);
-            self.read_once()?;
+            self.read_once().map_err(io_error)?;
         }
     }
 
+    /// Sets the socket's read timeout to `d` unless it is that already.
+    fn set_reading(&mut self, d: Duration) -> io::Result<()> {
+        if self.reading != d {
+            self.stream.set_read_timeout(d)?;
+            self.reading = d;
+        }
+        Ok(())
+    }
+
     /// One read from the stream, making room first.
-    fn read_once(&mut self) -> RedisResult<()> {
+    fn read_once(&mut self) -> io::Result<()> {
         self.room(1);
         loop {
             match self.stream.read(&mut self.buf[self.end..]) {
@@ -399,15 +462,14 @@ impl Wire {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "the server closed the connection",
-                    )
-                    .into());
+                    ));
                 }
                 Ok(n) => {
                     self.end += n;
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_error(e)),
+                Err(e) => return Err(e),
             }
         }
     }
