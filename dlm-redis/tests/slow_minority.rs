@@ -93,7 +93,7 @@ fn stopped_node_of_five(stopped: usize) {
     let paused = p50_cycle(&c);
     let stopped_node = cluster.nodes.get(stopped);
     eprintln!(
-        "p50 lock + unlock, 5 nodes: healthy {healthy:?}, node {stopped} stopped {paused:?} ({:.2}x)",
+        "p50 lock + unlock, 5 nodes: healthy {healthy:?}, node {stopped} stopped {paused:?} ({:.2}x; the first cycle after the stop {first:?})",
         paused.as_secs_f64() / healthy.as_secs_f64()
     );
     assert!(

@@ -2,13 +2,13 @@
 //! answer as soon as the outcome is decided.
 //!
 //! - The calling thread writes every request on an idle pooled connection and reads the
-//!   replies: the oldest request's first, with a read that waits a short slice at most,
-//!   then (when that one has not answered) whatever else is ready, by a zero-timeout
-//!   `poll`. A healthy round so costs no thread hand-off and about one wake-up. A node
-//!   without an idle connection is connected by its worker thread (which then sends the
-//!   request and hands the connection back through a channel and an eventfd that a
-//!   `poll` on the sockets watches while any worker has not delivered), so one slow
-//!   connect does not hold up the others.
+//!   replies: the oldest request's first, with a read that waits a short slice at most;
+//!   when that one has not answered, whatever else is ready (a zero-timeout `poll`), and
+//!   from then on a `poll` on every socket. A healthy round so costs no thread hand-off
+//!   and about one wake-up. A node without an idle connection is connected by its worker
+//!   thread (which then sends the request and hands the connection back through a
+//!   channel and an eventfd that a `poll` on the sockets watches while any worker has not
+//!   delivered), so one slow connect does not hold up the others.
 //! - The caller stops waiting when the operation's `decided` test says the outcome is
 //!   known (a quorum acquired, a quorum impossible, ...), after a short grace for the
 //!   replies still on their way from healthy nodes (as long as the first reply took, at
@@ -51,7 +51,9 @@ use crate::protocol::Call;
 const GRACE: Duration = Duration::from_millis(5);
 
 /// The longest a round waits for its oldest unanswered request before it looks at the
-/// others (see `Fanout::call_all`).
+/// others, and waits on all of them (see `Fanout::call_all`). A socket read timeout: the
+/// kernel rounds it up to its timer tick (measured 7-12 ms here), so a round spends it
+/// once at most.
 const SLICE: Duration = Duration::from_millis(1);
 
 type Conn = Pooled;
@@ -240,6 +242,10 @@ impl Fanout {
         let mut first: Option<Duration> = None;
         let mut stop_at = deadline;
         let mut settled = false;
+        // Whether the read of the oldest request waited its slice in vain: from then on
+        // the round waits with a `poll` on every socket (its timeout is exact; the read
+        // timeout's is rounded up to the kernel's timer tick).
+        let mut slice_spent = false;
         loop {
             if !settled && decided(&replies) {
                 settled = true;
@@ -255,8 +261,11 @@ impl Fanout {
             }
             let mut outcomes: Vec<(usize, redis::RedisResult<redis::Value>)> = Vec::new();
             let connecting = pickup.as_ref().is_some_and(|p| !p.connecting.is_empty());
-            let ready = if connecting {
-                // A connect worker may deliver: the sockets and its wake-up fd at once.
+            // When the replies read now came in is not known (after a slice spent in vain).
+            let mut arrival_unknown = false;
+            let ready = if connecting || slice_spent || stop_at - now < SLICE {
+                // All the sockets (and, while a connect worker may deliver, its wake-up
+                // fd) at once.
                 let wake = pickup.as_ref().map(|p| p.wake.as_ref());
                 let (ready, woken) = wait(&flying, wake, stop_at - now);
                 if woken && let Some(p) = &mut pickup {
@@ -269,16 +278,20 @@ impl Fanout {
                 // went out, so a read that waits for the oldest sleeps once where a
                 // `poll` on all of them wakes for each reply (a wake-up is the largest
                 // client cost of a round on a loaded machine), and the next oldest is
-                // then usually in already. The read waits `SLICE` at most; when nothing
-                // came, the others are looked at without waiting, so a stopped node
-                // holds up the decision by `SLICE`, not by its timeout.
+                // then usually in already. The read waits `SLICE` at most (rounded up to
+                // a timer tick: 4-10 ms); when nothing came, the others are looked at
+                // without waiting and the round goes on with `poll`, so a stopped node
+                // holds up the decision by a tick once, not by its timeout.
                 let f = &mut flying[0];
-                let within = SLICE.min(stop_at - now);
                 match f
                     .call
-                    .receive_within(&mut f.conn.con, &mut f.replies, within)
+                    .receive_within(&mut f.conn.con, &mut f.replies, SLICE)
                 {
-                    Ok(false) => wait(&flying, None, Duration::ZERO).0,
+                    Ok(false) => {
+                        slice_spent = true;
+                        arrival_unknown = true;
+                        wait(&flying, None, Duration::ZERO).0
+                    }
                     Ok(true) => {
                         let read = std::mem::take(&mut f.replies);
                         outcomes.push((0, f.call.finish(&mut f.conn.con, read)));
@@ -299,10 +312,9 @@ impl Fanout {
                 let f = &mut flying[k];
                 // Ready: the read does not wait (bounded all the same, which keeps the
                 // socket's read timeout as the oldest request's read left it).
-                let within = SLICE.min(stop_at.saturating_duration_since(Instant::now()));
                 let outcome = match f
                     .call
-                    .receive_within(&mut f.conn.con, &mut f.replies, within)
+                    .receive_within(&mut f.conn.con, &mut f.replies, SLICE)
                 {
                     Ok(false) => continue,
                     Ok(true) => {
@@ -316,7 +328,15 @@ impl Fanout {
             // In decreasing `k` (the oldest request's alone, or those read above):
             // removing from the highest keeps the indices of the others.
             for (k, outcome) in outcomes {
-                first.get_or_insert_with(|| started.elapsed());
+                // The grace after the decision lasts as long as the first reply took (at
+                // least `GRACE`): a reply found after a spent slice counts as a slice's.
+                first.get_or_insert_with(|| {
+                    if arrival_unknown {
+                        SLICE
+                    } else {
+                        started.elapsed()
+                    }
+                });
                 let InFlight {
                     i, mut conn, call, ..
                 } = flying.remove(k);

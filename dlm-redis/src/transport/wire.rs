@@ -356,7 +356,8 @@ impl Wire {
         self.fill().inspect_err(|_| self.open = false)
     }
 
-    /// Reads what the socket has, waiting at most `within` (at least [`MIN_WAIT`]):
+    /// Reads what the socket has, waiting at most `within` (at least [`MIN_WAIT`]; a
+    /// socket read timeout, which the kernel rounds up to its timer tick):
     /// `false` when nothing came in that time, and the connection stays usable (a read
     /// timeout consumes nothing; rustls keeps a partial record). Redlock's fan-out reads
     /// its oldest unanswered request so. An error closes the connection.
@@ -367,10 +368,9 @@ impl Wire {
         match first {
             Ok(()) => {}
             Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
+                // The read timeout (EAGAIN). `TimedOut` (ETIMEDOUT) is TCP giving up on
+                // the connection: an error like any other.
+                if e.kind() == io::ErrorKind::WouldBlock =>
             {
                 return Ok(false);
             }
