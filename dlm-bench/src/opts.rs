@@ -31,7 +31,7 @@ pub struct Opts {
 }
 
 const USAGE: &str = "usage: dlm-bench [--quick | --smoke] [--no-peers] [--json FILE] [--svg FILE] \
-[--only SYSTEM] [--scenario uncontended|contended|contended-8|handoff|paused-minority|fenced-use|fenced-new-names] [--nodes 1|5] \
+[--only SYSTEM] [--scenario uncontended|contended|contended-8|handoff|paused-minority|fenced-use|fenced-new-names|fenced-new-names-warm] [--nodes 1|5] \
 [--rounds N] [--elections] [--file]
 --file runs the file backend's bench alone (uncontended, 1 and 8 threads and 8 processes, against a minimal flock client of the same protocol, and the hand-over; --rounds N: 5 by default).
 --elections runs the election bench alone (hand-over and observe latency beside etcd's /v3/election; --rounds N: N of each, 200 by default).

@@ -70,9 +70,12 @@ pub enum Scenario {
         threads: usize,
     },
     /// `fenced-use` with a new name every cycle (a lock per entity: `order-123`), written
-    /// to a fresh resource each time.
+    /// to a fresh resource each time. `warm`: on servers whose fencing streams (one per
+    /// hash slot) all exist already, as after some 100,000 holds of new names; otherwise
+    /// most holds are the first of their slot.
     FencedNewNames {
         threads: usize,
+        warm: bool,
     },
 }
 
@@ -88,7 +91,8 @@ impl Scenario {
             Scenario::Contended { pause: Some(_), .. } => "handoff",
             Scenario::PausedMinority => "paused-minority",
             Scenario::FencedUse { .. } => "fenced-use",
-            Scenario::FencedNewNames { .. } => "fenced-new-names",
+            Scenario::FencedNewNames { warm: false, .. } => "fenced-new-names",
+            Scenario::FencedNewNames { warm: true, .. } => "fenced-new-names-warm",
         }
     }
 
@@ -97,7 +101,7 @@ impl Scenario {
             Scenario::Uncontended { threads } => threads,
             Scenario::Contended { threads, .. } => threads,
             Scenario::PausedMinority => 1,
-            Scenario::FencedUse { threads } | Scenario::FencedNewNames { threads } => threads,
+            Scenario::FencedUse { threads } | Scenario::FencedNewNames { threads, .. } => threads,
         }
     }
 
@@ -111,7 +115,7 @@ impl Scenario {
             Scenario::FencedUse { threads } => {
                 uncontended(system, threads, Fenced::OneName, run_for, tally)
             }
-            Scenario::FencedNewNames { threads } => {
+            Scenario::FencedNewNames { threads, .. } => {
                 uncontended(system, threads, Fenced::NewNames, run_for, tally)
             }
             Scenario::Contended { pause, threads } => {

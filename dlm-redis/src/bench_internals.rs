@@ -54,3 +54,11 @@ impl Connection {
         self.0.receive()
     }
 }
+
+/// The key of every hash slot's fencing stream under `prefix` (`prefix:fence:{tag}`):
+/// dlm-bench makes them all, as a server that has served locks of many names has them.
+pub fn fencing_stream_keys(prefix: &str) -> Vec<String> {
+    (0..crate::slot::SLOTS)
+        .map(|slot| format!("{prefix}:fence:{{{}}}", crate::slot::tag(slot as u16)))
+        .collect()
+}
