@@ -372,6 +372,74 @@ fn a_release_hands_the_lock_to_a_waiting_thread_of_its_process_in_one_request() 
     assert!(!exists, "released");
 }
 
+/// Redlock never hands a lock over in its release (a hand-over on one node would not be
+/// one on a quorum): with a thread of the same process asleep on the lock, the release
+/// deletes the key on every node and announces it, and the waiter takes the lock with an
+/// acquisition of its own.
+#[test]
+fn a_redlock_release_lets_the_lock_go_free_even_with_a_waiter_of_its_process() {
+    let cluster = common::Cluster::new(3);
+    let backend = std::sync::Arc::new(
+        dlm_redis::Redlock::builder(&cluster.nodes.urls())
+            .io_timeout(common::CALM)
+            .connect_timeout(common::CALM)
+            .build()
+            .unwrap(),
+    );
+    let name = "not-handed";
+    let key = "dlm:{not-handed}";
+    let (holder, waiter) = (
+        LockClient::new(backend.clone()),
+        LockClient::new(backend.clone()),
+    );
+    let held = holder.get_lock(name).unwrap().lock().unwrap();
+    let lock = waiter.get_lock(name).unwrap();
+    let (taken_tx, taken) = crossbeam_channel::bounded(1);
+    let (done_tx, done) = crossbeam_channel::bounded::<()>(1);
+    let waiting = std::thread::spawn(move || {
+        let g = lock.lock().unwrap();
+        taken_tx.send(()).unwrap();
+        done.recv().unwrap();
+        g.unlock().unwrap();
+    });
+    // The waiter has tried and marked the key on every node: it waits.
+    common::wait_until(
+        std::time::Duration::from_secs(10),
+        "the waiter's mark",
+        || {
+            cluster.nodes.iter().all(|server| {
+                let value: Option<String> = redis::cmd("GET")
+                    .arg(key)
+                    .query(&mut server.connection())
+                    .unwrap();
+                value.is_some_and(|v| v.ends_with('~'))
+            })
+        },
+    );
+    for server in cluster.nodes.iter() {
+        reset(server);
+    }
+    held.unlock().unwrap();
+    taken
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the waiter holds the lock");
+    for (i, server) in cluster.nodes.iter().enumerate() {
+        let calls = command_calls(server);
+        // At least once: a failed attempt of the waiter's (a race with the release on
+        // another node) is undone with a release of its own.
+        assert!(
+            calls.get("del").copied().unwrap_or(0) >= 1,
+            "node {i}: the release deleted the key: {calls:?}"
+        );
+        assert!(
+            calls.get("publish").copied().unwrap_or(0) >= 1,
+            "node {i}: and announced it: {calls:?}"
+        );
+    }
+    done_tx.send(()).unwrap();
+    waiting.join().unwrap();
+}
+
 #[test]
 fn the_counters_this_test_reads_do_move() {
     // A negative control for the checks above: a direct SET is counted, a new connection
