@@ -583,10 +583,10 @@ fn wait_for_replica(replica: &RedisServer) {
 }
 
 /// Makes the fencing stream of every hash slot on each of `servers` (an ID from the
-/// server's clock, the 24 h expiry dlm gives it), as on servers that have served holds of
+/// server's clock, the expiry dlm gives it), as on servers that have served holds of
 /// some 100,000 names: the state the `fenced-new-names-warm` scenario starts from.
 fn warm_fencing_streams(servers: &[&RedisServer]) {
-    let keys = dlm_redis::bench_internals::fencing_stream_keys("dlm");
+    let (keys, ttl) = dlm_redis::bench_internals::fencing_streams();
     for server in servers {
         let mut con = server.connection();
         for chunk in keys.chunks(1024) {
@@ -602,7 +602,7 @@ fn warm_fencing_streams(servers: &[&RedisServer]) {
                     .ignore()
                     .cmd("PEXPIRE")
                     .arg(key)
-                    .arg(24 * 3600 * 1000)
+                    .arg(ttl.as_millis() as u64)
                     .ignore();
             }
             pipe.query::<()>(&mut con)

@@ -55,10 +55,16 @@ impl Connection {
     }
 }
 
-/// The key of every hash slot's fencing stream under `prefix` (`prefix:fence:{tag}`):
-/// dlm-bench makes them all, as a server that has served locks of many names has them.
-pub fn fencing_stream_keys(prefix: &str) -> Vec<String> {
-    (0..crate::slot::SLOTS)
-        .map(|slot| format!("{prefix}:fence:{{{}}}", crate::slot::tag(slot as u16)))
-        .collect()
+/// The key of every hash slot's fencing stream under the default prefix
+/// (`dlm:fence:{tag}`), and how long dlm keeps one after its last draw: dlm-bench makes
+/// them all, as a server that has served locks of many names has them.
+pub fn fencing_streams() -> (Vec<String>, Duration) {
+    let keys = crate::protocol::Keys::new(
+        crate::options::Options::single().prefix,
+        crate::options::DEFAULT_FENCE_TTL,
+    );
+    let keys = (0..crate::slot::SLOTS)
+        .map(|slot| keys.fence_of_slot(slot as u16))
+        .collect();
+    (keys, crate::options::DEFAULT_FENCE_TTL)
 }

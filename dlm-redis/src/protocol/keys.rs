@@ -52,11 +52,12 @@ impl Keys {
 
     /// `prefix:fence:{tag}`: the fencing stream of `name`'s slot.
     pub(crate) fn fence(&self, name: &LockName) -> String {
-        format!(
-            "{}:fence:{{{}}}",
-            self.prefix,
-            crate::slot::tag(self.slot(name))
-        )
+        self.fence_of_slot(self.slot(name))
+    }
+
+    /// `prefix:fence:{tag}`: the fencing stream of hash slot `slot`.
+    pub(crate) fn fence_of_slot(&self, slot: u16) -> String {
+        format!("{}:fence:{{{}}}", self.prefix, crate::slot::tag(slot))
     }
 
     /// Writes the fencing stream's key of `name` as one argument.

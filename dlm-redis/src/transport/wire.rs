@@ -95,17 +95,11 @@ impl Stream {
     }
 
     fn set_timeouts(&self, io: Duration) -> io::Result<()> {
-        let set = |s: &TcpStream| {
-            s.set_read_timeout(Some(io))?;
-            s.set_write_timeout(Some(io))
-        };
+        self.set_read_timeout(io)?;
         match self {
-            Stream::Tcp(s) => set(s),
-            Stream::Tls(s) => set(&s.sock),
-            Stream::Unix(s) => {
-                s.set_read_timeout(Some(io))?;
-                s.set_write_timeout(Some(io))
-            }
+            Stream::Tcp(s) => s.set_write_timeout(Some(io)),
+            Stream::Tls(s) => s.sock.set_write_timeout(Some(io)),
+            Stream::Unix(s) => s.set_write_timeout(Some(io)),
         }
     }
 }
