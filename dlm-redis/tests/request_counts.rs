@@ -232,6 +232,67 @@ fn redlock_reading_the_token_every_cycle_costs_two_requests_per_node() {
     check(&client, &servers, Fence::Read, CYCLES / 20);
 }
 
+/// A proposal never creates a fencing stream, so the first hold of a hash slot commits
+/// its token in a round of its own; once the slot's stream exists, the proposal is taken
+/// and the token costs nothing more (what `fenced-new-names` and `-warm` measure).
+#[test]
+fn redlock_commits_a_token_in_a_round_of_its_own_only_on_a_slots_first_hold() {
+    let cluster = common::Cluster::new(3);
+    let redlock = cluster.redlock();
+    // Two names of one slot (the part before the first `}` is the hash tag).
+    let (first, second) = ("slot-probe}1", "slot-probe}2");
+    let stream = redlock.keys(first).unwrap().fencing_stream;
+    assert_eq!(stream, redlock.keys(second).unwrap().fencing_stream);
+    let client = LockClient::new(redlock);
+    let exists = |server: &RedisServer| -> bool {
+        redis::cmd("EXISTS")
+            .arg(&stream)
+            .query(&mut server.connection())
+            .unwrap()
+    };
+    // Another slot first: the client has a proposal, predicts a read, and every script
+    // is loaded.
+    for _ in 0..2 {
+        let guard = client.get_lock("elsewhere").unwrap().lock().unwrap();
+        guard.fencing_token().unwrap();
+        guard.unlock().unwrap();
+    }
+    assert!(
+        cluster.nodes.iter().all(|s| !exists(s)),
+        "the probe's slot has no stream yet"
+    );
+    let scripts = |name: &str| -> u64 {
+        for server in cluster.nodes.iter() {
+            reset(server);
+        }
+        let guard = client.get_lock(name).unwrap().lock().unwrap();
+        guard.fencing_token().unwrap();
+        guard.unlock().unwrap();
+        cluster
+            .nodes
+            .iter()
+            .map(|s| command_calls(s).get("evalsha").copied().unwrap_or(0))
+            .sum()
+    };
+    // Acquisition and release on each of three nodes, and a commit on at least a quorum.
+    let on_first = scripts(first);
+    assert!(
+        on_first >= 6 + 2,
+        "the first hold of the slot: {on_first} scripts"
+    );
+    assert!(
+        cluster.nodes.iter().all(exists),
+        "the slot's stream exists now"
+    );
+    // At most one more: a node that answered late, released in the background.
+    let on_second = scripts(second);
+    eprintln!("scripts run on three nodes: first hold of the slot {on_first}, second {on_second}");
+    assert!(
+        on_second <= 6 + 1,
+        "a later hold of the slot: {on_second} scripts"
+    );
+}
+
 #[test]
 fn redlock_drawing_the_token_when_read_costs_one_more_request_per_node() {
     let cluster = common::Cluster::new(3);
