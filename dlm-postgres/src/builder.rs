@@ -163,7 +163,7 @@ impl PostgresBackendBuilder {
         PostgresBackend::from_resolved(self.resolve()?)
     }
 
-    fn resolve(mut self) -> Result<Resolved, InvalidArgument> {
+    pub(crate) fn resolve(mut self) -> Result<Resolved, InvalidArgument> {
         let listen = match self.listen_url.take() {
             Some(listen_url) => Some(
                 PostgresBackendBuilder {
@@ -199,6 +199,21 @@ impl PostgresBackendBuilder {
         })?;
         if config.get_hosts().is_empty() {
             config.host("localhost");
+        }
+        let hosts = config.get_hosts().len();
+        let ports = config.get_ports().len();
+        if ports > 1 && ports != hosts {
+            return Err(InvalidArgument::new(
+                "url",
+                format!("{ports} ports for {hosts} hosts: give one port, or one per host"),
+            ));
+        }
+        let addrs = config.get_hostaddrs().len();
+        if addrs > 0 && addrs != hosts {
+            return Err(InvalidArgument::new(
+                "url",
+                format!("{addrs} hostaddr values for {hosts} hosts: give one per host"),
+            ));
         }
         let mut servers = Vec::new();
         for (i, host) in config.get_hosts().iter().enumerate() {
