@@ -66,6 +66,11 @@ pub struct PostgresBackend {
     pub(crate) hints: Hints,
     /// When the last sweep was made, in ms since `born`.
     swept: AtomicU64,
+    /// The durable mark as `keep_mark` last answered it, and the epoch it was answered
+    /// in: a grant of that epoch whose lease ends no later is covered without asking. The
+    /// mark only goes up on a server; another server (a failover, a proxy that moved, a
+    /// schema made again) has another epoch, so nothing learned on one covers the other.
+    mark: parking_lot::Mutex<Mark>,
     born: Instant,
 }
 
@@ -75,6 +80,35 @@ impl fmt::Debug for PostgresBackend {
             .field("pool", &self.pool)
             .field("schema", &self.schema.name())
             .finish_non_exhaustive()
+    }
+}
+
+/// The durable mark known for an epoch, both in whole microseconds since 1970 on the
+/// server's clock (the epoch's start exactly, the mark rounded down).
+#[derive(Clone, Copy)]
+pub(crate) struct Mark {
+    epoch: i64,
+    until: i64,
+}
+
+impl Mark {
+    const UNKNOWN: Mark = Mark {
+        epoch: i64::MIN,
+        until: i64::MIN,
+    };
+
+    /// Whether a lease of `epoch` ending at `ends` (rounded up) is covered.
+    fn covers(self, epoch: i64, ends: i64) -> bool {
+        self.epoch == epoch && ends <= self.until
+    }
+
+    /// `keep_mark` answered `until` in `epoch`.
+    fn learned(&mut self, epoch: i64, until: i64) {
+        if self.epoch == epoch {
+            self.until = self.until.max(until);
+        } else {
+            *self = Mark { epoch, until };
+        }
     }
 }
 
@@ -109,6 +143,7 @@ impl PostgresBackend {
             drift_factor: r.drift_factor,
             hints,
             swept: AtomicU64::new(0),
+            mark: parking_lot::Mutex::new(Mark::UNKNOWN),
             born: Instant::now(),
         })
     }
@@ -190,8 +225,8 @@ impl PostgresBackend {
     }
 
     /// One attempt at the mutex: the one statement that inserts or takes the name's row
-    /// (and, when its lease outlasts the durable mark, the mark raised before the grant
-    /// is answered), else `acquire_slow` (a new epoch, or held: when to look again).
+    /// (and, when its lease may outlast the durable mark as last learned, the mark raised
+    /// before the grant is answered), else `acquire_slow` (a new epoch, or held: when to look again).
     fn acquire_mutex(
         &self,
         name: &LockName,
@@ -215,16 +250,26 @@ impl PostgresBackend {
                 let rows = c.query(&s.acquire, params, t)?;
                 if let Some(row) = rows.first() {
                     let fence: i64 = row.get(0);
-                    let outlasts_mark: Option<bool> = row.get(1);
-                    if outlasts_mark != Some(false) {
+                    let ends: Option<i64> = row.get(1);
+                    let epoch: Option<i64> = row.get(2);
+                    let covered = ends
+                        .zip(epoch)
+                        .is_some_and(|(ends, epoch)| self.mark.lock().covers(epoch, ends));
+                    if !covered {
                         // The grant is made: a failure now is the grant's, which the
                         // front undoes (the error must not say "never sent").
-                        c.query(&s.keep, &[(&ms, Type::INT8)], t).map_err(|e| {
+                        let rows = c.query(&s.keep, &[(&ms, Type::INT8)], t).map_err(|e| {
                             BackendError::new(
                                 e.kind(),
                                 format!("the grant's durable mark: {}", e.message()),
                             )
                         })?;
+                        let until = rows
+                            .first()
+                            .and_then(|r| r.try_get::<_, Option<i64>>(0).ok().flatten());
+                        if let (Some(epoch), Some(until)) = (epoch, until) {
+                            self.mark.lock().learned(epoch, until);
+                        }
                     }
                     return Ok(Acquire::Acquired(
                         self.lease_from(start, ttl)?.with_fence(token(fence)),
@@ -488,5 +533,28 @@ impl LockBackend for PostgresBackend {
 
     fn inspect_group(&self, name: &LockName, claim: Claim) -> Result<Holders, BackendError> {
         self.group_inspect(name, claim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mark;
+
+    #[test]
+    fn a_mark_covers_leases_of_its_own_epoch_only() {
+        let mut mark = Mark::UNKNOWN;
+        assert!(!mark.covers(5, 0));
+        mark.learned(5, 100);
+        assert!(mark.covers(5, 100));
+        assert!(!mark.covers(5, 101));
+        assert!(!mark.covers(6, 10), "another epoch's mark covers nothing");
+        // It only goes up within an epoch (a slower answer comes late)...
+        mark.learned(5, 90);
+        assert!(mark.covers(5, 100));
+        // ...and is replaced by another epoch's, even a lower one.
+        mark.learned(6, 50);
+        assert!(mark.covers(6, 50));
+        assert!(!mark.covers(6, 51));
+        assert!(!mark.covers(5, 60));
     }
 }

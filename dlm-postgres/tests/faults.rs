@@ -335,3 +335,27 @@ fn concurrent_openings_of_an_epoch_never_set_tokens_back() {
         }
     }
 }
+
+/// The durable mark a backend learned covers later grants of the same epoch only. Here the
+/// server behind the backend's connections changes as it would behind a proxy after a
+/// failover to an asynchronous standby: its mark is lower and its epoch new (made by hand:
+/// the mark set back, the epoch row deleted). The next grant raises the mark on that
+/// server before it is answered, so a crash there would hold the lock back.
+#[test]
+fn a_grant_in_another_epoch_raises_that_epochs_durable_mark() {
+    let server = PostgresServer::spawn();
+    let c = client(&server.url(), Duration::from_secs(30));
+    let covered = "SELECT (SELECT held_until FROM dlm.settings) >= \
+                   (SELECT max(expires) FROM dlm.locks WHERE owner <> '')";
+    let first = c.get_lock("first").unwrap().lock().unwrap();
+    assert_eq!(server.psql(covered), "t");
+    server.psql("UPDATE dlm.settings SET held_until = clock_timestamp() - interval '1 s'");
+    server.psql("DELETE FROM dlm.epoch");
+    let second = c.get_lock("second").unwrap().lock().unwrap();
+    assert_eq!(
+        server.psql(covered),
+        "t",
+        "a lease of the new epoch outlasts its server's durable mark"
+    );
+    drop((first, second));
+}
