@@ -163,7 +163,7 @@ impl PostgresBackendBuilder {
         PostgresBackend::from_resolved(self.resolve()?)
     }
 
-    pub(crate) fn resolve(mut self) -> Result<Resolved, InvalidArgument> {
+    fn resolve(mut self) -> Result<Resolved, InvalidArgument> {
         let listen = match self.listen_url.take() {
             Some(listen_url) => Some(
                 PostgresBackendBuilder {

@@ -99,3 +99,77 @@ fn thread_names() -> Vec<String> {
         .map(|n| n.trim().to_owned())
         .collect()
 }
+
+/// A reply that takes many reads (64 holders, each with a label of 256 bytes: some 20 KB,
+/// where the connection reads at most 4 KB at once) comes back whole, and the connection
+/// goes on serving requests.
+#[test]
+fn a_reply_of_many_reads_arrives_whole() {
+    const PERMITS: u32 = 64;
+    let server = PostgresServer::spawn();
+    let b = Arc::new(backend(&server, "large", 1));
+    let guards: Vec<_> = (0..PERMITS)
+        .map(|i| {
+            let label = format!("{i:0>256}");
+            let client = LockClient::builder(b.clone()).label(label).build().unwrap();
+            client
+                .get_semaphore("many", PERMITS)
+                .unwrap()
+                .try_acquire()
+                .unwrap()
+                .expect("a permit is free")
+        })
+        .collect();
+    let client = LockClient::new(b.clone());
+    let holders = client
+        .get_semaphore("many", PERMITS)
+        .unwrap()
+        .inspect()
+        .unwrap();
+    let mut labels: Vec<String> = holders
+        .holders
+        .iter()
+        .filter_map(|h| h.label.clone())
+        .collect();
+    labels.sort();
+    let expected: Vec<String> = (0..PERMITS).map(|i| format!("{i:0>256}")).collect();
+    assert_eq!(labels, expected);
+    drop(guards);
+    assert_eq!(
+        client
+            .get_semaphore("many", PERMITS)
+            .unwrap()
+            .holders()
+            .unwrap(),
+        0
+    );
+}
+
+/// A connection the server closed while it was idle (an administrator's
+/// `pg_terminate_backend`) is found closed before it is lent again: the next request goes
+/// out on a new connection and succeeds.
+#[test]
+fn an_idle_connection_the_server_closed_is_not_lent_again() {
+    let server = PostgresServer::spawn();
+    let client = LockClient::new(backend(&server, "closed", 1));
+    let lock = client.get_lock("after-close").unwrap();
+    drop(lock.try_lock().unwrap().expect("free"));
+    assert_eq!(connections(&server, "closed"), 1);
+    server.psql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'closed'",
+    );
+    // Until the server's session is gone, its goodbye may not have reached the socket.
+    let until = Instant::now() + Duration::from_secs(10);
+    while connections(&server, "closed") > 0 {
+        assert!(Instant::now() < until, "the session did not end");
+        thread::sleep(Duration::from_millis(10));
+    }
+    // Idle past the 50 ms after which a connection is looked at before it is lent.
+    thread::sleep(Duration::from_millis(60));
+    let guard = lock
+        .try_lock()
+        .expect("the closed connection was lent and failed the request")
+        .expect("free");
+    drop(guard);
+}
