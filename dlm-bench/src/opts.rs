@@ -35,7 +35,7 @@ const USAGE: &str = "usage: dlm-bench [--quick | --smoke] [--no-peers] [--json F
 [--rounds N] [--elections] [--file]
 --file runs the file backend's bench alone (uncontended, 1 and 8 threads and 8 processes, against a minimal flock client of the same protocol, and the hand-over; --rounds N: 5 by default).
 --elections runs the election bench alone (hand-over and observe latency beside etcd's /v3/election; --rounds N: N of each, 200 by default).
---only SYSTEM[,SYSTEM...] runs the systems whose name contains one of them (e.g. \"dlm\", \"semaphore\", \"minimal\", \"etcd\", \"postgres\").";
+--only SYSTEM[,SYSTEM...] runs the systems whose name contains one of them (e.g. \"dlm\", \"semaphore\", \"minimal\", \"etcd\", \"postgres\"), or is =NAME exactly (\"=dlm\").";
 
 impl Opts {
     pub fn parse() -> Opts {
@@ -97,10 +97,12 @@ impl Opts {
     }
 
     pub fn wants(&self, system: &str, scenario: &str) -> bool {
-        self.only
-            .as_ref()
-            .is_none_or(|o| o.split(',').any(|o| system.contains(o)))
-            && self.scenario.as_ref().is_none_or(|s| s == scenario)
+        self.only.as_ref().is_none_or(|o| {
+            o.split(',').any(|o| match o.strip_prefix('=') {
+                Some(exact) => system == exact,
+                None => system.contains(o),
+            })
+        }) && self.scenario.as_ref().is_none_or(|s| s == scenario)
     }
 
     /// The election bench's rounds: `--rounds`, else 200 (20 with --smoke).
