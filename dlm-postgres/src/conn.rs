@@ -691,7 +691,8 @@ pub(crate) enum Failure {
     Session(&'static str),
 }
 
-/// `future`, bounded by `timeout`.
+/// `future`, bounded by `timeout`, on a `tokio` runtime (the listening connection's: see
+/// `hints.rs`; requests run in `Io::run`).
 pub(crate) async fn within<T>(
     timeout: Duration,
     future: impl Future<Output = Result<T, tokio_postgres::Error>>,

@@ -4,8 +4,9 @@
 //! as rows of unlogged tables that expire on the server's clock, fencing tokens from a
 //! sequence that never goes back (across `kill -9`, restarts and a standby's promotion),
 //! and wake-ups by `LISTEN`/`NOTIFY`. Every kind of hold: locks, semaphores, read-write
-//! locks. Blocking: the connections run on private runtimes, nothing async reaches the
-//! API.
+//! locks. Blocking: a request runs on the calling thread, over a socket of dlm's own,
+//! bounded by its deadline; only the one listening connection (wake-ups) has a runtime
+//! and a thread of its own. Nothing async reaches the API.
 //!
 //! ```no_run
 //! use dlm_core::{Lock, LockClient};
