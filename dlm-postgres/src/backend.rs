@@ -264,10 +264,16 @@ impl PostgresBackend {
                                 format!("the grant's durable mark: {}", e.message()),
                             )
                         })?;
-                        let until = rows
-                            .first()
-                            .and_then(|r| r.try_get::<_, Option<i64>>(0).ok().flatten());
-                        if let (Some(epoch), Some(until)) = (epoch, until) {
+                        // Learned only when the server that answered is in the grant's
+                        // epoch (a pooler may have sent this statement elsewhere).
+                        let answer = rows.first().and_then(|r| {
+                            let until = r.try_get::<_, Option<i64>>(0).ok().flatten()?;
+                            let at = r.try_get::<_, Option<i64>>(1).ok().flatten()?;
+                            Some((until, at))
+                        });
+                        if let (Some(epoch), Some((until, at))) = (epoch, answer)
+                            && at == epoch
+                        {
                             self.mark.lock().learned(epoch, until);
                         }
                     }

@@ -1,7 +1,7 @@
 //! One connection to the server, used synchronously: `tokio-postgres`'s protocol, run by
 //! the caller's thread over a blocking socket of dlm's own, every request bounded by a
 //! deadline of its own. No runtime and no timer: the thread waits for the server in a
-//! read that peeks, bounded by the socket's read timeout. What a failure means, as a
+//! blocking read, bounded by the socket's read timeout. What a failure means, as a
 //! [`BackendError`].
 
 use std::collections::HashMap;
@@ -199,8 +199,8 @@ impl Wake for Woken {
 struct Io {
     shared: Arc<Shared>,
     /// The read timeout set on the socket: the longest one wait for the server lasts. Set
-    /// again only when a deadline differs from it by more than a tenth, so a request
-    /// usually sets nothing.
+    /// again when a deadline is longer than it or shorter by more than a tenth, so a
+    /// request usually sets nothing.
     waits: Option<Duration>,
     woken: Arc<Woken>,
     waker: Waker,
@@ -282,8 +282,8 @@ impl Io {
     }
 
     /// Waits until the server sends (or closes, or the socket fails), and keeps what it
-    /// read for the protocol's next read. At most `left` and a tenth: the socket's read
-    /// timeout is set again only when `left` differs from it by more than that.
+    /// read for the protocol's next read. At most `left` and a ninth: the socket's read
+    /// timeout is set again when `left` is longer than it or shorter by more than a tenth.
     fn wait(&mut self, left: Duration) -> io::Result<()> {
         let mut inbox = self.shared.inbox.lock();
         if inbox.start < inbox.end || inbox.ended.is_some() {
@@ -314,6 +314,9 @@ impl Io {
 fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>, Failure> {
     if let Ok(ip) = host.parse::<std::net::IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    if Instant::now() >= deadline {
+        return Err(Failure::TimedOut);
     }
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let name = host.to_owned();
@@ -454,6 +457,8 @@ impl Connector {
                 })
                 .map_err(|e| Failure::Socket(e.into()))?;
         }
+        // Linux's (as tokio-postgres sets it): elsewhere the setting is not applied.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
         if let Some(t) = config.get_tcp_user_timeout() {
             let ms = u32::try_from(t.as_millis()).unwrap_or(u32::MAX);
             rustix::net::sockopt::set_tcp_user_timeout(&stream, ms)
@@ -518,12 +523,11 @@ impl Connector {
     /// line that PostgreSQL's start-up message never has). Asks each with `PING`.
     fn sniff(&self) -> Option<BackendError> {
         use std::io::{Read, Write};
-        use std::net::{TcpStream, ToSocketAddrs};
         for (host, port) in &self.hosts {
-            let Some(addr) = (host.as_str(), *port)
-                .to_socket_addrs()
+            let by = Instant::now() + SNIFF_TIMEOUT;
+            let Some(addr) = resolve(host, *port, by)
                 .ok()
-                .and_then(|mut a| a.next())
+                .and_then(|a| a.into_iter().next())
             else {
                 continue;
             };
