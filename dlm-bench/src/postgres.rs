@@ -173,8 +173,8 @@ impl LockHandle for MinimalPostgresHandle {
             .client
             .query_opt(&self.acquire, &[&key, &self.owner, &self.ttl_ms])
             .is_ok_and(|row| row.is_some_and(|r| r.get::<_, i64>(0) > 0));
-        // (dlm's acquisition also answers whether the lease outlasts the durable mark,
-        // which dlm then raises about once a second: not done here, a floor.)
+        // (dlm's acquisition also answers the lease's end and the epoch's start, with which
+        // dlm raises the durable mark about once a second: not done here, a floor.)
         if granted {
             self.held = Some(key.to_owned());
         }
