@@ -1,29 +1,25 @@
 //! One connection to the server, used synchronously: `tokio-postgres`'s protocol, run by
 //! the caller's thread over a blocking socket of dlm's own, every request bounded by a
 //! deadline of its own. No runtime and no timer: the thread waits for the server in a
-//! blocking read, bounded by the socket's read timeout. What a failure means, as a
-//! [`BackendError`].
+//! blocking read, bounded by the socket's read timeout (`io.rs`). Opening one: every host
+//! of the URL in turn, TLS, authentication and the session check.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::io::{self, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{BackendError, BackendErrorKind};
-use rustix::io::Errno;
-use rustix::net::RecvFlags;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, NoTls, Row, SimpleQueryMessage, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
+
+pub(crate) use crate::failure::{Failure, within};
+use crate::io::{Driver, Io, Socket};
 
 /// How to open connections: the server's settings as parsed, the TLS to use, deadlines.
 #[derive(Clone)]
@@ -58,10 +54,6 @@ pub(crate) struct How<'a> {
     pub(crate) prepare: &'a AtomicBool,
 }
 
-/// The half of a connection that talks to the server (`tokio_postgres::Connection`), run
-/// by the caller's thread beside each request.
-type Driver = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
-
 /// A connection, driven only while a request is under way, by the thread that sent it.
 pub(crate) struct Conn {
     client: Client,
@@ -74,238 +66,6 @@ pub(crate) struct Conn {
     /// The statements prepared on this connection, by the address of their SQL (the
     /// backend's `Statements`, which outlive its connections: no hashing of the text).
     prepared: HashMap<usize, Statement>,
-}
-
-/// The most a read takes from the socket at once.
-const READ_CHUNK: usize = 4096;
-
-/// A connection's socket, shared by the protocol (which reads and writes it, as
-/// [`Socket`]) and the thread that waits on it ([`Io`]).
-struct Shared {
-    stream: TcpStream,
-    inbox: parking_lot::Mutex<Inbox>,
-}
-
-/// What a wait read from the socket and the protocol has not taken yet.
-struct Inbox {
-    buf: Box<[u8; READ_CHUNK]>,
-    /// The bytes not taken yet: `buf[start..end]`.
-    start: usize,
-    end: usize,
-    /// The socket had nothing more when last read (a read found nothing, or took less than
-    /// it asked for): a read that does not wait would find nothing, so it is not made, and
-    /// the protocol's read is `Pending` until a wait reads again.
-    drained: bool,
-    /// What a wait found instead of data: the end of the stream (`Ok`) or an error; the
-    /// protocol's next read gets it.
-    ended: Option<io::Result<()>>,
-}
-
-/// A connection's socket as the protocol sees it. A read takes what a wait read, else
-/// what has arrived, and never waits (`MSG_DONTWAIT`; nothing yet is `Pending`, and the
-/// waiting is [`Io::run`]'s); a write blocks, bounded by the socket's send timeout (the
-/// I/O timeout).
-struct Socket(Arc<Shared>);
-
-impl AsyncRead for Socket {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let mut inbox = self.0.inbox.lock();
-        if inbox.start < inbox.end {
-            let n = (inbox.end - inbox.start).min(buf.remaining());
-            let from = inbox.start;
-            buf.put_slice(&inbox.buf[from..from + n]);
-            inbox.start += n;
-            return Poll::Ready(Ok(()));
-        }
-        if let Some(ended) = inbox.ended.take() {
-            return Poll::Ready(ended);
-        }
-        if inbox.drained {
-            return Poll::Pending;
-        }
-        let want = buf.remaining().min(READ_CHUNK);
-        let unfilled = buf.initialize_unfilled_to(want);
-        loop {
-            return match rustix::net::recv(&self.0.stream, &mut *unfilled, RecvFlags::DONTWAIT) {
-                Ok((n, _)) => {
-                    inbox.drained = n < want;
-                    buf.advance(n);
-                    Poll::Ready(Ok(()))
-                }
-                Err(Errno::AGAIN) => {
-                    inbox.drained = true;
-                    Poll::Pending
-                }
-                Err(Errno::INTR) => continue,
-                Err(e) => Poll::Ready(Err(e.into())),
-            };
-        }
-    }
-}
-
-impl AsyncWrite for Socket {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match (&self.0.stream).write(buf) {
-            // A signal cut the write short: written again on the next turn of
-            // `Io::run`, which looks at the deadline first.
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the server took no more data within the I/O timeout",
-            ))),
-            written => Poll::Ready(written),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(match self.0.stream.shutdown(std::net::Shutdown::Write) {
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
-            r => r,
-        })
-    }
-}
-
-/// Set by a wake-up: something other than the socket (the channel between the client and
-/// its connection) has more to do, so [`Io::run`] polls again instead of waiting.
-struct Woken(AtomicBool);
-
-impl Wake for Woken {
-    fn wake(self: Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-/// What runs a connection's futures on the caller's thread: its socket, waited on when
-/// nothing else is to be done, and the wake-up flag.
-struct Io {
-    shared: Arc<Shared>,
-    /// The read timeout set on the socket: the longest one wait for the server lasts. Set
-    /// again when a deadline is longer than it or shorter by more than a tenth, so a
-    /// request usually sets nothing.
-    waits: Option<Duration>,
-    woken: Arc<Woken>,
-    waker: Waker,
-}
-
-impl Io {
-    fn new(stream: TcpStream) -> Io {
-        let woken = Arc::new(Woken(AtomicBool::new(false)));
-        let inbox = Inbox {
-            buf: Box::new([0; READ_CHUNK]),
-            start: 0,
-            end: 0,
-            drained: false,
-            ended: None,
-        };
-        Io {
-            shared: Arc::new(Shared {
-                stream,
-                inbox: parking_lot::Mutex::new(inbox),
-            }),
-            waits: None,
-            waker: Waker::from(woken.clone()),
-            woken,
-        }
-    }
-
-    /// Runs `request` to its end or to `deadline`, polling `driver` (the connection's
-    /// half that reads and writes the socket) beside it; when neither can go on, waits for
-    /// the server to send.
-    fn run<T>(
-        &mut self,
-        driver: &mut Option<Driver>,
-        deadline: Instant,
-        request: impl Future<Output = Result<T, tokio_postgres::Error>>,
-    ) -> Result<T, Failure> {
-        let mut request = pin!(request);
-        let waker = self.waker.clone();
-        let mut cx = Context::from_waker(&waker);
-        loop {
-            self.woken.0.store(false, Ordering::Relaxed);
-            poll_driver(driver, &mut cx);
-            if let Poll::Ready(answer) = request.as_mut().poll(&mut cx) {
-                return answer.map_err(|e| {
-                    // A socket that failed because the deadline passed (a write that timed
-                    // out) is a timeout.
-                    if e.as_db_error().is_none() && Instant::now() >= deadline {
-                        Failure::TimedOut
-                    } else {
-                        Failure::Postgres(e)
-                    }
-                });
-            }
-            // Checked on every turn, not only before a wait: a future that wakes itself
-            // again and again (a signal interrupting a write) ends at the deadline too.
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Failure::TimedOut);
-            }
-            if !self.woken.0.load(Ordering::Acquire) {
-                self.wait(left).map_err(Failure::Socket)?;
-            }
-        }
-    }
-
-    /// Lets `driver` read what the server sent meanwhile (its closing, for one), without
-    /// waiting.
-    fn poke(&mut self, driver: &mut Option<Driver>) {
-        // What was drained then may have come since.
-        self.shared.inbox.lock().drained = false;
-        let waker = self.waker.clone();
-        let mut cx = Context::from_waker(&waker);
-        loop {
-            self.woken.0.store(false, Ordering::Relaxed);
-            poll_driver(driver, &mut cx);
-            if driver.is_none() || !self.woken.0.load(Ordering::Acquire) {
-                return;
-            }
-        }
-    }
-
-    /// Waits until the server sends (or closes, or the socket fails), and keeps what it
-    /// read for the protocol's next read. At most `left` and a ninth: the socket's read
-    /// timeout is set again when `left` is longer than it or shorter by more than a tenth.
-    fn wait(&mut self, left: Duration) -> io::Result<()> {
-        let mut inbox = self.shared.inbox.lock();
-        if inbox.start < inbox.end || inbox.ended.is_some() {
-            // The protocol has not taken what is there yet (it waits for its other half).
-            return Ok(());
-        }
-        let want = left.max(Duration::from_millis(1));
-        if self.waits.is_none_or(|w| want > w || want < w.mul_f64(0.9)) {
-            self.shared.stream.set_read_timeout(Some(want))?;
-            self.waits = Some(want);
-        }
-        match rustix::net::recv(&self.shared.stream, &mut inbox.buf[..], RecvFlags::empty()) {
-            Ok((0, _)) => inbox.ended = Some(Ok(())),
-            Ok((n, _)) => (inbox.start, inbox.end, inbox.drained) = (0, n, n < READ_CHUNK),
-            // The wait ran out, or a signal cut it short: the caller looks at its deadline
-            // (a wait begun again with the whole read timeout could outlast it without end
-            // under a stream of signals).
-            Err(Errno::AGAIN | Errno::INTR) => {}
-            Err(e) => inbox.ended = Some(Err(e.into())),
-        }
-        Ok(())
-    }
 }
 
 /// The addresses of `host`, within `deadline`. A name is resolved on a thread of its own,
@@ -337,18 +97,6 @@ fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>, 
             resolved.map_err(Failure::Socket)
         }
         Err(_) => Err(Failure::TimedOut),
-    }
-}
-
-/// Polls the connection's driver once; drops it when it has ended.
-fn poll_driver(driver: &mut Option<Driver>, cx: &mut Context<'_>) {
-    if let Some(d) = driver
-        && let Poll::Ready(end) = d.as_mut().poll(cx)
-    {
-        if let Err(e) = end {
-            log::debug!("dlm-postgres: a connection ended: {e}");
-        }
-        *driver = None;
     }
 }
 
@@ -465,7 +213,7 @@ impl Connector {
                 .map_err(|e| Failure::Socket(e.into()))?;
         }
         let mut io = Io::new(stream);
-        let socket = Socket(io.shared.clone());
+        let socket = io.socket();
         let mut driver: Option<Driver>;
         let client = match &self.tls {
             None => {
@@ -651,11 +399,12 @@ impl Conn {
         answer
     }
 
-    fn answered(
+    /// A request's answer; a failure that leaves the connection unusable marks it broken.
+    fn answered<T>(
         &mut self,
-        answer: Result<Vec<Row>, Failure>,
+        answer: Result<T, Failure>,
         timeout: Duration,
-    ) -> Result<Vec<Row>, BackendError> {
+    ) -> Result<T, BackendError> {
         answer.map_err(|f| {
             if f.leaves_broken() {
                 self.broken = true;
@@ -671,187 +420,6 @@ impl Conn {
             Instant::now() + timeout,
             self.client.batch_execute(sql),
         );
-        answer.map_err(|f| {
-            if f.leaves_broken() {
-                self.broken = true;
-            }
-            f.requesting(timeout)
-        })
-    }
-}
-
-/// A request that did not come back with an answer.
-pub(crate) enum Failure {
-    /// Its deadline passed.
-    TimedOut,
-    /// The server or the connection said why.
-    Postgres(tokio_postgres::Error),
-    /// The socket, before the protocol began or while waiting for the server.
-    Socket(io::Error),
-    /// The TLS settings could not be used for this server (its name).
-    Tls(String),
-    /// The session is not what `target_session_attrs` asks for (or its answer made no
-    /// sense).
-    Session(&'static str),
-}
-
-/// `future`, bounded by `timeout`, on a `tokio` runtime (the listening connection's: see
-/// `hints.rs`; requests run in `Io::run`).
-pub(crate) async fn within<T>(
-    timeout: Duration,
-    future: impl Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, Failure> {
-    match tokio::time::timeout(timeout, future).await {
-        Ok(answer) => answer.map_err(Failure::Postgres),
-        Err(_) => Err(Failure::TimedOut),
-    }
-}
-
-impl Failure {
-    fn leaves_broken(&self) -> bool {
-        match self {
-            Failure::TimedOut | Failure::Socket(_) | Failure::Tls(_) | Failure::Session(_) => true,
-            Failure::Postgres(e) => e.as_db_error().is_none() || e.is_closed(),
-        }
-    }
-
-    /// What a failed connection attempt means. Nothing was applied.
-    pub(crate) fn connecting(self, servers: &str, deadline: Duration) -> BackendError {
-        let at = format!("connecting to PostgreSQL at {servers}");
-        let (kind, what) = match self {
-            Failure::TimedOut => (
-                BackendErrorKind::Timeout,
-                format!("{at} took more than {deadline:?}"),
-            ),
-            Failure::Socket(e) => (
-                BackendErrorKind::Unavailable,
-                format!("{at}: error connecting to server: {e}"),
-            ),
-            Failure::Tls(e) => (
-                BackendErrorKind::Tls,
-                format!("{at}: error performing TLS handshake: {e}"),
-            ),
-            Failure::Session(what) => return Self::classified(servers, what.to_owned(), None),
-            Failure::Postgres(e) => {
-                let code = e.as_db_error().map(|db| db.code());
-                return Self::classified(servers, chain(&e), code);
-            }
-        };
-        BackendError::new(kind, what).never_sent()
-    }
-
-    /// A failed connection attempt's error, from its text (`chain`) and the server's
-    /// error code if it sent one.
-    fn classified(servers: &str, chain: String, code: Option<&SqlState>) -> BackendError {
-        let kind = if let Some(code) = code {
-            db_kind(code)
-        } else if chain.contains("database does not allow writes") {
-            BackendErrorKind::ReadOnly
-        } else if chain.contains("error performing TLS handshake")
-            || chain.contains("server does not support TLS")
-        {
-            BackendErrorKind::Tls
-        } else if chain.contains("authentication error") || chain.contains("password missing") {
-            BackendErrorKind::Auth
-        } else if chain.contains("unexpected message from server") {
-            BackendErrorKind::Protocol
-        } else {
-            BackendErrorKind::Unavailable
-        };
-        let what = match kind {
-            BackendErrorKind::ReadOnly => format!(
-                "no server at {servers} accepts writes (a standby, or target_session_attrs asks for one): {chain}"
-            ),
-            BackendErrorKind::Protocol => format!(
-                "the server at {servers} does not speak PostgreSQL's protocol (is it the right port?): {chain}"
-            ),
-            _ => format!("connecting to PostgreSQL at {servers}: {chain}"),
-        };
-        BackendError::new(kind, what).never_sent()
-    }
-
-    /// What a failed request means. A statement the server refused with an error was
-    /// rolled back (every request is one transaction): never applied. One that timed out
-    /// or lost its connection may have been.
-    pub(crate) fn requesting(self, timeout: Duration) -> BackendError {
-        match self {
-            Failure::TimedOut => BackendError::new(
-                BackendErrorKind::Timeout,
-                format!("PostgreSQL did not answer within {timeout:?}"),
-            ),
-            Failure::Postgres(e) => {
-                let chain = chain(&e);
-                match e.as_db_error() {
-                    // A fatal error ends the session: the server may have committed the
-                    // statement before it (an administrator's pg_terminate_backend).
-                    Some(db) if db.severity() == "FATAL" || db.severity() == "PANIC" => {
-                        BackendError::new(db_kind(db.code()), format!("PostgreSQL: {chain}"))
-                    }
-                    Some(db) => {
-                        BackendError::new(db_kind(db.code()), format!("PostgreSQL: {chain}"))
-                            .never_sent()
-                    }
-                    None => BackendError::new(
-                        BackendErrorKind::Unavailable,
-                        format!("PostgreSQL connection: {chain}"),
-                    ),
-                }
-            }
-            Failure::Socket(e) => BackendError::new(
-                BackendErrorKind::Unavailable,
-                format!("PostgreSQL connection: {e}"),
-            ),
-            Failure::Tls(e) => BackendError::new(BackendErrorKind::Tls, format!("PostgreSQL: {e}")),
-            Failure::Session(what) => {
-                BackendError::new(BackendErrorKind::Unavailable, format!("PostgreSQL: {what}"))
-            }
-        }
-    }
-}
-
-/// The error and its causes, in one line.
-fn chain(e: &tokio_postgres::Error) -> String {
-    let mut s = match e.as_db_error() {
-        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
-        None => e.to_string(),
-    };
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if e.as_db_error().is_none() {
-            s.push_str(": ");
-            s.push_str(&cause.to_string());
-        }
-        source = cause.source();
-    }
-    s
-}
-
-/// The kind of a server's error code.
-pub(crate) fn db_kind(code: &SqlState) -> BackendErrorKind {
-    let c = code.code();
-    if *code == SqlState::INVALID_PASSWORD || c.starts_with("28") {
-        BackendErrorKind::Auth
-    } else if *code == SqlState::INSUFFICIENT_PRIVILEGE {
-        BackendErrorKind::Permission
-    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
-        BackendErrorKind::ReadOnly
-    } else if *code == SqlState::T_R_SERIALIZATION_FAILURE
-        || *code == SqlState::T_R_DEADLOCK_DETECTED
-        || *code == SqlState::TOO_MANY_CONNECTIONS
-        || *code == SqlState::LOCK_NOT_AVAILABLE
-    {
-        BackendErrorKind::Busy
-    } else if *code == SqlState::PROTOCOL_VIOLATION {
-        // A pooler refusing a start-up parameter, a server refusing what it was sent:
-        // not an outage, and no retry changes it.
-        BackendErrorKind::Protocol
-    } else if *code == SqlState::QUERY_CANCELED {
-        BackendErrorKind::Timeout
-    } else if c.starts_with("08") || c.starts_with("57") || c.starts_with("53") {
-        // Connection exceptions, operator intervention (shutdown, terminated backend,
-        // starting up), insufficient resources.
-        BackendErrorKind::Unavailable
-    } else {
-        BackendErrorKind::Other
+        self.answered(answer, timeout)
     }
 }

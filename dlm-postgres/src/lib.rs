@@ -36,8 +36,10 @@
 mod backend;
 mod builder;
 mod conn;
+mod failure;
 mod groups;
 mod hints;
+mod io;
 mod pool;
 mod resolved;
 mod schema;
