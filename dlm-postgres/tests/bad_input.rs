@@ -40,6 +40,12 @@ fn settings_are_checked_before_any_io() {
         ("127.0.0.1:5432", "postgresql://"),
         ("postgresql://127.0.0.1:5432/db", "USER"),
         ("postgresql://u@127.0.0.1:notaport/db", "libpq"),
+        // Several ports, or hostaddr values, that do not match the hosts one for one.
+        ("postgresql://u@h1,h2,h3/db?port=1,2", "3 hosts"),
+        (
+            "postgresql://u@h1,h2:1/db?hostaddr=127.0.0.1,127.0.0.2,127.0.0.3",
+            "2 hosts",
+        ),
     ] {
         let e = PostgresBackend::new(url).expect_err(url);
         assert_eq!(e.argument(), "url", "{url}");

@@ -359,3 +359,37 @@ fn a_grant_in_another_epoch_raises_that_epochs_durable_mark() {
     );
     drop((first, second));
 }
+
+/// The epoch row, read by every acquisition, is written when an epoch opens and not when
+/// the durable mark goes up (a row updated once a second left dead versions that every
+/// read walked). A grant whose lease outlasts the mark raises the mark, and the epoch row
+/// keeps the version it had.
+#[test]
+fn raising_the_durable_mark_leaves_the_epoch_row_as_it_was() {
+    let server = PostgresServer::spawn();
+    let url = server.url();
+    let first = client(&url, Duration::from_secs(30))
+        .get_lock("first")
+        .unwrap()
+        .lock()
+        .unwrap();
+    let version = server.psql("SELECT xmin FROM dlm.epoch");
+    let mark = server.psql("SELECT held_until FROM dlm.settings");
+    // A longer lease outlasts the mark the first grant raised.
+    let second = client(&url, Duration::from_secs(90))
+        .get_lock("second")
+        .unwrap()
+        .lock()
+        .unwrap();
+    assert_ne!(
+        server.psql("SELECT held_until FROM dlm.settings"),
+        mark,
+        "the mark was not raised: this test would prove nothing"
+    );
+    assert_eq!(
+        server.psql("SELECT xmin FROM dlm.epoch"),
+        version,
+        "raising the mark wrote the epoch row"
+    );
+    drop((first, second));
+}
