@@ -349,6 +349,20 @@ impl Node {
         self.keys.set_call(name, owner, ttl)
     }
 
+    /// Whether this node's requests are encoded as `other`'s (the same key layout, the
+    /// same acquisition command), so that a fan-out can send both the same bytes.
+    pub(crate) fn encodes_like(&self, other: &Node) -> bool {
+        self.keys == other.keys
+            && self.scripts_only.load(Ordering::Relaxed)
+                == other.scripts_only.load(Ordering::Relaxed)
+    }
+
+    /// As when the server turns out to be older than 7.0.
+    #[cfg(test)]
+    pub(crate) fn set_scripts_only(&self) {
+        self.scripts_only.store(true, Ordering::Relaxed);
+    }
+
     /// An idle pooled connection, if one is ready (never connects, never waits).
     pub(crate) fn idle_connection(&self) -> Option<Pooled> {
         self.pool.idle()

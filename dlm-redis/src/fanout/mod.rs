@@ -27,6 +27,7 @@
 //!   costs one round's grace, not an I/O timeout per call, and a cleanup on one
 //!   connection can never overtake a newer request on another.
 
+use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,6 +133,29 @@ impl<T> Replies<T> {
             .zip(&self.asked)
             .all(|(r, asked)| !asked || matches!(r, Some(Err(e)) if !e.may_have_applied()));
         if unsent { e.never_sent() } else { e }
+    }
+}
+
+/// `make` for [`Fanout::call_all`] when every node gets the same request (Redlock's
+/// rounds): it is encoded once per round and its bytes are shared by the nodes that
+/// encode requests alike ([`Node::encodes_like`]; all of them unless a server needs the
+/// acquire script), instead of once per node.
+pub(crate) fn same_for_all<'a>(
+    nodes: &'a [Arc<Node>],
+    make: impl Fn(&Node) -> Call + 'a,
+) -> impl Fn(usize, &Node) -> Call + 'a {
+    let made: RefCell<Option<(usize, Call)>> = RefCell::new(None);
+    move |i, node| {
+        let mut made = made.borrow_mut();
+        if let Some((j, call)) = made.as_mut()
+            && nodes[*j].encodes_like(node)
+        {
+            return call.duplicate();
+        }
+        let mut call = make(node);
+        let sent = call.duplicate();
+        *made = Some((i, call));
+        sent
     }
 }
 
@@ -544,4 +568,56 @@ fn wait(flying: &[InFlight], wake: Option<&OwnedFd>, timeout: Duration) -> (Vec<
     let mut ready = ready;
     ready.truncate(flying.len());
     (ready, woken)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use dlm_core::backend::{LockName, OwnerToken};
+
+    use super::same_for_all;
+    use crate::conn::{Endpoint, ParsedUrl};
+    use crate::node::Node;
+    use crate::options::Options;
+
+    fn nodes(n: usize) -> Vec<Arc<Node>> {
+        (0..n)
+            .map(|i| {
+                // Never connected: pools connect on first use.
+                let url = ParsedUrl::parse(&format!("redis://127.0.0.1:{}", 1 + i)).unwrap();
+                Arc::new(Node::new(
+                    Endpoint::new(url, None).unwrap(),
+                    &Options::redlock(),
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nodes_that_encode_alike_share_one_encoding_of_the_request() {
+        let nodes = nodes(5);
+        nodes[3].set_scripts_only();
+        let name = LockName::new("job").unwrap();
+        let owner = OwnerToken::random_for_tests(1);
+        let ttl = Duration::from_secs(30);
+        let make = same_for_all(&nodes, |node| node.acquire_call(&name, &owner, ttl));
+        let calls: Vec<_> = nodes.iter().enumerate().map(|(i, n)| make(i, n)).collect();
+        for (i, call) in calls.iter().enumerate() {
+            // Each node gets exactly what it would get on its own.
+            let own = nodes[i].acquire_call(&name, &owner, ttl);
+            assert_eq!(call.bytes(), own.bytes(), "node {i}");
+        }
+        let same = |a: usize, b: usize| std::ptr::eq(calls[a].bytes(), calls[b].bytes());
+        assert!(same(0, 1) && same(1, 2), "encoded once for the nodes alike");
+        assert!(
+            !same(2, 3),
+            "a node that needs the script has its own request"
+        );
+        assert_ne!(calls[2].bytes(), calls[3].bytes());
+        // After a node unlike it, encoded again: the same bytes, not the same buffer.
+        assert!(!same(3, 4) && !same(0, 4));
+        assert_eq!(calls[4].bytes(), calls[0].bytes());
+    }
 }

@@ -2,6 +2,7 @@
 //! their replies arrive.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Script;
@@ -60,10 +61,29 @@ impl Shape {
 /// before it is sent, so that a caller can send it to several nodes before reading any
 /// reply (Redlock's pipelined fan-out), and read its replies as they arrive.
 pub(crate) struct Call {
-    bytes: Vec<u8>,
+    bytes: Bytes,
     parts: Parts,
 }
 
+/// A call's encoded bytes: its own, or shared with the calls of the same request to the
+/// other nodes of a fan-out (see [`Call::duplicate`]).
+enum Bytes {
+    Own(Vec<u8>),
+    Shared(Arc<Vec<u8>>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Own(b) => b,
+            Bytes::Shared(b) => b,
+        }
+    }
+}
+
+#[derive(Clone)]
 enum Parts {
     /// One request.
     One(Shape),
@@ -76,9 +96,32 @@ impl Call {
     /// One request of `shape`, encoded in `r`.
     pub(crate) fn new(r: Resp, shape: Shape) -> Call {
         Call {
-            bytes: r.0,
+            bytes: Bytes::Own(r.0),
             parts: Parts::One(shape),
         }
+    }
+
+    /// The same request again, for another node: it shares this call's bytes (encoded
+    /// once, whatever the number of nodes).
+    pub(crate) fn duplicate(&mut self) -> Call {
+        let shared = match &mut self.bytes {
+            Bytes::Shared(b) => b.clone(),
+            Bytes::Own(b) => {
+                let b = Arc::new(std::mem::take(b));
+                self.bytes = Bytes::Shared(b.clone());
+                b
+            }
+        };
+        Call {
+            bytes: Bytes::Shared(shared),
+            parts: self.parts.clone(),
+        }
+    }
+
+    /// The bytes that are sent.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
     }
 
     /// The shape of a single request (`None` for a batch).
@@ -103,7 +146,7 @@ impl Call {
             parts.push((shape, start..bytes.len()));
         }
         Call {
-            bytes,
+            bytes: Bytes::Own(bytes),
             parts: Parts::Batch(parts),
         }
     }
@@ -117,7 +160,7 @@ impl Call {
             .arg_u64(u64::from(w.replicas))
             .arg_u64(millis(w.timeout));
         Call {
-            bytes: r.0,
+            bytes: Bytes::Own(r.0),
             parts: Parts::One(Shape::Wait),
         }
     }

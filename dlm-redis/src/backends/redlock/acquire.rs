@@ -8,7 +8,7 @@ use dlm_core::backend::{
     Acquire, BackendError, BackendErrorKind, FencingToken, Lease, LockName, OwnerToken,
 };
 
-use crate::fanout::{Late, Replies};
+use crate::fanout::{Late, Replies, same_for_all};
 use crate::protocol::{NodeAcquire, NodeFence, ReleaseId, Step};
 
 use super::Redlock;
@@ -38,7 +38,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            |_, node| node.acquire_call(name, owner, ttl),
+            same_for_all(self.nodes_ref(), |node| node.acquire_call(name, owner, ttl)),
             |node, call, reply| node.parse_acquire(name, call, reply),
             |r: &Replies<Step>| {
                 let taken = r.replies.iter().filter(|x| acquired(x)).count();
@@ -99,7 +99,9 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&again),
             Some((name, owner)),
-            |_, node| node.keys.acquire_script_call(name, owner, ttl),
+            same_for_all(self.nodes_ref(), |node| {
+                node.keys.acquire_script_call(name, owner, ttl)
+            }),
             |node, call, reply| match node.parse_acquire(name, call, reply)? {
                 Step::Done(answer) => Ok(answer),
                 Step::Script => Err(BackendError::new(
@@ -153,7 +155,9 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            |_, node| node.keys.acquire_fenced_call(name, owner, ttl, proposal),
+            same_for_all(self.nodes_ref(), |node| {
+                node.keys.acquire_fenced_call(name, owner, ttl, proposal)
+            }),
             |node, _, reply| node.reader().acquire_fenced(name, reply),
             |r: &Replies<(NodeAcquire, Option<NodeFence>)>| {
                 let acquired = r

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use dlm_core::backend::{BackendError, FencingToken, LockName, OwnerToken};
 
-use crate::fanout::{Late, Replies};
+use crate::fanout::{Late, Replies, same_for_all};
 use crate::protocol::NodeFence;
 
 use super::Redlock;
@@ -95,7 +95,9 @@ impl Redlock {
             self.deadline(Instant::now()),
             None,
             Some((name, owner)),
-            |_, node| node.keys.fence_call(name, owner, proposal),
+            same_for_all(self.nodes_ref(), |node| {
+                node.keys.fence_call(name, owner, proposal)
+            }),
             |node, _, reply| node.reader().fence(name, reply),
             |r: &Replies<NodeFence>| {
                 let taken = r.ok().filter(|f| matches!(f, NodeFence::Taken(_))).count();
@@ -172,7 +174,9 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&targets),
             Some((name, owner)),
-            |_, node| node.keys.commit_call(name, owner, token),
+            same_for_all(self.nodes_ref(), |node| {
+                node.keys.commit_call(name, owner, token)
+            }),
             |node, _, reply| node.reader().flag(reply),
             |r: &Replies<bool>| {
                 let committed = r.ok().filter(|c| **c).count();

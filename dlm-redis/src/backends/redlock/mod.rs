@@ -17,7 +17,7 @@ use dlm_core::backend::{
     OwnerToken, Renewal, Renewed, Watch,
 };
 
-use crate::fanout::{Fanout, Late, Replies};
+use crate::fanout::{Fanout, Late, Replies, same_for_all};
 use crate::hints::Hints;
 use crate::node::Node;
 use crate::options::Options;
@@ -240,7 +240,7 @@ impl LockBackend for Redlock {
             self.deadline(start),
             None,
             None,
-            |_, node| node.keys.inspect_call(name),
+            same_for_all(self.nodes_ref(), |node| node.keys.inspect_call(name)),
             |node, _, reply| node.reader().inspect(name, reply),
             // The q-th longest lease needs every answer (a busy node is not asked).
             |_: &Replies<Option<Duration>>| false,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use dlm_core::backend::{BackendError, LockName, OwnerToken};
 
-use crate::fanout::{Late, Replies};
+use crate::fanout::{Late, Replies, same_for_all};
 use crate::protocol::ReleaseId;
 
 use super::Redlock;
@@ -31,7 +31,9 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            |_, node| node.keys.release_call(name, owner, release_id),
+            same_for_all(self.nodes_ref(), |node| {
+                node.keys.release_call(name, owner, release_id)
+            }),
             |node, _, reply| node.reader().released(reply),
             |r: &Replies<bool>| {
                 let released = r.ok().filter(|ok| **ok).count();
@@ -86,7 +88,9 @@ impl Redlock {
             self.deadline(start),
             None,
             None,
-            |_, node| node.keys.force_release_call(name, release_id),
+            same_for_all(self.nodes_ref(), |node| {
+                node.keys.force_release_call(name, release_id)
+            }),
             |node, _, reply| node.reader().force_release(name, reply),
             // Every node is asked; a slow one is not waited for once a quorum deleted.
             |r: &Replies<bool>| r.ok().filter(|d| **d).count() >= q,

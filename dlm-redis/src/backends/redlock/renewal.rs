@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use dlm_core::backend::{BackendError, Lease, LockName, OwnerToken, Renewal};
 
-use crate::fanout::{Late, Replies};
+use crate::fanout::{Late, Replies, same_for_all};
 use crate::protocol::Call;
 
 use super::Redlock;
@@ -25,7 +25,9 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            |_, node| node.keys.extend_call(name, owner, ttl),
+            same_for_all(self.nodes_ref(), |node| {
+                node.keys.extend_call(name, owner, ttl)
+            }),
             |node, _, reply| node.reader().flag(reply),
             |r: &Replies<bool>| {
                 let extended = r.ok().filter(|ok| **ok).count();
@@ -76,13 +78,13 @@ impl Redlock {
             self.deadline(start),
             None,
             None,
-            |_, node| {
+            same_for_all(self.nodes_ref(), |node| {
                 Call::batch(
                     renewals
                         .iter()
                         .map(|r| node.keys.extend_call(r.name, r.owner, r.ttl)),
                 )
-            },
+            }),
             |node, _, reply| {
                 node.reader()
                     .batch(reply, renewals.len(), |v| node.reader().flag(v))
