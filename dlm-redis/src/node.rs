@@ -71,6 +71,14 @@ impl Drop for Outstanding {
     }
 }
 
+/// How a server is asked to acquire: `SET ... NX GET`, or the acquire script (a server
+/// older than 7.0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Set,
+    Script,
+}
+
 /// One server.
 pub(crate) struct Node {
     pub(crate) endpoint: Endpoint,
@@ -343,18 +351,32 @@ impl Node {
     /// when read, by the fence script). Servers older than 7.0 (no `SET ... NX GET`) get
     /// the acquire script.
     pub(crate) fn acquire_call(&self, name: &LockName, owner: &OwnerToken, ttl: Duration) -> Call {
-        if self.scripts_only.load(Ordering::Relaxed) {
-            return self.keys.acquire_script_call(name, owner, ttl);
-        }
-        self.keys.set_call(name, owner, ttl)
+        self.acquire_call_in(self.dialect(), name, owner, ttl)
     }
 
-    /// Whether this node's requests are encoded as `other`'s (the same key layout, the
-    /// same acquisition command), so that a fan-out can send both the same bytes.
-    pub(crate) fn encodes_like(&self, other: &Node) -> bool {
-        self.keys == other.keys
-            && self.scripts_only.load(Ordering::Relaxed)
-                == other.scripts_only.load(Ordering::Relaxed)
+    /// [`acquire_call`](Self::acquire_call) as `dialect` says, whatever the server is
+    /// known to speak by now.
+    pub(crate) fn acquire_call_in(
+        &self,
+        dialect: Dialect,
+        name: &LockName,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Call {
+        match dialect {
+            Dialect::Script => self.keys.acquire_script_call(name, owner, ttl),
+            Dialect::Set => self.keys.set_call(name, owner, ttl),
+        }
+    }
+
+    /// How the server is asked to acquire, as far as is known now (a server found older
+    /// than 7.0 stays [`Dialect::Script`]).
+    pub(crate) fn dialect(&self) -> Dialect {
+        if self.scripts_only.load(Ordering::Relaxed) {
+            Dialect::Script
+        } else {
+            Dialect::Set
+        }
     }
 
     /// As when the server turns out to be older than 7.0.

@@ -44,7 +44,7 @@ pub(crate) use drain::Late;
 use drain::{Drainer, Straggler};
 
 use crate::conn::Job;
-use crate::node::{Node, Outstanding};
+use crate::node::{Dialect, Node, Outstanding};
 use crate::protocol::Call;
 
 /// The least time the replies of the other nodes are awaited once the outcome is
@@ -136,25 +136,33 @@ impl<T> Replies<T> {
     }
 }
 
-/// `make` for [`Fanout::call_all`] when every node gets the same request (Redlock's
-/// rounds): it is encoded once per round and its bytes are shared by the nodes that
-/// encode requests alike ([`Node::encodes_like`]; all of them unless a server needs the
-/// acquire script), instead of once per node.
+/// `make` for [`Fanout::call_all`] over `nodes` (the same slice) when every node gets the
+/// same request (Redlock's rounds): it is encoded once per round for each acquisition
+/// dialect in use ([`Dialect`]: all nodes alike unless a server is older than 7.0) and
+/// its bytes are shared, instead of encoded once per node. `make` builds the request for
+/// a node in the dialect given (the node's at that moment, read once: a server found
+/// older meanwhile does not get a request built for the other dialect).
 pub(crate) fn same_for_all<'a>(
     nodes: &'a [Arc<Node>],
-    make: impl Fn(&Node) -> Call + 'a,
+    make: impl Fn(&Node, Dialect) -> Call + 'a,
 ) -> impl Fn(usize, &Node) -> Call + 'a {
-    let made: RefCell<Option<(usize, Call)>> = RefCell::new(None);
+    // Per dialect: the node the call was made for, and the call.
+    let made: RefCell<[Option<(usize, Call)>; 2]> = RefCell::new([None, None]);
     move |i, node| {
+        debug_assert!(std::ptr::eq(&*nodes[i], node), "the nodes of the round");
+        let dialect = node.dialect();
         let mut made = made.borrow_mut();
-        if let Some((j, call)) = made.as_mut()
-            && nodes[*j].encodes_like(node)
+        let slot = &mut made[dialect as usize];
+        if let Some((j, call)) = slot.as_mut()
+            && nodes[*j].keys == node.keys
         {
             return call.duplicate();
         }
-        let mut call = make(node);
+        let mut call = make(node, dialect);
         let sent = call.duplicate();
-        *made = Some((i, call));
+        if slot.is_none() {
+            *slot = Some((i, call));
+        }
         sent
     }
 }
@@ -581,6 +589,7 @@ mod tests {
     use crate::conn::{Endpoint, ParsedUrl};
     use crate::node::Node;
     use crate::options::Options;
+    use crate::protocol::{Call, Shape};
 
     fn nodes(n: usize) -> Vec<Arc<Node>> {
         (0..n)
@@ -595,14 +604,24 @@ mod tests {
             .collect()
     }
 
+    /// The lock, owner and lease the requests of these tests are for.
+    fn request() -> (LockName, OwnerToken, Duration) {
+        let name = LockName::new("job").unwrap();
+        (
+            name,
+            OwnerToken::random_for_tests(1),
+            Duration::from_secs(30),
+        )
+    }
+
     #[test]
     fn nodes_that_encode_alike_share_one_encoding_of_the_request() {
         let nodes = nodes(5);
         nodes[3].set_scripts_only();
-        let name = LockName::new("job").unwrap();
-        let owner = OwnerToken::random_for_tests(1);
-        let ttl = Duration::from_secs(30);
-        let make = same_for_all(&nodes, |node| node.acquire_call(&name, &owner, ttl));
+        let (name, owner, ttl) = request();
+        let make = same_for_all(&nodes, |node, dialect| {
+            node.acquire_call_in(dialect, &name, &owner, ttl)
+        });
         let calls: Vec<_> = nodes.iter().enumerate().map(|(i, n)| make(i, n)).collect();
         for (i, call) in calls.iter().enumerate() {
             // Each node gets exactly what it would get on its own.
@@ -610,14 +629,53 @@ mod tests {
             assert_eq!(call.bytes(), own.bytes(), "node {i}");
         }
         let same = |a: usize, b: usize| std::ptr::eq(calls[a].bytes(), calls[b].bytes());
-        assert!(same(0, 1) && same(1, 2), "encoded once for the nodes alike");
+        assert!(
+            same(0, 1) && same(1, 2) && same(2, 4),
+            "encoded once for the nodes alike"
+        );
         assert!(
             !same(2, 3),
             "a node that needs the script has its own request"
         );
-        assert_ne!(calls[2].bytes(), calls[3].bytes());
-        // After a node unlike it, encoded again: the same bytes, not the same buffer.
-        assert!(!same(3, 4) && !same(0, 4));
-        assert_eq!(calls[4].bytes(), calls[0].bytes());
+        assert!(matches!(calls[3].shape(), Some(Shape::Script(_))));
+        assert!(matches!(calls[0].shape(), Some(Shape::SetGet)));
+    }
+
+    #[test]
+    fn a_node_found_older_during_a_round_gets_the_request_of_its_own_dialect() {
+        let nodes = nodes(3);
+        let (name, owner, ttl) = request();
+        let make = same_for_all(&nodes, |node, dialect| {
+            node.acquire_call_in(dialect, &name, &owner, ttl)
+        });
+        let first = make(0, &nodes[0]);
+        // Another thread finds both servers older than 7.0 meanwhile.
+        nodes[0].set_scripts_only();
+        nodes[1].set_scripts_only();
+        let second = make(1, &nodes[1]);
+        let third = make(2, &nodes[2]);
+        assert!(matches!(first.shape(), Some(Shape::SetGet)));
+        assert_eq!(
+            second.bytes(),
+            nodes[1].acquire_call(&name, &owner, ttl).bytes(),
+            "the script, not the SET made for the first node"
+        );
+        assert!(std::ptr::eq(first.bytes(), third.bytes()));
+    }
+
+    #[test]
+    fn a_batch_is_shared_whole() {
+        let nodes = nodes(2);
+        let (name, owner, ttl) = request();
+        let make = same_for_all(&nodes, |node, _| {
+            Call::batch([
+                node.keys.extend_call(&name, &owner, ttl),
+                node.keys.extend_call(&name, &owner, 2 * ttl),
+            ])
+        });
+        let (a, b) = (make(0, &nodes[0]), make(1, &nodes[1]));
+        assert!(std::ptr::eq(a.bytes(), b.bytes()));
+        assert_eq!((a.len(), b.len()), (2, 2));
+        assert_eq!(a.replies(), 2);
     }
 }

@@ -38,7 +38,9 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node| node.acquire_call(name, owner, ttl)),
+            same_for_all(self.nodes_ref(), |node, dialect| {
+                node.acquire_call_in(dialect, name, owner, ttl)
+            }),
             |node, call, reply| node.parse_acquire(name, call, reply),
             |r: &Replies<Step>| {
                 let taken = r.replies.iter().filter(|x| acquired(x)).count();
@@ -99,7 +101,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&again),
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 node.keys.acquire_script_call(name, owner, ttl)
             }),
             |node, call, reply| match node.parse_acquire(name, call, reply)? {
@@ -155,7 +157,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 node.keys.acquire_fenced_call(name, owner, ttl, proposal)
             }),
             |node, _, reply| node.reader().acquire_fenced(name, reply),

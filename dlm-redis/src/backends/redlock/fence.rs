@@ -95,7 +95,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 node.keys.fence_call(name, owner, proposal)
             }),
             |node, _, reply| node.reader().fence(name, reply),
@@ -174,7 +174,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&targets),
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 node.keys.commit_call(name, owner, token)
             }),
             |node, _, reply| node.reader().flag(reply),

@@ -31,7 +31,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 node.keys.release_call(name, owner, release_id)
             }),
             |node, _, reply| node.reader().released(reply),
@@ -88,7 +88,7 @@ impl Redlock {
             self.deadline(start),
             None,
             None,
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 node.keys.force_release_call(name, release_id)
             }),
             |node, _, reply| node.reader().force_release(name, reply),

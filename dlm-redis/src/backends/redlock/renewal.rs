@@ -25,7 +25,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 node.keys.extend_call(name, owner, ttl)
             }),
             |node, _, reply| node.reader().flag(reply),
@@ -78,7 +78,7 @@ impl Redlock {
             self.deadline(start),
             None,
             None,
-            same_for_all(self.nodes_ref(), |node| {
+            same_for_all(self.nodes_ref(), |node, _| {
                 Call::batch(
                     renewals
                         .iter()
