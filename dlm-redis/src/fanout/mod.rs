@@ -27,25 +27,27 @@
 //!   costs one round's grace, not an I/O timeout per call, and a cleanup on one
 //!   connection can never overtake a newer request on another.
 
-use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
 use dlm_core::backend::{BackendError, BackendErrorKind, LockName, OwnerToken};
-use parking_lot::Mutex;
-use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec, eventfd, poll};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
-use crate::conn::Pooled;
+use crate::conn::{Job, Pooled};
+use crate::node::{Node, Outstanding};
+use crate::protocol::Call;
+
 mod drain;
+mod pickup;
+mod replies;
+mod shared;
 
 pub(crate) use drain::Late;
 use drain::{Drainer, Straggler};
-
-use crate::conn::Job;
-use crate::node::{Dialect, Node, Outstanding};
-use crate::protocol::Call;
+use pickup::{Delivery, Pickup, clear, signal};
+pub(crate) use replies::Replies;
+pub(crate) use shared::same_for_all;
 
 /// The least time the replies of the other nodes are awaited once the outcome is
 /// decided (more when the first reply took longer).
@@ -58,114 +60,6 @@ const GRACE: Duration = Duration::from_millis(5);
 const SLICE: Duration = Duration::from_millis(1);
 
 type Conn = Pooled;
-
-/// What the nodes answered to one fanned-out request; `None`: no answer in time.
-pub(crate) struct Replies<T> {
-    pub(crate) replies: Vec<Option<Result<T, BackendError>>>,
-    /// The nodes the request went to (or was meant for: a busy or down node counts).
-    pub(crate) asked: Vec<bool>,
-}
-
-impl<T> Replies<T> {
-    fn new(n: usize, targets: Option<&[bool]>) -> Self {
-        Replies {
-            replies: (0..n).map(|_| None).collect(),
-            asked: (0..n).map(|i| targets.is_none_or(|t| t[i])).collect(),
-        }
-    }
-
-    /// The answers that are not errors.
-    pub(crate) fn ok(&self) -> impl Iterator<Item = &T> {
-        self.replies
-            .iter()
-            .filter_map(|r| r.as_ref()?.as_ref().ok())
-    }
-
-    /// Nodes that failed or have not answered.
-    pub(crate) fn failures(&self) -> usize {
-        self.replies
-            .iter()
-            .filter(|r| !matches!(r, Some(Ok(_))))
-            .count()
-    }
-
-    /// Nodes asked that have not answered (yet).
-    pub(crate) fn pending(&self) -> usize {
-        self.replies
-            .iter()
-            .zip(&self.asked)
-            .filter(|(r, asked)| **asked && r.is_none())
-            .count()
-    }
-
-    /// The most telling failure: an unexpected key or refused credentials, else a
-    /// `NoQuorum` that counts the failures and quotes the first error.
-    pub(crate) fn error(&self, what: &str, quorum: usize) -> BackendError {
-        let errors: Vec<&BackendError> = self
-            .replies
-            .iter()
-            .filter_map(|r| r.as_ref()?.as_ref().err())
-            .collect();
-        if let Some(e) = errors.iter().find(|e| {
-            matches!(
-                e.kind(),
-                BackendErrorKind::UnexpectedKey | BackendErrorKind::Auth
-            )
-        }) {
-            return e.duplicate();
-        }
-        let timeouts = self.pending();
-        let first = errors
-            .first()
-            .map_or_else(|| "timed out".to_owned(), |e| e.to_string());
-        let e = BackendError::new(
-            BackendErrorKind::NoQuorum,
-            format!(
-                "{what}: {} of {} nodes failed ({timeouts} timed out), {quorum} needed; first error: {first}",
-                self.failures(),
-                self.replies.len(),
-            ),
-        );
-        // No node that was asked got the request: nothing was applied anywhere.
-        let unsent = self
-            .replies
-            .iter()
-            .zip(&self.asked)
-            .all(|(r, asked)| !asked || matches!(r, Some(Err(e)) if !e.may_have_applied()));
-        if unsent { e.never_sent() } else { e }
-    }
-}
-
-/// `make` for [`Fanout::call_all`] over `nodes` (the same slice) when every node gets the
-/// same request (Redlock's rounds): it is encoded once per round for each acquisition
-/// dialect in use ([`Dialect`]: all nodes alike unless a server is older than 7.0) and
-/// its bytes are shared, instead of encoded once per node. `make` builds the request for
-/// a node in the dialect given (the node's at that moment, read once: a server found
-/// older meanwhile does not get a request built for the other dialect).
-pub(crate) fn same_for_all<'a>(
-    nodes: &'a [Arc<Node>],
-    make: impl Fn(&Node, Dialect) -> Call + 'a,
-) -> impl Fn(usize, &Node) -> Call + 'a {
-    // Per dialect: the node the call was made for, and the call.
-    let made: RefCell<[Option<(usize, Call)>; 2]> = RefCell::new([None, None]);
-    move |i, node| {
-        debug_assert!(std::ptr::eq(&*nodes[i], node), "the nodes of the round");
-        let dialect = node.dialect();
-        let mut made = made.borrow_mut();
-        let slot = &mut made[dialect as usize];
-        if let Some((j, call)) = slot.as_mut()
-            && nodes[*j].keys == node.keys
-        {
-            return call.duplicate();
-        }
-        let mut call = make(node, dialect);
-        let sent = call.duplicate();
-        if slot.is_none() {
-            *slot = Some((i, call));
-        }
-        sent
-    }
-}
 
 /// One request on its way: the node, its connection and what has been read of its
 /// replies.
@@ -482,75 +376,6 @@ impl Fanout {
     }
 }
 
-/// What a connect worker hands back to the caller.
-// Sent once per connect through a channel, never stored in bulk: boxing the connection
-// would cost an allocation for nothing.
-#[allow(clippy::large_enum_variant)]
-enum Delivery {
-    Sent(InFlight),
-    Failed(usize, BackendError),
-}
-
-/// How a round's connect workers reach its caller: a channel, and an eventfd that the
-/// caller's `poll` watches beside the sockets.
-struct Pickup {
-    state: Arc<Mutex<Round>>,
-    tx: Sender<Delivery>,
-    rx: Receiver<Delivery>,
-    wake: Arc<OwnedFd>,
-    /// The nodes whose worker has not delivered yet.
-    connecting: Vec<usize>,
-}
-
-impl Pickup {
-    fn new(nodes: usize) -> Result<Pickup, BackendError> {
-        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(|e| {
-            BackendError::new(
-                BackendErrorKind::Other,
-                format!("cannot make an eventfd: {e}"),
-            )
-        })?;
-        let (tx, rx) = crossbeam_channel::unbounded();
-        Ok(Pickup {
-            state: Arc::new(Mutex::new(Round {
-                over: false,
-                outstanding: (0..nodes).map(|_| None).collect(),
-            })),
-            tx,
-            rx,
-            wake: Arc::new(wake),
-            connecting: Vec::new(),
-        })
-    }
-
-    /// Takes what the workers have delivered.
-    fn collect<T>(&mut self, flying: &mut Vec<InFlight>, replies: &mut Replies<T>) {
-        while let Ok(delivery) = self.rx.try_recv() {
-            let i = match delivery {
-                Delivery::Sent(inflight) => {
-                    let i = inflight.i;
-                    flying.push(inflight);
-                    i
-                }
-                Delivery::Failed(i, e) => {
-                    replies.replies[i] = Some(Err(e));
-                    i
-                }
-            };
-            self.connecting.retain(|&c| c != i);
-        }
-    }
-}
-
-fn signal(fd: &OwnedFd) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
-}
-
-fn clear(fd: &OwnedFd) {
-    let mut buf = [0u8; 8];
-    let _ = rustix::io::read(fd, &mut buf);
-}
-
 /// Waits until a connection has something to read, the wake-up fd fires, or `timeout`;
 /// which connections are ready, and whether the wake-up fired.
 /// (`Call::receive_some` leaves no whole reply in a buffer, so the sockets are the
@@ -576,106 +401,4 @@ fn wait(flying: &[InFlight], wake: Option<&OwnedFd>, timeout: Duration) -> (Vec<
     let mut ready = ready;
     ready.truncate(flying.len());
     (ready, woken)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use dlm_core::backend::{LockName, OwnerToken};
-
-    use super::same_for_all;
-    use crate::conn::{Endpoint, ParsedUrl};
-    use crate::node::Node;
-    use crate::options::Options;
-    use crate::protocol::{Call, Shape};
-
-    fn nodes(n: usize) -> Vec<Arc<Node>> {
-        (0..n)
-            .map(|i| {
-                // Never connected: pools connect on first use.
-                let url = ParsedUrl::parse(&format!("redis://127.0.0.1:{}", 1 + i)).unwrap();
-                Arc::new(Node::new(
-                    Endpoint::new(url, None).unwrap(),
-                    &Options::redlock(),
-                ))
-            })
-            .collect()
-    }
-
-    /// The lock, owner and lease the requests of these tests are for.
-    fn request() -> (LockName, OwnerToken, Duration) {
-        let name = LockName::new("job").unwrap();
-        (
-            name,
-            OwnerToken::random_for_tests(1),
-            Duration::from_secs(30),
-        )
-    }
-
-    #[test]
-    fn nodes_that_encode_alike_share_one_encoding_of_the_request() {
-        let nodes = nodes(5);
-        nodes[3].set_scripts_only();
-        let (name, owner, ttl) = request();
-        let make = same_for_all(&nodes, |node, dialect| {
-            node.acquire_call_in(dialect, &name, &owner, ttl)
-        });
-        let calls: Vec<_> = nodes.iter().enumerate().map(|(i, n)| make(i, n)).collect();
-        for (i, call) in calls.iter().enumerate() {
-            // Each node gets exactly what it would get on its own.
-            let own = nodes[i].acquire_call(&name, &owner, ttl);
-            assert_eq!(call.bytes(), own.bytes(), "node {i}");
-        }
-        let same = |a: usize, b: usize| std::ptr::eq(calls[a].bytes(), calls[b].bytes());
-        assert!(
-            same(0, 1) && same(1, 2) && same(2, 4),
-            "encoded once for the nodes alike"
-        );
-        assert!(
-            !same(2, 3),
-            "a node that needs the script has its own request"
-        );
-        assert!(matches!(calls[3].shape(), Some(Shape::Script(_))));
-        assert!(matches!(calls[0].shape(), Some(Shape::SetGet)));
-    }
-
-    #[test]
-    fn a_node_found_older_during_a_round_gets_the_request_of_its_own_dialect() {
-        let nodes = nodes(3);
-        let (name, owner, ttl) = request();
-        let make = same_for_all(&nodes, |node, dialect| {
-            node.acquire_call_in(dialect, &name, &owner, ttl)
-        });
-        let first = make(0, &nodes[0]);
-        // Another thread finds both servers older than 7.0 meanwhile.
-        nodes[0].set_scripts_only();
-        nodes[1].set_scripts_only();
-        let second = make(1, &nodes[1]);
-        let third = make(2, &nodes[2]);
-        assert!(matches!(first.shape(), Some(Shape::SetGet)));
-        assert_eq!(
-            second.bytes(),
-            nodes[1].acquire_call(&name, &owner, ttl).bytes(),
-            "the script, not the SET made for the first node"
-        );
-        assert!(std::ptr::eq(first.bytes(), third.bytes()));
-    }
-
-    #[test]
-    fn a_batch_is_shared_whole() {
-        let nodes = nodes(2);
-        let (name, owner, ttl) = request();
-        let make = same_for_all(&nodes, |node, _| {
-            Call::batch([
-                node.keys.extend_call(&name, &owner, ttl),
-                node.keys.extend_call(&name, &owner, 2 * ttl),
-            ])
-        });
-        let (a, b) = (make(0, &nodes[0]), make(1, &nodes[1]));
-        assert!(std::ptr::eq(a.bytes(), b.bytes()));
-        assert_eq!((a.len(), b.len()), (2, 2));
-        assert_eq!(a.replies(), 2);
-    }
 }
