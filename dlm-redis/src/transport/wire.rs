@@ -1,8 +1,8 @@
 //! The lock connections' transport: a socket with a reused read buffer and a small RESP2
 //! reader.
 //!
-//! Every lock request is encoded by `protocol/requests.rs` straight into bytes; this reads the
-//! replies. The `redis` crate's reader zeroes an 8 KiB buffer and runs a general parser
+//! Every lock request is encoded by `protocol/requests.rs` straight into bytes; this
+//! reads the replies. The `redis` crate's reader zeroes an 8 KiB buffer and runs a general parser
 //! combinator for every reply, which was about half of the client's instructions per lock
 //! cycle. The replies here are few and small (status, integer, bulk string, short arrays),
 //! so a direct reader is short. It still yields `redis::Value` and `redis::RedisError`, so
