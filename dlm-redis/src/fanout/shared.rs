@@ -1,38 +1,32 @@
 //! One encoding of a request for every node of a round.
 
 use std::cell::RefCell;
-use std::sync::Arc;
 
 use crate::node::{Dialect, Node};
 use crate::protocol::Call;
 
-/// `make` for [`Fanout::call_all`] over `nodes` (the same slice) when every node gets the
-/// same request (Redlock's rounds): it is encoded once per round for each acquisition
-/// dialect in use ([`Dialect`]: all nodes alike unless a server is older than 7.0) and
-/// its bytes are shared, instead of encoded once per node. `make` builds the request for
-/// a node in the dialect given (the node's at that moment, read once: a server found
-/// older meanwhile does not get a request built for the other dialect).
+/// `make` for [`Fanout::call_all`] when every node gets the same request (Redlock's
+/// rounds): it is encoded once per round for each acquisition dialect in use
+/// ([`Dialect`]: all nodes alike unless a server is older than 7.0) and its bytes are
+/// shared, instead of encoded once per node. The nodes of a round share one key layout
+/// (they are one backend's, built from its options). `make` builds the request for a
+/// node in the dialect given (the node's at that moment, read once: a server found older
+/// meanwhile does not get a request built for the other dialect).
 pub(crate) fn same_for_all<'a>(
-    nodes: &'a [Arc<Node>],
     make: impl Fn(&Node, Dialect) -> Call + 'a,
 ) -> impl Fn(usize, &Node) -> Call + 'a {
-    // Per dialect: the node the call was made for, and the call.
-    let made: RefCell<[Option<(usize, Call)>; 2]> = RefCell::new([None, None]);
-    move |i, node| {
-        debug_assert!(std::ptr::eq(&*nodes[i], node), "the nodes of the round");
+    // The call made in each dialect.
+    let made: RefCell<[Option<Call>; 2]> = RefCell::new([None, None]);
+    move |_, node| {
         let dialect = node.dialect();
         let mut made = made.borrow_mut();
         let slot = &mut made[dialect as usize];
-        if let Some((j, call)) = slot.as_mut()
-            && nodes[*j].keys == node.keys
-        {
+        if let Some(call) = slot.as_mut() {
             return call.duplicate();
         }
         let mut call = make(node, dialect);
         let sent = call.duplicate();
-        if slot.is_none() {
-            *slot = Some((i, call));
-        }
+        *slot = Some(call);
         sent
     }
 }
@@ -78,9 +72,7 @@ mod tests {
         let nodes = nodes(5);
         nodes[3].set_scripts_only();
         let (name, owner, ttl) = request();
-        let make = same_for_all(&nodes, |node, dialect| {
-            node.acquire_call_in(dialect, &name, &owner, ttl)
-        });
+        let make = same_for_all(|node, dialect| node.acquire_call_in(dialect, &name, &owner, ttl));
         let calls: Vec<_> = nodes.iter().enumerate().map(|(i, n)| make(i, n)).collect();
         for (i, call) in calls.iter().enumerate() {
             // Each node gets exactly what it would get on its own.
@@ -104,9 +96,7 @@ mod tests {
     fn a_node_found_older_during_a_round_gets_the_request_of_its_own_dialect() {
         let nodes = nodes(3);
         let (name, owner, ttl) = request();
-        let make = same_for_all(&nodes, |node, dialect| {
-            node.acquire_call_in(dialect, &name, &owner, ttl)
-        });
+        let make = same_for_all(|node, dialect| node.acquire_call_in(dialect, &name, &owner, ttl));
         let first = make(0, &nodes[0]);
         // Another thread finds both servers older than 7.0 meanwhile.
         nodes[0].set_scripts_only();
@@ -126,7 +116,7 @@ mod tests {
     fn a_batch_is_shared_whole() {
         let nodes = nodes(2);
         let (name, owner, ttl) = request();
-        let make = same_for_all(&nodes, |node, _| {
+        let make = same_for_all(|node, _| {
             Call::batch([
                 node.keys.extend_call(&name, &owner, ttl),
                 node.keys.extend_call(&name, &owner, 2 * ttl),

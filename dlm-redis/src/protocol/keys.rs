@@ -9,7 +9,7 @@ use crate::transport::Resp;
 /// The key layout: one hash tag per lock, so the lock key and its release channel share a
 /// cluster slot, and one fencing stream per slot (`prefix:fence:{tag}`, where the tag puts
 /// it in the lock key's slot). Names go into KEYS only.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct Keys {
     prefix: String,
     /// `PEXPIRE` of a fencing stream, refreshed by every acquisition that uses it.

@@ -38,9 +38,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node, dialect| {
-                node.acquire_call_in(dialect, name, owner, ttl)
-            }),
+            same_for_all(|node, dialect| node.acquire_call_in(dialect, name, owner, ttl)),
             |node, call, reply| node.parse_acquire(name, call, reply),
             |r: &Replies<Step>| {
                 let taken = r.replies.iter().filter(|x| acquired(x)).count();
@@ -101,9 +99,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&again),
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node, _| {
-                node.keys.acquire_script_call(name, owner, ttl)
-            }),
+            same_for_all(|node, _| node.keys.acquire_script_call(name, owner, ttl)),
             |node, call, reply| match node.parse_acquire(name, call, reply)? {
                 Step::Done(answer) => Ok(answer),
                 Step::Script => Err(BackendError::new(
@@ -157,9 +153,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node, _| {
-                node.keys.acquire_fenced_call(name, owner, ttl, proposal)
-            }),
+            same_for_all(|node, _| node.keys.acquire_fenced_call(name, owner, ttl, proposal)),
             |node, _, reply| node.reader().acquire_fenced(name, reply),
             |r: &Replies<(NodeAcquire, Option<NodeFence>)>| {
                 let acquired = r

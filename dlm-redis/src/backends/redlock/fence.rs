@@ -95,9 +95,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node, _| {
-                node.keys.fence_call(name, owner, proposal)
-            }),
+            same_for_all(|node, _| node.keys.fence_call(name, owner, proposal)),
             |node, _, reply| node.reader().fence(name, reply),
             |r: &Replies<NodeFence>| {
                 let taken = r.ok().filter(|f| matches!(f, NodeFence::Taken(_))).count();
@@ -174,9 +172,7 @@ impl Redlock {
             self.deadline(Instant::now()),
             Some(&targets),
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node, _| {
-                node.keys.commit_call(name, owner, token)
-            }),
+            same_for_all(|node, _| node.keys.commit_call(name, owner, token)),
             |node, _, reply| node.reader().flag(reply),
             |r: &Replies<bool>| {
                 let committed = r.ok().filter(|c| **c).count();

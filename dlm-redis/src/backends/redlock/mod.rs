@@ -240,7 +240,7 @@ impl LockBackend for Redlock {
             self.deadline(start),
             None,
             None,
-            same_for_all(self.nodes_ref(), |node, _| node.keys.inspect_call(name)),
+            same_for_all(|node, _| node.keys.inspect_call(name)),
             |node, _, reply| node.reader().inspect(name, reply),
             // The q-th longest lease needs every answer (a busy node is not asked).
             |_: &Replies<Option<Duration>>| false,

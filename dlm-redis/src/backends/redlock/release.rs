@@ -31,9 +31,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node, _| {
-                node.keys.release_call(name, owner, release_id)
-            }),
+            same_for_all(|node, _| node.keys.release_call(name, owner, release_id)),
             |node, _, reply| node.reader().released(reply),
             |r: &Replies<bool>| {
                 let released = r.ok().filter(|ok| **ok).count();
@@ -88,9 +86,7 @@ impl Redlock {
             self.deadline(start),
             None,
             None,
-            same_for_all(self.nodes_ref(), |node, _| {
-                node.keys.force_release_call(name, release_id)
-            }),
+            same_for_all(|node, _| node.keys.force_release_call(name, release_id)),
             |node, _, reply| node.reader().force_release(name, reply),
             // Every node is asked; a slow one is not waited for once a quorum deleted.
             |r: &Replies<bool>| r.ok().filter(|d| **d).count() >= q,

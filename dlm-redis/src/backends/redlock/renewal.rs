@@ -25,9 +25,7 @@ impl Redlock {
             self.deadline(start),
             None,
             Some((name, owner)),
-            same_for_all(self.nodes_ref(), |node, _| {
-                node.keys.extend_call(name, owner, ttl)
-            }),
+            same_for_all(|node, _| node.keys.extend_call(name, owner, ttl)),
             |node, _, reply| node.reader().flag(reply),
             |r: &Replies<bool>| {
                 let extended = r.ok().filter(|ok| **ok).count();
@@ -78,7 +76,7 @@ impl Redlock {
             self.deadline(start),
             None,
             None,
-            same_for_all(self.nodes_ref(), |node, _| {
+            same_for_all(|node, _| {
                 Call::batch(
                     renewals
                         .iter()
