@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use dlm_core::backend::{BackendError, BackendErrorKind};
-use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
+use tokio_postgres::config::{LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{ToSql, Type};
@@ -116,23 +116,17 @@ impl Connector {
     /// addresses, until one gives a connection: the last failure otherwise.
     fn connect_by(&self, deadline: Instant) -> Result<Conn, Failure> {
         let config = &self.config;
-        let (hosts, addrs, ports) = (
-            config.get_hosts(),
-            config.get_hostaddrs(),
-            config.get_ports(),
-        );
-        let mut order: Vec<usize> = (0..hosts.len().max(addrs.len())).collect();
+        // The builder checked them: TCP hosts only, one port or one per host, no hostaddr
+        // or one per host.
+        let addrs = config.get_hostaddrs();
+        let mut order: Vec<usize> = (0..self.hosts.len()).collect();
         if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
             use rand::seq::SliceRandom;
             order.shuffle(&mut rand::rng());
         }
         let mut last = None;
         for i in order {
-            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-            let hostname = match hosts.get(i) {
-                Some(Host::Tcp(h)) => h.as_str(),
-                _ => "",
-            };
+            let (hostname, port) = (self.hosts[i].0.as_str(), self.hosts[i].1);
             let mut targets: Vec<SocketAddr> = match addrs.get(i) {
                 Some(ip) => vec![SocketAddr::new(*ip, port)],
                 None => match resolve(hostname, port, deadline) {
@@ -244,13 +238,24 @@ impl Connector {
             });
             match read_only.as_deref() {
                 Some("on") if attrs == TargetSessionAttrs::ReadWrite => {
-                    return Err(Failure::Session("database does not allow writes"));
+                    return Err(Failure::Session(
+                        BackendErrorKind::ReadOnly,
+                        "database does not allow writes",
+                    ));
                 }
                 Some("off") if attrs == TargetSessionAttrs::ReadOnly => {
-                    return Err(Failure::Session("database is not read only"));
+                    return Err(Failure::Session(
+                        BackendErrorKind::Unavailable,
+                        "database is not read only",
+                    ));
                 }
                 Some(_) => {}
-                None => return Err(Failure::Session("unexpected message from server")),
+                None => {
+                    return Err(Failure::Session(
+                        BackendErrorKind::Protocol,
+                        "unexpected message from server",
+                    ));
+                }
             }
         }
         Ok(Conn {

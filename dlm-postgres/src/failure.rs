@@ -19,8 +19,8 @@ pub(crate) enum Failure {
     /// The TLS settings could not be used for this server (its name).
     Tls(String),
     /// The session is not what `target_session_attrs` asks for (or its answer made no
-    /// sense).
-    Session(&'static str),
+    /// sense): what that means, and why.
+    Session(BackendErrorKind, &'static str),
 }
 
 /// `future`, bounded by `timeout`, on a `tokio` runtime (the listening connection's: see
@@ -38,7 +38,7 @@ pub(crate) async fn within<T>(
 impl Failure {
     pub(crate) fn leaves_broken(&self) -> bool {
         match self {
-            Failure::TimedOut | Failure::Socket(_) | Failure::Tls(_) | Failure::Session(_) => true,
+            Failure::TimedOut | Failure::Socket(_) | Failure::Tls(_) | Failure::Session(..) => true,
             Failure::Postgres(e) => e.as_db_error().is_none() || e.is_closed(),
         }
     }
@@ -59,23 +59,23 @@ impl Failure {
                 BackendErrorKind::Tls,
                 format!("{at}: error performing TLS handshake: {e}"),
             ),
-            Failure::Session(what) => return Self::classified(servers, what.to_owned(), None),
+            Failure::Session(kind, what) => return Self::described(servers, kind, what.to_owned()),
             Failure::Postgres(e) => {
-                let code = e.as_db_error().map(|db| db.code());
-                return Self::classified(servers, chain(&e), code);
+                let chain = chain(&e);
+                let kind = match e.as_db_error() {
+                    Some(db) => db_kind(db.code()),
+                    None => Self::kind_of(&chain),
+                };
+                return Self::described(servers, kind, chain);
             }
         };
         BackendError::new(kind, what).never_sent()
     }
 
-    /// A failed connection attempt's error, from its text (`chain`) and the server's
-    /// error code if it sent one.
-    fn classified(servers: &str, chain: String, code: Option<&SqlState>) -> BackendError {
-        let kind = if let Some(code) = code {
-            db_kind(code)
-        } else if chain.contains("database does not allow writes") {
-            BackendErrorKind::ReadOnly
-        } else if chain.contains("error performing TLS handshake")
+    /// The kind of a failed connection attempt that the server sent no error code for,
+    /// from the client library's text (`chain`).
+    fn kind_of(chain: &str) -> BackendErrorKind {
+        if chain.contains("error performing TLS handshake")
             || chain.contains("server does not support TLS")
         {
             BackendErrorKind::Tls
@@ -85,7 +85,11 @@ impl Failure {
             BackendErrorKind::Protocol
         } else {
             BackendErrorKind::Unavailable
-        };
+        }
+    }
+
+    /// A failed connection attempt's error of `kind`, saying why (`chain`).
+    fn described(servers: &str, kind: BackendErrorKind, chain: String) -> BackendError {
         let what = match kind {
             BackendErrorKind::ReadOnly => format!(
                 "no server at {servers} accepts writes (a standby, or target_session_attrs asks for one): {chain}"
@@ -130,7 +134,7 @@ impl Failure {
                 format!("PostgreSQL connection: {e}"),
             ),
             Failure::Tls(e) => BackendError::new(BackendErrorKind::Tls, format!("PostgreSQL: {e}")),
-            Failure::Session(what) => {
+            Failure::Session(_, what) => {
                 BackendError::new(BackendErrorKind::Unavailable, format!("PostgreSQL: {what}"))
             }
         }

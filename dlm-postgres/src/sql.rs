@@ -538,6 +538,9 @@ pub(crate) struct Statements {
 
 impl Statements {
     pub(crate) fn new(schema: &str, channel: &str) -> Statements {
+        // An epoch's start as both the acquisition and `keep` answer it (whole µs): the
+        // backend compares the two, so they are one expression.
+        const EPOCH_START: &str = "(extract(epoch FROM since) * 1000000)::int8";
         let s = format!("\"{schema}\"");
         Statements {
             version: format!("SELECT version FROM {s}.settings WHERE id = 1"),
@@ -569,14 +572,14 @@ impl Statements {
                    ELSE nextval('{s}.tokens') END \
                  WHERE l.owner = excluded.owner OR l.expires <= clock_timestamp() \
                  RETURNING l.token, ceil(extract(epoch FROM l.expires) * 1000000)::int8, \
-                 (SELECT (extract(epoch FROM since) * 1000000)::int8 FROM e)"
+                 (SELECT {EPOCH_START} FROM e)"
             ),
             acquire_slow: format!("SELECT * FROM {s}.acquire_slow($1, $2, $3)"),
             // The mark, and the epoch of the server that answered it: behind a pooler the
             // statement may reach another server than the grant did.
             keep: format!(
                 "SELECT {s}.keep_mark(clock_timestamp() + $1 * interval '1 ms'), \
-                 (SELECT (extract(epoch FROM since) * 1000000)::int8 FROM {s}.epoch \
+                 (SELECT {EPOCH_START} FROM {s}.epoch \
                  WHERE id = 1)"
             ),
             extend: format!("SELECT {s}.extend($1, $2, $3)"),
